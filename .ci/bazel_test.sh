@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# Runs the Bazel tests of dyadic-jax offline with a virtualenv's interpreter.
+#
+#   bash .ci/bazel_test.sh /path/to/venv/bin/python [TARGET_PATTERN...]
+#
+# TARGET_PATTERN defaults to //... (everything); //:fast skips the tests
+# tagged "slow", //:multidevice / //:slow select by tag, //:test_codec runs
+# one file. Options for Bazel itself may be mixed in, e.g.
+#   bash .ci/bazel_test.sh /work/venv/bin/python --test_filter=roundtrip //:test_codec
+#
+# Needs Bazel 4.2.x (Debian: apt-get install bazel-bootstrap; installed here
+# when missing and we are root). The interpreter must have jax, numpy, chex,
+# absl-py, hypothesis, pytest and matplotlib: they are not Bazel targets.
+# Before Bazel runs, third_party/bazel/check_build.py checks that BUILD covers
+# every source file with the deps its imports call for.
+# Exits non-zero when the check, the build or any test fails; the last line
+# reads "bazel: N passed, M failed".
+set -euo pipefail
+
+if [[ $# -lt 1 || "$1" == -h || "$1" == --help ]]; then
+  sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//' >&2
+  exit 2
+fi
+
+python_arg=$1
+shift
+if [[ ! -x "$python_arg" ]]; then
+  echo "bazel_test.sh: $python_arg is not an executable interpreter" >&2
+  exit 2
+fi
+# Absolute, but do not resolve symlinks: a venv's bin/python is a symlink to
+# the base interpreter, and only the venv path finds the venv's packages.
+python_dir=$(cd "$(dirname "$python_arg")" && pwd)
+python="$python_dir/$(basename "$python_arg")"
+if ! "$python" -c 'import jax, numpy, pytest' >/dev/null 2>&1; then
+  echo "bazel_test.sh: $python cannot import jax, numpy and pytest" >&2
+  exit 2
+fi
+
+cd "$(dirname "$0")/.."
+
+if ! command -v bazel >/dev/null 2>&1; then
+  if [[ $(id -u) -eq 0 ]] && command -v apt-get >/dev/null 2>&1; then
+    echo "bazel_test.sh: installing bazel-bootstrap (Bazel 4.2.3)" >&2
+    apt-get update -qq >&2
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bazel-bootstrap >&2
+  else
+    echo "bazel_test.sh: bazel not found (apt-get install bazel-bootstrap)" >&2
+    exit 2
+  fi
+fi
+
+"$python" third_party/bazel/check_build.py
+
+targets=("$@")
+if [[ ${#targets[@]} -eq 0 ]]; then
+  targets=(//...)
+fi
+
+# Bazel's Python launcher starts with "#!/usr/bin/env python"; put the venv
+# first on PATH so that resolves (Debian has no bare "python") to the same
+# interpreter that --python_path then runs the test with.
+export PATH="$python_dir:$PATH"
+
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+status=0
+bazel test --python_path="$python" "${targets[@]}" 2>&1 | tee "$log" || status=$?
+
+# One summary line in the "N passed, N failed" form that CI logs are read for.
+passed=$(grep -cE '^//[^ ]+ +(\(cached\) )?(PASSED|FLAKY)' "$log" || true)
+failed=$(grep -E '^//[^ ]+ +' "$log" \
+  | grep -cE '(FAILED|TIMEOUT|NO STATUS|INCOMPLETE|REMOTE FAILURE|FAILED TO BUILD)' || true)
+echo "bazel: ${passed} passed, ${failed} failed"
+if [[ $status -ne 0 ]]; then
+  echo "bazel_test.sh: bazel test exited with $status" >&2
+fi
+exit "$status"

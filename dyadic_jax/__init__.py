@@ -1,0 +1,34 @@
+"""dyadic_jax: exact speculative decoding with dyadic (2^-24) draft q.
+
+Pure single-shard math: draft/target weights, dyadic ticket allocation, the
+q codec, integer categorical draws, the RNG key schedule, fixed-depth
+verification and admission. `dyadic_jax.reference` is the exact rational
+oracle. The numerical contract is in docs/numerics.md.
+"""
+
+from dyadic_jax import reference
+from dyadic_jax.admission import (AdmissionContext, FixedDepth, StoppingRule,
+                                  draft_chain)
+from dyadic_jax.allocation import allocate_dense, allocate_sparse
+from dyadic_jax.codec import counts_to_q, q_to_counts
+from dyadic_jax.constants import (DEFAULT_VOCAB, LOG2_M, M, MAX_VOCAB,
+                                  SEMANTIC_ID, TARGET_BITS, Status)
+from dyadic_jax.draws import sample_counts
+from dyadic_jax.errors import DyadicError, checked, raise_for_status
+from dyadic_jax.rng import (Domain, draw24, draw64, draw_key, rng_key,
+                            round_key)
+from dyadic_jax.verification import (DenseQ, SparseQ, quantize_target,
+                                     sample_target, verify_chain)
+from dyadic_jax.weights import draft_weights, target_probs
+from dyadic_jax.x64 import X64Required
+
+__all__ = [
+    "AdmissionContext", "DEFAULT_VOCAB", "DenseQ", "Domain", "DyadicError",
+    "FixedDepth", "LOG2_M", "M", "MAX_VOCAB", "SEMANTIC_ID", "SparseQ",
+    "Status", "StoppingRule", "TARGET_BITS", "allocate_dense",
+    "allocate_sparse", "checked", "counts_to_q", "draft_chain",
+    "draft_weights", "draw24", "draw64", "draw_key", "q_to_counts",
+    "quantize_target", "raise_for_status", "reference", "rng_key",
+    "round_key", "sample_counts", "sample_target", "target_probs",
+    "verify_chain", "X64Required",
+]

@@ -1,0 +1,44 @@
+"""Constants of the dyadic24 numerical contract and the row status codes.
+
+Everything here is plain Python: importing it never touches a JAX backend.
+"""
+
+import enum
+
+# Total ticket mass of a dyadic categorical q: q(v) = c_v / M.
+M = 1 << 24
+LOG2_M = 24
+
+SEMANTIC_ID = "dyadic24-standard-v1"
+
+DEFAULT_VOCAB = 129280
+
+# Target probabilities are floored onto a 2^-TARGET_BITS grid before any
+# verification decision (docs/numerics.md, "target fixed point"). 38 keeps
+# P_v * M and c_v * T below 2^62, so every verification product fits int64.
+TARGET_BITS = 38
+
+# The exact normalizer splits each exp() term into two 32-bit fixed-point
+# limbs held as float64 integers; with V <= 2^21 every partial sum of a limb
+# stays below 2^53, so float64 adds them exactly in any order.
+NORMALIZER_BITS = 32
+MAX_VOCAB = 1 << 21
+
+
+class Status(enum.IntEnum):
+  """Per-row outcome of a core op; every failure class has its own code.
+
+  A row whose status is not OK carries all-zero outputs (zero weights, zero
+  counts, token -1) so that nothing downstream can mistake it for a valid q.
+  """
+  OK = 0
+  NAN = 1                # a NaN in logits, bias, weights or q
+  INF = 2                # +inf logit/bias, or an infinite weight or q value
+  NEGATIVE = 3           # a negative weight or q value
+  ZERO_MASS = 4          # every logit -inf / every weight zero
+  INCONSISTENT_MASS = 5  # weights do not sum to 1 within one ticket
+  BAD_TEMPERATURE = 6    # temperature not finite and > 0
+  NON_INTEGER = 7        # q * M is not an integer (q not on the 2^-24 grid)
+  OUT_OF_RANGE = 8       # q * M > M, or a token id outside [0, V)
+  WRONG_SUM = 9          # counts do not sum to exactly M
+  PADDING_NONZERO = 10   # non-zero mass beyond the vocabulary

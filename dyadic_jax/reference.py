@@ -1,0 +1,277 @@
+"""The exact rational oracle: every contract of the core, in `fractions`.
+
+Pure Python on exact rationals (numpy only to accept arrays). Each function
+mirrors one op of the library *as specified* (docs/numerics.md), so the
+tests can demand bit-for-bit agreement, and it also computes the exact
+output distributions of the implemented finite-precision verification
+rules, so the total-variation bound is checked rather than assumed.
+
+Float inputs are taken at their exact binary value (Fraction(float) is exact).
+"""
+
+from fractions import Fraction
+import math
+
+from dyadic_jax.constants import M, Status, TARGET_BITS
+
+_TWO64 = 1 << 64
+_FIXED_REMAINDER = 1 << 32
+
+
+def _floats(xs):
+  return [float(x) for x in (xs.tolist() if hasattr(xs, "tolist") else xs)]
+
+
+def weight_status(ws):
+  """Status of a weight row: NAN, INF, NEGATIVE, ZERO_MASS, else OK."""
+  if any(math.isnan(w) for w in ws):
+    return Status.NAN
+  if any(math.isinf(w) for w in ws):
+    return Status.INF
+  if any(w < 0 for w in ws):
+    return Status.NEGATIVE
+  if all(w == 0 for w in ws):
+    return Status.ZERO_MASS
+  return Status.OK
+
+
+def largest_remainder(weights, total=M):
+  """Floor + largest remainders of w * total; ties to the lowest index.
+
+  Returns (counts list[int], Status). The consistency rule is the one of
+  `allocate_dense`: R = total - sum floor(s_v) must satisfy 0 <= R <= #{r_v > 0}
+  and |R 2^32 - sum floor(r_v 2^32)| < 2^32, and no weight may exceed 2.
+  """
+  ws = _floats(weights)
+  n = len(ws)
+  status = weight_status(ws)
+  if status != Status.OK:
+    return [0] * n, status
+  if any(w > 2.0 for w in ws):
+    return [0] * n, Status.INCONSISTENT_MASS
+  s = [Fraction(w) * total for w in ws]
+  f = [math.floor(x) for x in s]
+  r = [x - fx for x, fx in zip(s, f)]
+  leftover = total - sum(f)
+  positive = sum(1 for x in r if x > 0)
+  r_fixed = sum(math.floor(x * _FIXED_REMAINDER) for x in r)
+  if not (0 <= leftover <= positive
+          and abs(leftover * _FIXED_REMAINDER - r_fixed) < _FIXED_REMAINDER):
+    return [0] * n, Status.INCONSISTENT_MASS
+  counts = list(f)
+  for v in sorted(range(n), key=lambda v: (-r[v], v))[:leftover]:
+    counts[v] += 1
+  return counts, Status.OK
+
+
+def allocate_dense(weights):
+  """Oracle of `dyadic_jax.allocate_dense` for one row."""
+  return largest_remainder(weights, M)
+
+
+def top_k_ids(weights, k):
+  """Ascending ids of the top k by (weight desc, id asc)."""
+  ws = _floats(weights)  # comparing floats is exact; no rounding involved
+  return sorted(sorted(range(len(ws)), key=lambda v: (-ws[v], v))[:k])
+
+
+def allocate_sparse(weights, k):
+  """Oracle of `dyadic_jax.allocate_sparse` for one row.
+
+  Returns (ids, counts, n, Status) with padding (-1, 0) to length k.
+  The support is renormalized with IEEE float64 arithmetic exactly as the
+  contract states: W summed left to right in ascending-id order, w_i / W.
+  """
+  ws = _floats(weights)
+  status = weight_status(ws)
+  if status != Status.OK:
+    return [-1] * k, [0] * k, 0, status
+  ids = top_k_ids(ws, k)
+  support = [ws[i] for i in ids]
+  total = 0.0
+  for w in support:
+    total += w
+  counts, status = largest_remainder([w / total for w in support], M)
+  if status != Status.OK:
+    return [-1] * k, [0] * k, 0, status
+  kept = [(i, c) for i, c in zip(ids, counts) if c > 0]
+  pad = k - len(kept)
+  return ([i for i, _ in kept] + [-1] * pad, [c for _, c in kept] + [0] * pad,
+          len(kept), Status.OK)
+
+
+def sample_counts(counts, draw):
+  """First index whose inclusive cumulative count is > draw (len if none)."""
+  acc = 0
+  for v, c in enumerate(int(c) for c in counts):
+    acc += c
+    if acc > draw:
+      return v
+  return len(counts)
+
+
+def q_to_counts(q, vocab_size=None):
+  """Oracle of `dyadic_jax.q_to_counts` for one float32 row."""
+  qs = _floats(q)
+  n = len(qs)
+  limit = n if vocab_size is None else vocab_size
+  zeros = [0] * n
+  if any(math.isnan(x) for x in qs):
+    return zeros, Status.NAN
+  if any(math.isinf(x) for x in qs):
+    return zeros, Status.INF
+  if any(x < 0 for x in qs):
+    return zeros, Status.NEGATIVE
+  s = [Fraction(x) * M for x in qs]
+  if any(x.denominator != 1 for x in s):
+    return zeros, Status.NON_INTEGER
+  if any(x > M for x in s):
+    return zeros, Status.OUT_OF_RANGE
+  if any(qs[v] != 0 for v in range(limit, n)):
+    return zeros, Status.PADDING_NONZERO
+  counts = [int(x) for x in s]
+  if sum(counts) != M:
+    return zeros, Status.WRONG_SUM
+  return counts, Status.OK
+
+
+# ----------------------------------------------------------------------------
+# Verification: exact distributions of the implemented integer rules.
+
+
+def quantize_target(probs):
+  """P_v = floor(p_v 2^38) for float64 probabilities (the sampler's p)."""
+  return [math.floor(Fraction(p) * (1 << TARGET_BITS)) for p in _floats(probs)]
+
+
+def draw_below_cdf(a, n):
+  """P(u < a) for u = floor(U n / 2^64), U uniform on [0, 2^64), 0 <= a <= n."""
+  return Fraction(-(-a * _TWO64 // n), _TWO64)
+
+
+def categorical_int_distribution(weights):
+  """Exact distribution of `draws.categorical_int` over nonnegative ints."""
+  total = sum(weights)
+  out, acc, prev = [], 0, Fraction(0)
+  for w in weights:
+    acc += w
+    cdf = draw_below_cdf(acc, total)
+    out.append(cdf - prev)
+    prev = cdf
+  return out
+
+
+def acceptance_probability(p_x, total, c_x):
+  """Exact P(accept x) of the rule u < P_x M, u = draw_below(bits, T c_x)."""
+  if c_x <= 0:
+    return Fraction(0)
+  n = total * c_x
+  a = p_x * M
+  return Fraction(1) if a >= n else draw_below_cdf(a, n)
+
+
+def residual_weights(p_fixed, counts):
+  """W_v = max(P_v M - c_v T, 0); the target row itself if that is all zero."""
+  total = sum(p_fixed)
+  w = [max(p * M - c * total, 0) for p, c in zip(p_fixed, counts)]
+  return w if sum(w) > 0 else [p * M for p in p_fixed]
+
+
+def output_given_draft(p_fixed, counts, x, residual=None):
+  """Exact output distribution of one verification step given draft x."""
+  total = sum(p_fixed)
+  a = acceptance_probability(p_fixed[x], total, counts[x])
+  rho = categorical_int_distribution(
+      residual if residual is not None else residual_weights(p_fixed, counts))
+  out = [(1 - a) * r for r in rho]
+  out[x] += a
+  return out
+
+
+def verify_step_distribution(p_fixed, counts):
+  """Exact output distribution of one position of `verify_chain`.
+
+  x ~ counts / M (exact: the 24-bit proposal draw), then the ACCEPT test,
+  then on rejection a CORRECTION draw from the residual.
+  """
+  total = sum(p_fixed)
+  rho = categorical_int_distribution(residual_weights(p_fixed, counts))
+  out = [Fraction(0)] * len(p_fixed)
+  reject = Fraction(0)
+  for x, c in enumerate(counts):
+    if c:
+      a = acceptance_probability(p_fixed[x], total, c)
+      out[x] += Fraction(c, M) * a
+      reject += Fraction(c, M) * (1 - a)
+  return [o + reject * r for o, r in zip(out, rho)]
+
+
+def ideal_step_distribution(p, q):
+  """Standard speculative step with exact rationals (should return p)."""
+  p = [Fraction(x) for x in p]
+  q = [Fraction(x) for x in q]
+  residual = [max(a - b, 0) for a, b in zip(p, q)]
+  mass = sum(residual)
+  out = [b * min(Fraction(1), a / b) if b else Fraction(0)
+         for a, b in zip(p, q)]
+  reject = 1 - sum(out)
+  return [o + (reject * r / mass if mass else 0) for o, r in zip(out, residual)]
+
+
+def verify_chain_replay(p_rows, count_rows, draft, accept_bits,
+                        correction_bits, bonus_bits):
+  """Integer replay of `verify_chain` given its 64-bit draws.
+
+  p_rows: D+1 rows of P (from `quantize_target`); count_rows: D rows of c;
+  accept_bits / correction_bits: D uint64 draws each (ACCEPT / CORRECTION at
+  positions 0..D-1); bonus_bits: the BONUS draw at position D.
+  Returns (num_accepted, next_token).
+  """
+  depth = len(draft)
+  accepted = 0
+  for i in range(depth):
+    total = sum(p_rows[i])
+    x = int(draft[i])
+    c_x = int(count_rows[i][x]) if 0 <= x < len(p_rows[i]) else 0
+    if c_x <= 0 or (int(accept_bits[i]) * total * c_x) >> 64 >= p_rows[i][x] * M:
+      break
+    accepted += 1
+  if accepted < depth:
+    weights = residual_weights(p_rows[accepted], count_rows[accepted])
+    bits = int(correction_bits[accepted])
+  else:
+    weights = [p * M for p in p_rows[depth]]
+    bits = int(bonus_bits)
+  return accepted, sample_counts(weights, (bits * sum(weights)) >> 64)
+
+
+def target_distribution(p_fixed):
+  """P / T: the target-only sampler's distribution under ideal draws."""
+  total = sum(p_fixed)
+  return [Fraction(p, total) for p in p_fixed]
+
+
+def total_variation(a, b):
+  return sum(abs(Fraction(x) - Fraction(y)) for x, y in zip(a, b)) / 2
+
+
+# ----------------------------------------------------------------------------
+# Admission: the selection-bias toy of DESIGN.md section 6.
+
+
+def selection_bias_toy():
+  """q = p uniform on {0, 1}, exact output distributions of two admissions.
+
+  'fixed_depth': x_1 is always verified (depth 1 fixed before the draw).
+  'inspecting': x_1 is admitted only if it is 0; otherwise the proposal is
+  dropped and the target-only sampler emits the token.
+  Returns {'fixed_depth': [P(0), P(1)], 'inspecting': [P(0), P(1)]}.
+  """
+  half = 1 << (TARGET_BITS - 1)
+  p_fixed, counts = [half, half], [M // 2, M // 2]
+  fixed = verify_step_distribution(p_fixed, counts)
+  target_only = categorical_int_distribution(p_fixed)
+  given0 = output_given_draft(p_fixed, counts, 0)
+  inspecting = [Fraction(1, 2) * g + Fraction(1, 2) * t
+                for g, t in zip(given0, target_only)]
+  return {"fixed_depth": fixed, "inspecting": inspecting}

@@ -1,0 +1,206 @@
+"""Fixed-depth speculative verification with exact integer decision rules.
+
+Target p is floored onto a 2^-38 grid, P_v = floor(p_v 2^38), T = sum_v P_v;
+the target-only sampler draws from P / T, and that P / T is the distribution
+the speculative path reproduces. With q = c / M exactly (M = 2^24), every
+quantity of the standard rule is an integer in units of 1 / (T M):
+
+    accept x   iff  u < P_x M,  u = draw_below(ACCEPT bits, T c_x)
+    residual   W_v = max(P_v M - c_v T, 0), token from W by CORRECTION bits
+    bonus      W_v = P_v M (row D+1), token by BONUS bits
+
+With ideal uniform u these rules give exactly P / T; the only error is the
+2^-64 granularity of `draws.draw_below`, which keeps the per-position output
+within total variation (V + 2) 2^-64 of P / T (docs/numerics.md proves it and
+`dyadic_jax.reference` computes the exact output distribution).
+"""
+
+import typing
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from dyadic_jax import draws, rng, rowwise, weights, x64
+from dyadic_jax.constants import M, Status, TARGET_BITS
+
+
+class DenseQ(typing.NamedTuple):
+  """A dense dyadic q: counts int32[..., V] summing to M per row."""
+  counts: jax.Array  # int32[..., V]
+
+
+class SparseQ(typing.NamedTuple):
+  """A sparse dyadic q: ascending ids with positive counts, then padding."""
+  ids: jax.Array     # int32[..., k]; first n strictly ascending, then -1
+  counts: jax.Array  # int32[..., k]; positive in the first n, then 0
+  n: jax.Array       # int32[...]
+
+
+def target_grid(probs):
+  """(P as float64 integers, T int64): P = floor(p 2^38), T = sum_v P_v.
+
+  P_v < 2^38 + 1 and T < 2^53, so the float64 sum is exact in any order;
+  P stays float64 until a row is needed as int64 (float64 -> int64 does not
+  vectorize on CPU).
+  """
+  p = jnp.floor(probs * jnp.float64(2.0 ** TARGET_BITS))
+  return p, jnp.sum(p, -1).astype(jnp.int64)
+
+
+@x64.scoped
+def quantize_target(probs):
+  """P = floor(p 2^38) (int64[..., V]) and its exact row total T (int64)."""
+  p, total = target_grid(jnp.asarray(probs, jnp.float64))
+  return p.astype(jnp.int64), total
+
+
+def dense_counts(q, vocab_size):
+  """int64[..., V] counts of a DenseQ or SparseQ (sparse scattered by id)."""
+  if isinstance(q, DenseQ):
+    return jnp.asarray(q.counts).astype(jnp.int64)
+  ids, counts, n = (jnp.asarray(a) for a in q)
+  k = ids.shape[-1]
+  live = jnp.arange(k) < n[..., None]
+  # Padding and out-of-range ids go to an index past the end and are dropped.
+  ids = jnp.where(live & (ids >= 0) & (ids < vocab_size), ids, vocab_size)
+  batch = ids.shape[:-1]
+  flat_ids = ids.reshape((-1, k))
+  flat_counts = jnp.where(live, counts, 0).reshape((-1, k)).astype(jnp.int64)
+  scatter = lambda i, c: jnp.zeros((vocab_size,), jnp.int64).at[i].add(
+      c, mode="drop")
+  return jax.vmap(scatter)(flat_ids, flat_counts).reshape(batch + (vocab_size,))
+
+
+def residual_weights(p_row, c_row, total):
+  """W_v = max(P_v M - c_v T, 0) (int64), or P_v M where that is all zero.
+
+  Only an invalid q (zero count at the drafted token) can reject with no
+  residual mass; the target row itself is then the only honest fallback.
+  With c_row = 0 this is the bonus row P M.
+  """
+  w = jnp.maximum(p_row * M - c_row * total, 0)
+  return jnp.where(jnp.sum(w) > 0, w, p_row * M)
+
+
+def next_token_bits(key, position, bonus):
+  """64 fresh bits for the token after the accepted prefix.
+
+  From the BONUS or CORRECTION domain: never the proposal's noise, which
+  the rejection event depends on.
+  """
+  domain = jnp.where(bonus, rng.Domain.BONUS, rng.Domain.CORRECTION)
+  return rng.draw64(rng.draw_key(key, position, domain))
+
+
+def _target_fixed_point_rows(target_logits):
+  probs, status = weights.softmax64(target_logits)
+  p, total = target_grid(probs)
+  return p, total, status
+
+
+# (P as float64 integers, T, status) of target logits rows, row by row.
+_target_fixed_point = rowwise.row_op(_target_fixed_point_rows, (1,))
+
+
+@jax.jit
+def _sample_target(target_logits, key):
+  p, _, status = _target_fixed_point(target_logits)
+  token = draws.categorical_int(p.astype(jnp.int64), rng.draw64(key))
+  return jnp.where(status == Status.OK, token, -1), status
+
+
+@x64.scoped
+def sample_target(target_logits, key):
+  """The ordinary target-only sampler: one token from P / T per row.
+
+  Args:
+    target_logits: float[..., V] after the target processors (T=1, top_p=1;
+      masks as -inf).
+    key: typed key with the batch shape, normally
+      `rng.rng_key(..., Domain.TARGET_ONLY)`.
+
+  Returns:
+    (token int32[...], status int32[...]); token -1 where the logits row is
+    refused (see `target_probs`). P(token = v) is within 2^-64 of P_v / T.
+  """
+  return _sample_target(jnp.asarray(target_logits), key)
+
+
+def _row(x, i):
+  return lax.dynamic_index_in_dim(x, i, 0, keepdims=False)
+
+
+@jax.jit
+def _verify_chain(target_logits, q, draft_tokens, key, anchor):
+  depth = draft_tokens.shape[0]
+  vocab = target_logits.shape[-1]
+  p, total, status = _target_fixed_point(target_logits)    # [D+1, V], [D+1]
+  c = dense_counts(q, vocab)                                # [D, V]
+  q_ok = jnp.all(c >= 0) & jnp.all(jnp.sum(c, -1) == M)
+
+  x = draft_tokens.astype(jnp.int32)
+  x_ok = (x >= 0) & (x < vocab)
+  xi = jnp.clip(x, 0, vocab - 1)[:, None]
+  c_x = jnp.where(x_ok, jnp.take_along_axis(c, xi, -1)[:, 0], 0)
+  p_x = jnp.take_along_axis(p[:depth], xi, -1)[:, 0].astype(jnp.int64)
+
+  positions = anchor + jnp.arange(depth)
+  accept_keys = jax.vmap(
+      lambda pos: rng.draw_key(key, pos, rng.Domain.ACCEPT))(positions)
+  u = draws.draw_below(rng.draw64(accept_keys), total[:depth] * c_x)
+  accept = (c_x > 0) & (u < (p_x * M).astype(jnp.uint64))
+  accepted = jnp.sum(jnp.cumprod(accept.astype(jnp.int32)), dtype=jnp.int32)
+
+  bonus = accepted == depth
+  p_j, total_j = _row(p, accepted).astype(jnp.int64), _row(total, accepted)
+  c_j = jnp.where(bonus, 0, _row(c, jnp.minimum(accepted, depth - 1)))
+  residual = residual_weights(p_j, c_j, total_j)
+  token = draws.categorical_int(
+      residual, next_token_bits(key, anchor + accepted, bonus))
+
+  ok = jnp.all(status == Status.OK) & q_ok
+  return jnp.where(ok, accepted, 0), jnp.where(ok, token, -1)
+
+
+@x64.scoped
+def verify_chain(target_logits, q, draft_tokens, key, *, anchor=0):
+  """Standard fixed-depth verification of one request's drafted chain.
+
+  Args:
+    target_logits: float[D+1, V]; row i is the target's logits after the
+      target processors for the position of draft token i (row D: bonus).
+    q: `DenseQ` (counts int32[D, V]) or `SparseQ` (ids/counts int32[D, k],
+      n int32[D]): the exact dyadic q each draft token was drawn from.
+    draft_tokens: int32[D], x_1..x_D.
+    key: typed JAX key of the round (`rng.round_key`). Decision keys derive
+      from it as position -> domain -> counter, positions anchor + i.
+    anchor: absolute position of x_1 (int, may be traced).
+
+  Returns:
+    (num_accepted int32 in [0, D], next_token int32): x_1..x_j are accepted
+    while the ACCEPT tests pass; at the first rejection j < D, next_token is
+    drawn from max(P_j M - c_j T_j, 0) over the whole vocabulary (CORRECTION);
+    if all D pass, from row D (BONUS). A draft token with zero q is always
+    rejected. (0, -1) if any target row is refused by `target_probs` or a q
+    row does not hold nonnegative counts summing to M.
+
+  Use `jax.vmap` over requests (key and anchor batched alike).
+  """
+  target_logits = jnp.asarray(target_logits)
+  draft_tokens = jnp.asarray(draft_tokens)
+  depth = draft_tokens.shape[-1]
+  if draft_tokens.ndim != 1 or target_logits.shape[:-1] != (depth + 1,):
+    raise ValueError(
+        f"verify_chain: need target_logits [D+1, V] and draft_tokens [D], got "
+        f"{target_logits.shape} and {draft_tokens.shape}")
+  if not isinstance(q, (DenseQ, SparseQ)):
+    raise TypeError(f"verify_chain: q must be DenseQ or SparseQ, got {type(q)}")
+  if isinstance(q, DenseQ) and q.counts.shape[-1] != target_logits.shape[-1]:
+    raise ValueError(f"verify_chain: dense q has {q.counts.shape[-1]} columns,"
+                     f" target vocabulary is {target_logits.shape[-1]}")
+  if q.counts.shape[:-1] != (depth,):
+    raise ValueError(f"verify_chain: q rows {q.counts.shape} do not match "
+                     f"depth {depth}")
+  return _verify_chain(target_logits, q, draft_tokens, key,
+                       jnp.asarray(anchor, jnp.int64))

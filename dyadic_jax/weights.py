@@ -1,0 +1,159 @@
+"""Globally normalized FP64 softmax weights for drafts and targets.
+
+    w_v = e_v / Z,   e_v = exp(x_v - max_u x_u),   x = (logits + bias) / T
+
+`Z` is the exact sum of the float64 terms e_v, up to 2^-64 per term, rounded
+once: each e_v in [0, 1] is split into two 32-bit fixed-point limbs, held as
+float64 integers. Every partial sum of a limb is an integer below 2^53
+(V <= 2^21), so float64 adds them exactly whatever the order or sharding,
+and Z is the same bits on every layout (docs/numerics.md, "Draft weights").
+"""
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from dyadic_jax import rowwise
+from dyadic_jax import x64
+from dyadic_jax.constants import MAX_VOCAB, NORMALIZER_BITS, Status
+
+
+def _check_vocab(name, v):
+  if not 1 <= v <= MAX_VOCAB:
+    raise ValueError(f"{name}: vocabulary size {v} not in [1, {MAX_VOCAB}]")
+
+
+def fixed_point_limbs(e):
+  """Splits float64 e in [0, 1] into limbs (hi, lo): e ~ hi 2^-32 + lo 2^-64.
+
+  Both limbs are exact floors, integers below 2^32 + 1 held in float64 (a
+  float64 -> int64 conversion does not vectorize on CPU), so summing a limb
+  over at most 2^21 entries is exact.
+  """
+  scale = jnp.float64(2.0 ** NORMALIZER_BITS)
+  s = e * scale
+  hi = jnp.floor(s)
+  lo = jnp.floor((s - hi) * scale)
+  return hi, lo
+
+
+def normalizer_from_limb_sums(hi_sum, lo_sum):
+  """Float64 Z from the exact limb sums (a pure function of two integers)."""
+  return (hi_sum + lo_sum * 2.0 ** -NORMALIZER_BITS) * 2.0 ** -NORMALIZER_BITS
+
+
+def shifted_exp_and_status(x):
+  """Per-row max shift and status for float64 scores x[..., V].
+
+  Returns (e float64[..., V], status int32[...]); rows that are not OK get
+  e = 0. One max-reduction classifies the row: XLA's max propagates NaN
+  (Status.NAN, even beside +inf), a +inf max is Status.INF, a -inf max
+  (every score -inf) is Status.ZERO_MASS.
+  """
+  row_max = jnp.max(x, axis=-1)
+  status = jnp.select(
+      [jnp.isnan(row_max), row_max == jnp.inf, row_max == -jnp.inf],
+      [Status.NAN, Status.INF, Status.ZERO_MASS], Status.OK).astype(jnp.int32)
+  ok = (status == Status.OK)[..., None]
+  e = jnp.exp(x - jnp.where(ok, row_max[..., None], 0.0))
+  return jnp.where(ok, e, 0.0), status
+
+
+def exact_sums(x, *terms):
+  """Row sums over the last axis of terms(x), one reduction at a time.
+
+  Each term is a function of x whose entries are integers held in float64
+  with every partial sum below 2^53, so each sum is exact. XLA CPU would
+  fuse sibling reductions of one input into a multi-output reduction that
+  runs several times slower than the separate passes; the optimization
+  barrier between passes keeps them apart (recomputing a cheap term beats
+  materializing it).
+  """
+  sums = []
+  for term in terms:
+    if sums:
+      x, _ = lax.optimization_barrier((x, sums[-1]))
+    sums.append(jnp.sum(term(x), axis=-1))
+  return sums
+
+
+def _softmax64_rows(x):
+  e, status = shifted_exp_and_status(x.astype(jnp.float64))
+  hi_sum, lo_sum = exact_sums(e, lambda e: fixed_point_limbs(e)[0],
+                              lambda e: fixed_point_limbs(e)[1])
+  z = normalizer_from_limb_sums(hi_sum, lo_sum)
+  ok = status == Status.OK
+  w = jnp.where(ok[..., None], e / jnp.where(ok, z, 1.0)[..., None], 0.0)
+  return w, status
+
+
+softmax64 = rowwise.row_op(_softmax64_rows, (1,))
+softmax64.__doc__ = "(w, status) of float[..., V] scores; row by row on CPU."
+
+
+def _draft_rows(logits, t, bias=None):
+  x = logits.astype(jnp.float64)
+  if bias is not None:
+    x = x + bias.astype(jnp.float64)
+  return _softmax64_rows(x / t[..., None])
+
+
+_draft_rows_no_bias = rowwise.row_op(_draft_rows, (1, 0))
+_draft_rows_bias = rowwise.row_op(_draft_rows, (1, 0, 1))
+
+
+@jax.jit
+def _draft_weights(logits, temperature, bias):
+  t = jnp.broadcast_to(temperature, logits.shape[:-1])
+  t_ok = jnp.isfinite(t) & (t > 0)
+  t = jnp.where(t_ok, t, 1.0)
+
+  if bias is None:
+    w, status = _draft_rows_no_bias(logits, t)
+  else:
+    w, status = _draft_rows_bias(logits, t, bias)
+  status = jnp.where(t_ok, status, Status.BAD_TEMPERATURE).astype(jnp.int32)
+  return jnp.where(t_ok[..., None], w, 0.0), status
+
+
+@x64.scoped
+def draft_weights(logits, *, temperature=1.0, bias=None):
+  """Draft weights softmax((logits + bias) / temperature) in float64.
+
+  Args:
+    logits: float[..., V]; -inf entries are allowed (weight exactly 0).
+    temperature: positive finite scalar, or float[...] one per row.
+    bias: optional float[..., V] (e.g. the Markov head's bias), added before
+      the temperature.
+
+  Returns:
+    (weights float64[..., V], status int32[...]). Rows with a NaN get
+    Status.NAN, a +inf score Status.INF, all -inf Status.ZERO_MASS, a bad
+    temperature Status.BAD_TEMPERATURE; such rows have all-zero weights.
+    Normalization is global over the whole row with the exact normalizer of
+    the module docstring, so the result does not depend on vocab sharding.
+  """
+  logits = jnp.asarray(logits)
+  _check_vocab("draft_weights", logits.shape[-1])
+  if bias is not None:
+    bias = jnp.broadcast_to(jnp.asarray(bias), logits.shape)
+  return _draft_weights(logits, jnp.asarray(temperature, jnp.float64), bias)
+
+
+@jax.jit
+def _target_probs(target_logits):
+  return softmax64(target_logits)
+
+
+@x64.scoped
+def target_probs(target_logits):
+  """Target probabilities at T=1: softmax(target_logits) in float64.
+
+  Same normalization and statuses as `draft_weights` (no temperature, no
+  bias): target processors (penalties, grammar masks as -inf) are applied to
+  the logits by the caller, unchanged. Returns (probs float64[..., V],
+  status int32[...]).
+  """
+  target_logits = jnp.asarray(target_logits)
+  _check_vocab("target_probs", target_logits.shape[-1])
+  return _target_probs(target_logits)

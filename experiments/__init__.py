@@ -1,0 +1,1 @@
+"""Absl-flag entry points: demos and benchmarks of the dyadic_jax library."""

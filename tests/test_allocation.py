@@ -1,0 +1,294 @@
+"""allocate_dense / allocate_sparse against the exact oracle, bit for bit."""
+
+import functools
+
+import numpy as np
+import pytest
+
+import dyadic_jax as dj
+from dyadic_jax import reference as ref
+
+M = dj.M
+S = dj.Status
+
+
+def _dense(w):
+  counts, status = dj.allocate_dense(np.asarray(w, np.float64)[None])
+  return np.asarray(counts[0]).tolist(), int(status[0])
+
+
+def _sparse(w, k):
+  ids, counts, n, status = dj.allocate_sparse(
+      np.asarray(w, np.float64)[None], k)
+  return (np.asarray(ids[0]).tolist(), np.asarray(counts[0]).tolist(),
+          int(n[0]), int(status[0]))
+
+
+def _assert_dense_matches_oracle(w):
+  want_counts, want_status = ref.allocate_dense(w)
+  got_counts, got_status = _dense(w)
+  assert got_status == want_status
+  assert got_counts == want_counts
+  if want_status == S.OK:
+    assert sum(got_counts) == M
+
+
+def _assert_sparse_matches_oracle(w, k):
+  want = ref.allocate_sparse(w, k)
+  got = _sparse(w, k)
+  assert got == (want[0], want[1], want[2], int(want[3]))
+
+
+def _normalized(x):
+  x = np.asarray(x, np.float64)
+  return x / x.sum()
+
+
+# Adversarial weight rows: (name, weights). Each is a normalized float64 row.
+def _adversarial():
+  rng = np.random.default_rng(20261130)
+  rows = {
+      "one_hot": np.eye(1, 17, 5)[0],
+      "all_equal_3": np.full(3, 1 / 3),
+      "all_equal_7": np.full(7, 1 / 7),
+      "exact_halves": np.array([0.5, 0.5, 0.0]),
+      "ties_across_remainders": _normalized([1, 1, 1, 2, 2, 2, 3, 3, 3]),
+      "equal_remainders_many": _normalized(np.tile([1.0, 2.0, 4.0], 11)),
+      "tiny_entries": _normalized([1.0] + [1e-9] * 20 + [1e-300] * 3),
+      "masked_zeros": _normalized(np.where(np.arange(40) % 3 == 0, 0.0,
+                                           rng.random(40))),
+      "heavy_tail": _normalized(np.exp(rng.normal(size=300) * 8)),
+      "dyadic_exact": np.array([0.25, 0.25, 0.125, 0.375]),
+      "random_64": _normalized(rng.random(64)),
+      # More tied remainders than the refined path ranks: the exact path.
+      "many_ties_plus_larger": _normalized([1.0] * 100 + [1.7] * 3),
+  }
+  # Remainders equal to the bit but with distinct weights: w*M = j + 0.5.
+  half = (np.arange(10) + 0.5) / M
+  rows["exact_half_remainders"] = np.concatenate([half, [1 - half.sum()]])
+  return sorted(rows.items())
+
+
+_ADVERSARIAL = _adversarial()
+_PAD = 512  # rows padded with zero weights to one shape: one compile per op
+
+
+def _padded_batch(rows):
+  return np.stack([np.pad(w, (0, _PAD - len(w))) for w in rows])
+
+
+@functools.lru_cache(maxsize=None)
+def _dense_adversarial():
+  counts, status = dj.allocate_dense(_padded_batch(w for _, w in _ADVERSARIAL))
+  return np.asarray(counts), np.asarray(status)
+
+
+@functools.lru_cache(maxsize=None)
+def _sparse_adversarial(k):
+  return tuple(np.asarray(a) for a in dj.allocate_sparse(
+      _padded_batch(w for _, w in _ADVERSARIAL), k))
+
+
+@pytest.mark.parametrize("row", range(len(_ADVERSARIAL)),
+                         ids=[name for name, _ in _ADVERSARIAL])
+def test_dense_adversarial_matches_oracle(row):
+  w = np.pad(_ADVERSARIAL[row][1], (0, _PAD - len(_ADVERSARIAL[row][1])))
+  counts, status = _dense_adversarial()
+  want_counts, want_status = ref.allocate_dense(w)
+  assert int(status[row]) == want_status == S.OK
+  assert counts[row].tolist() == want_counts
+
+
+@functools.lru_cache(maxsize=None)
+def _random_rows(v, n, seed):
+  rng = np.random.default_rng(seed)
+  return np.stack([_normalized(np.exp(rng.normal(size=v) *
+                                      rng.uniform(0.1, 12)))
+                   for _ in range(n)])
+
+
+def test_dense_random_matches_oracle():
+  w = _random_rows(1999, 12, 0)
+  counts, status = dj.allocate_dense(w)
+  for i in range(len(w)):
+    want_counts, want_status = ref.allocate_dense(w[i])
+    assert int(status[i]) == want_status
+    assert np.asarray(counts[i]).tolist() == want_counts, f"row {i}"
+
+
+@pytest.mark.parametrize("v", [1, 2, 3, 255, 256, 257])
+def test_dense_small_and_block_edge_sizes(v):
+  _assert_dense_matches_oracle(_random_rows(v, 1, v)[0])
+
+
+def test_dense_all_equal_full_vocab():
+  v = dj.DEFAULT_VOCAB
+  counts, status = _dense(np.full(v, 1 / v))
+  assert status == S.OK
+  base, extra = divmod(M, v)
+  # Every remainder is equal, so the lowest ids take the extra tickets.
+  assert counts == [base + 1] * extra + [base] * (v - extra)
+
+
+def test_dense_large_random_matches_oracle():
+  rng = np.random.default_rng(7)
+  w = _normalized(np.exp(rng.normal(size=dj.DEFAULT_VOCAB) * 3))
+  _assert_dense_matches_oracle(w)
+
+
+def test_dense_batch_equals_rows():
+  rng = np.random.default_rng(3)
+  w = np.stack([_normalized(rng.random(50)) for _ in range(6)]).reshape(
+      2, 3, 50)
+  counts, status = dj.allocate_dense(w)
+  assert counts.shape == (2, 3, 50) and status.shape == (2, 3)
+  for i in range(2):
+    for j in range(3):
+      assert np.asarray(counts[i, j]).tolist() == ref.allocate_dense(
+          w[i, j])[0]
+
+
+@pytest.mark.parametrize("w,status", [
+    ([0.5, np.nan, 0.5], S.NAN),
+    ([0.5, np.inf, 0.5], S.INF),
+    ([0.5, -np.inf, 0.5], S.INF),
+    ([0.75, -0.25, 0.5], S.NEGATIVE),
+    ([0.0, 0.0, 0.0], S.ZERO_MASS),
+    ([0.5, 0.5, 0.5], S.INCONSISTENT_MASS),      # sum 1.5: R < 0
+    ([0.25, 0.25, 0.25], S.INCONSISTENT_MASS),   # sum 0.75: R too large
+    ([1e-30, 1e-30], S.INCONSISTENT_MASS),       # near-zero total
+    ([3.0, -2.0], S.NEGATIVE),
+    ([1.0 + 2 ** -20, 0.0], S.INCONSISTENT_MASS),  # 16 tickets too many
+])
+def test_dense_refusals(w, status):
+  counts, got = _dense(w)
+  assert got == status
+  assert counts == [0] * len(w)
+  assert ref.allocate_dense(w)[1] == status
+
+
+def test_dense_one_ticket_slack_is_exact():
+  # Sum off by less than one ticket is accepted, one full ticket is refused.
+  w = np.array([0.5, 0.5 - 0.9 / M])
+  assert _dense(w)[1] == S.OK == ref.allocate_dense(w)[1]
+  w = np.array([0.5, 0.5 - 1.0 / M])
+  assert _dense(w)[1] == S.INCONSISTENT_MASS == ref.allocate_dense(w)[1]
+
+
+def test_dense_status_is_per_row():
+  w = np.array([[0.5, 0.5], [np.nan, 1.0], [1.0, 0.0]])
+  counts, status = dj.allocate_dense(w)
+  assert np.asarray(status).tolist() == [S.OK, S.NAN, S.OK]
+  assert np.asarray(counts).tolist() == [[M // 2, M // 2], [0, 0], [M, 0]]
+
+
+def test_dense_float32_input_is_widened_exactly():
+  w32 = np.array([0.1, 0.2, 0.7], np.float32)
+  counts, status = dj.allocate_dense(w32[None])
+  want, want_status = ref.allocate_dense(w32.astype(np.float64))
+  assert int(status[0]) == want_status
+  assert np.asarray(counts[0]).tolist() == want
+
+
+@pytest.mark.parametrize("k", [1, 2, 5, 32])
+@pytest.mark.parametrize("row", range(len(_ADVERSARIAL)),
+                         ids=[name for name, _ in _ADVERSARIAL])
+def test_sparse_adversarial_matches_oracle(row, k):
+  w = np.pad(_ADVERSARIAL[row][1], (0, _PAD - len(_ADVERSARIAL[row][1])))
+  ids, counts, n, status = _sparse_adversarial(k)
+  want = ref.allocate_sparse(w, k)
+  assert (ids[row].tolist(), counts[row].tolist(), int(n[row]),
+          int(status[row])) == (want[0], want[1], want[2], int(want[3]))
+
+
+@pytest.mark.parametrize("k", [37, 300])
+def test_sparse_random_matches_oracle(k):
+  w = _random_rows(2999, 10, 100)
+  ids, counts, n, status = dj.allocate_sparse(w, k)
+  for i in range(len(w)):
+    want = ref.allocate_sparse(w[i], k)
+    assert (np.asarray(ids[i]).tolist(), np.asarray(counts[i]).tolist(),
+            int(n[i]), int(status[i])) == (want[0], want[1], want[2],
+                                           int(want[3])), f"row {i}"
+
+
+def test_sparse_ties_straddling_k_go_to_lowest_ids():
+  w = _normalized([1, 3, 2, 2, 2, 2, 0.5])
+  ids, counts, n, status = _sparse(w, 3)
+  assert status == S.OK and n == 3
+  assert ids == [1, 2, 3]  # 3 first, then the two lowest of the tied 2s
+  _assert_sparse_matches_oracle(w, 3)
+
+
+def test_sparse_float32_ties_resolved_in_float64():
+  # Distinct float64 weights that round to the same float32 key: the exact
+  # path must order them by their float64 values, not by id.
+  base = 0.01
+  w = np.array([base, base * (1 + 2 ** -40), base * (1 + 2 ** -41), 0.5,
+                base * (1 + 2 ** -39)])
+  w = w / w.sum()
+  assert len(set(w[[0, 1, 2, 4]].astype(np.float32).tolist())) == 1
+  ids, _, _, _ = _sparse(w, 3)
+  assert ids == [1, 3, 4]
+  _assert_sparse_matches_oracle(w, 3)
+
+
+def test_sparse_fewer_positive_than_k():
+  w = np.zeros(100)
+  w[[7, 70, 3]] = [0.5, 0.25, 0.25]
+  ids, counts, n, status = _sparse(w, 32)
+  assert status == S.OK and n == 3
+  assert ids[:3] == [3, 7, 70] and ids[3:] == [-1] * 29
+  assert counts[:3] == [M // 4, M // 2, M // 4] and counts[3:] == [0] * 29
+
+
+def test_sparse_drops_zero_counts():
+  # The 4th support entry is far below one ticket after renormalization.
+  w = _normalized([0.5, 0.3, 0.2, 1e-12, 0.0])
+  ids, counts, n, status = _sparse(w, 4)
+  assert status == S.OK and n == 3
+  assert ids == [0, 1, 2, -1] and counts[3] == 0 and sum(counts) == M
+
+
+def test_sparse_full_vocab_all_equal_uses_lowest_ids():
+  v = dj.DEFAULT_VOCAB
+  ids, counts, n, status = _sparse(np.full(v, 1 / v), 32)
+  assert status == S.OK and n == 32
+  assert ids == list(range(32)) and counts == [M // 32] * 32
+
+
+def test_sparse_large_random_matches_oracle():
+  rng = np.random.default_rng(11)
+  w = _normalized(np.exp(rng.normal(size=dj.DEFAULT_VOCAB) * 2))
+  for k in (16, 32, 256):
+    _assert_sparse_matches_oracle(w, k)
+
+
+def test_sparse_refusals_and_bad_k():
+  for w, status in [([np.nan, 1.0], S.NAN), ([np.inf, 1.0], S.INF),
+                    ([-1.0, 2.0], S.NEGATIVE), ([0.0, 0.0], S.ZERO_MASS)]:
+    ids, counts, n, got = _sparse(w, 2)
+    assert (ids, counts, n, got) == ([-1, -1], [0, 0], 0, status)
+  with pytest.raises(ValueError, match="k=0"):
+    dj.allocate_sparse(np.ones((1, 4)) / 4, 0)
+  with pytest.raises(ValueError, match="k=5"):
+    dj.allocate_sparse(np.ones((1, 4)) / 4, 5)
+
+
+def test_sparse_unnormalized_weights_same_as_normalized_support():
+  rng = np.random.default_rng(5)
+  w = rng.random(200)
+  _assert_sparse_matches_oracle(w * 1e6, 16)
+
+
+def test_vmap_equals_batched_call():
+  import jax  # pylint: disable=g-import-not-at-top
+  w = _random_rows(300, 6, 21).reshape(2, 3, 300)
+  batched = dj.allocate_dense(w)
+  vmapped = jax.vmap(jax.vmap(dj.allocate_dense))(w)
+  for a, b in zip(batched, vmapped):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  sparse = dj.allocate_sparse(w, 7)
+  sparse_vmapped = jax.vmap(lambda x: dj.allocate_sparse(x, 7))(w)
+  for a, b in zip(sparse, sparse_vmapped):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))

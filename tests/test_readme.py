@@ -1,0 +1,16 @@
+"""The README's API tour runs as written."""
+
+import pathlib
+import re
+
+_README = pathlib.Path(__file__).resolve().parent.parent / "README.md"
+
+
+def test_api_tour_runs():
+  text = _README.read_text()
+  blocks = re.findall(r"```python\n(.*?)```", text, re.S)
+  assert blocks, "README has no python block"
+  namespace = {}
+  exec(compile(blocks[0], "README.md", "exec"), namespace)  # pylint: disable=exec-used
+  assert 0 <= int(namespace["accepted"]) <= 3
+  assert 0 <= int(namespace["next_token"]) < 1000

@@ -1,0 +1,189 @@
+"""verify_chain and sample_target against the exact oracle.
+
+Two links tie the implementation to the contract: (1) the oracle's exact
+output distribution of the implemented integer rules is within 2^-20 of the
+target P / T (in fact within (V + 2) 2^-64), on adversarial (p, q); (2) the
+library's decisions equal the oracle's integer replay of the same 64-bit
+draws, so the distribution computed in (1) is the library's.
+"""
+
+from fractions import Fraction
+
+import jax
+import numpy as np
+import pytest
+
+import dyadic_jax as dj
+from dyadic_jax import reference as ref
+from tests import verify_cases as vc
+
+M = dj.M
+TV_BOUND = Fraction(1, 2 ** 20)
+
+
+def _cases():
+  v = 10
+  rng = np.random.default_rng(4)
+  p_rand = rng.dirichlet(np.ones(v))
+  one_hot_ish = np.full(v, 1.0)
+  one_hot_ish[3] = 1e7
+  tiny_at_0 = np.r_[1e-12, np.full(v - 1, 1.0)]
+  masked = np.where(np.arange(v) % 3 == 0, 0.0, rng.random(v))
+  return {
+      "q_equals_p": (p_rand, p_rand),
+      "disjoint_supports": (np.r_[np.ones(5), np.zeros(5)],
+                            np.r_[np.zeros(5), np.ones(5)]),
+      "tiny_p_at_drafted": (tiny_at_0, np.r_[100.0, np.ones(v - 1)]),
+      "grammar_mask_in_p": (masked, rng.random(v)),
+      "sparse_q": (rng.random(v), np.r_[rng.random(3), np.zeros(v - 3)]),
+      "q_nearly_one_hot": (rng.random(v), one_hot_ish),
+      "p_one_hot": (np.eye(1, v, 7)[0], rng.random(v)),
+      "random": (rng.random(v), rng.random(v)),
+  }
+
+
+_CASES = _cases()
+
+
+@pytest.mark.parametrize("name", sorted(_CASES))
+def test_exact_output_distribution_within_bound(name):
+  p, q = _CASES[name]
+  p_fixed = vc.target_fixed(vc.logits_for(p / p.sum()))[0]
+  counts = vc.counts_for(q)
+  out = ref.verify_step_distribution(p_fixed, counts)
+  target = ref.target_distribution(p_fixed)
+  assert sum(out) == 1
+  tv = ref.total_variation(out, target)
+  assert tv <= TV_BOUND
+  assert tv <= Fraction(len(p) + 2, 2 ** 64)  # the proved bound
+  # The ideal rational rule reproduces P / T exactly.
+  assert ref.ideal_step_distribution(target,
+                                     [Fraction(c, M) for c in counts]) == target
+
+
+def test_exact_bound_on_full_vocabulary():
+  rng = np.random.default_rng(9)
+  v = dj.DEFAULT_VOCAB
+  logits = (rng.normal(size=v) * 3).astype(np.float32)
+  p_fixed = vc.target_fixed(logits)[0]
+  w, _ = dj.draft_weights((logits + rng.normal(size=v)).astype(np.float32)[
+      None])
+  ids, counts, n, _ = dj.allocate_sparse(w, 32)
+  dense = [0] * v
+  for i, c in zip(np.asarray(ids[0])[:int(n[0])],
+                  np.asarray(counts[0])[:int(n[0])]):
+    dense[int(i)] = int(c)
+  out = ref.verify_step_distribution(p_fixed, dense)
+  assert ref.total_variation(out, ref.target_distribution(p_fixed)) <= \
+      Fraction(v + 2, 2 ** 64)
+
+
+def _bits(key, position, domain):
+  return int(dj.draw64(dj.draw_key(key, position, domain)))
+
+
+@pytest.mark.parametrize("representation", ["dense", "sparse"])
+def test_decisions_equal_oracle_replay(representation):
+  rng = np.random.default_rng(12)
+  v, depth, rounds = 12, 3, 48
+  anchor = 17
+  # Draft close to the target on some rows so every outcome occurs.
+  p = rng.dirichlet(np.ones(v) * 0.7, size=depth + 1)
+  q = np.where(rng.random((depth, v)) < 0.3, 0.0, p[:depth] + 0.05)
+  logits = vc.logits_for(p)
+  p_rows = vc.target_fixed(logits)
+  count_rows = [vc.counts_for(row) for row in q]
+  qobj = (dj.DenseQ(np.asarray(count_rows, np.int32)) if representation ==
+          "dense" else vc.sparse_q(count_rows))
+  outcomes = set()
+  for r in range(rounds):
+    key = dj.round_key(5, 0, r)
+    draft = [ref.sample_counts(count_rows[i], int(rng.integers(0, M)))
+             for i in range(depth)]
+    got = dj.verify_chain(logits, qobj, np.asarray(draft, np.int32), key,
+                          anchor=anchor)
+    want = ref.verify_chain_replay(
+        p_rows, count_rows, draft,
+        [_bits(key, anchor + i, dj.Domain.ACCEPT) for i in range(depth)],
+        [_bits(key, anchor + i, dj.Domain.CORRECTION) for i in range(depth)],
+        _bits(key, anchor + depth, dj.Domain.BONUS))
+    assert (int(got[0]), int(got[1])) == want, f"round {r}"
+    outcomes.add(want[0])
+  assert outcomes == set(range(depth + 1))  # rejections at every position
+
+
+def test_vmap_over_requests_equals_single_calls():
+  rng = np.random.default_rng(2)
+  v, depth, requests = 40, 4, 5
+  logits = rng.normal(size=(requests, depth + 1, v)).astype(np.float32)
+  w, _ = dj.draft_weights(logits[:, :depth] + 0.3 * rng.normal(
+      size=(requests, depth, v)).astype(np.float32))
+  ids, counts, n, _ = dj.allocate_sparse(w, 8)
+  draft = np.asarray(ids)[..., 0]
+  keys = jax.vmap(lambda s: dj.round_key(s, 1, 2))(np.arange(requests))
+  anchors = np.arange(requests) * 100
+  q = dj.SparseQ(ids, counts, n)
+  batched = jax.vmap(lambda *a: dj.verify_chain(*a[:4], anchor=a[4]))(
+      logits, q, draft, keys, anchors)
+  for i in range(requests):
+    single = dj.verify_chain(logits[i], dj.SparseQ(ids[i], counts[i], n[i]),
+                             draft[i], keys[i], anchor=int(anchors[i]))
+    assert (int(batched[0][i]), int(batched[1][i])) == (int(single[0]),
+                                                        int(single[1]))
+
+
+def test_refused_inputs_give_sentinel():
+  p = np.full((3, 4), 0.25)
+  logits = vc.logits_for(p)
+  good = dj.DenseQ(np.full((2, 4), M // 4, np.int32))
+  key = dj.round_key(0, 0, 0)
+  assert int(dj.verify_chain(logits, good, np.array([0, 1]), key)[1]) >= 0
+  bad_logits = logits.copy()
+  bad_logits[2, 1] = np.nan
+  assert tuple(map(int, dj.verify_chain(bad_logits, good, np.array([0, 1]),
+                                        key))) == (0, -1)
+  wrong_sum = dj.DenseQ(good.counts.copy())
+  wrong_sum.counts[1, 0] += 1
+  assert tuple(map(int, dj.verify_chain(logits, wrong_sum, np.array([0, 1]),
+                                        key))) == (0, -1)
+
+
+def test_zero_q_or_out_of_range_draft_is_rejected():
+  logits = vc.logits_for(np.full((3, 4), 0.25))
+  q = dj.DenseQ(np.array([[0, M // 2, M // 2, 0]] * 2, np.int32))
+  for r in range(20):
+    key = dj.round_key(1, 0, r)
+    for bad in (0, 3, 4, -1):
+      accepted, token = dj.verify_chain(logits, q, np.array([bad, 1]), key)
+      assert int(accepted) == 0 and 0 <= int(token) < 4
+
+
+def test_shape_errors():
+  logits = np.zeros((3, 4), np.float32)
+  q = dj.DenseQ(np.full((2, 4), M // 4, np.int32))
+  key = dj.round_key(0, 0, 0)
+  with pytest.raises(ValueError, match="D\\+1"):
+    dj.verify_chain(logits[:2], q, np.array([0, 1]), key)
+  with pytest.raises(ValueError, match="columns"):
+    dj.verify_chain(np.zeros((3, 5), np.float32), q, np.array([0, 1]), key)
+  with pytest.raises(TypeError, match="DenseQ or SparseQ"):
+    dj.verify_chain(logits, np.zeros((2, 4)), np.array([0, 1]), key)
+
+
+def test_target_only_sampler_replay_and_distribution():
+  rng = np.random.default_rng(3)
+  p = rng.dirichlet(np.ones(9), size=64)
+  p[:, 4] = 0.0
+  logits = vc.logits_for(p / p.sum(-1, keepdims=True))
+  p_rows = vc.target_fixed(logits)
+  keys = jax.vmap(lambda i: dj.rng_key(9, 0, 0, i, dj.Domain.TARGET_ONLY))(
+      np.arange(64))
+  tokens, status = dj.sample_target(logits, keys)
+  assert np.all(np.asarray(status) == 0)
+  bits = np.asarray(dj.draw64(keys))
+  for row, b, t in zip(p_rows, bits, np.asarray(tokens)):
+    assert int(t) == ref.sample_counts(row, (int(b) * sum(row)) >> 64)
+    assert int(t) != 4
+  dist = ref.categorical_int_distribution(p_rows[0])
+  assert ref.total_variation(dist, ref.target_distribution(p_rows[0])) <= \
+      Fraction(9, 2 ** 64)

@@ -1,0 +1,157 @@
+"""Draft/target weights, statuses, x64 scoping and the checked wrapper."""
+
+from fractions import Fraction
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import dyadic_jax as dj
+from dyadic_jax import weights as wmod
+
+S = dj.Status
+
+
+def _np_softmax(x):
+  e = np.exp(x - x.max(-1, keepdims=True))
+  return e / e.sum(-1, keepdims=True)
+
+
+def test_matches_numpy_softmax_with_bias_and_temperature():
+  rng = np.random.default_rng(0)
+  logits = rng.normal(size=(3, 1000)).astype(np.float32) * 4
+  bias = rng.normal(size=(3, 1000)).astype(np.float32)
+  w, status = dj.draft_weights(logits, temperature=0.7, bias=bias)
+  assert w.dtype == np.float64 and np.all(np.asarray(status) == S.OK)
+  want = _np_softmax((logits.astype(np.float64) + bias) / 0.7)
+  np.testing.assert_allclose(np.asarray(w), want, rtol=1e-12, atol=0)
+
+
+def test_per_row_temperature():
+  logits = np.array([[0.0, 1.0], [0.0, 1.0]], np.float32)
+  w, _ = dj.draft_weights(logits, temperature=np.array([1.0, 0.5]))
+  np.testing.assert_allclose(np.asarray(w),
+                             [_np_softmax(np.array([0.0, 1.0])),
+                              _np_softmax(np.array([0.0, 2.0]))], rtol=1e-14)
+
+
+def test_normalizer_is_exact_sum_of_terms():
+  rng = np.random.default_rng(1)
+  x = rng.normal(size=4000) * 30
+  w, _ = dj.draft_weights(x[None].astype(np.float32))
+  w = np.asarray(w[0])
+  with jax.enable_x64(True):
+    e = np.asarray(jnp.exp(jnp.asarray(x.astype(np.float32), jnp.float64)
+                           - np.float32(x.astype(np.float32)).max()))
+  exact = sum(Fraction(v) for v in e)
+  z = float(exact)
+  # w_v = e_v / Z with Z the exact sum rounded once (+ limb truncation).
+  np.testing.assert_allclose(w, e / z, rtol=4e-16, atol=0)
+  assert abs(Fraction(float(np.sum(w))) - 1) < Fraction(1, 2 ** 40)
+
+
+def test_masked_logits_get_exactly_zero_weight():
+  logits = np.array([[0.0, -np.inf, 2.0, -np.inf]], np.float32)
+  w, status = dj.draft_weights(logits)
+  assert int(status[0]) == S.OK
+  assert np.asarray(w)[0, 1] == 0.0 and np.asarray(w)[0, 3] == 0.0
+  counts, _ = dj.allocate_dense(w)
+  assert np.asarray(counts)[0, [1, 3]].tolist() == [0, 0]
+
+
+@pytest.mark.parametrize("row,temperature,status", [
+    ([0.0, np.nan, 1.0], 1.0, S.NAN),
+    ([0.0, np.inf, 1.0], 1.0, S.INF),
+    ([-np.inf, -np.inf], 1.0, S.ZERO_MASS),
+    ([np.nan, np.inf], 1.0, S.NAN),
+    ([0.0, 1.0], 0.0, S.BAD_TEMPERATURE),
+    ([0.0, 1.0], -1.0, S.BAD_TEMPERATURE),
+    ([0.0, 1.0], np.inf, S.BAD_TEMPERATURE),
+    ([0.0, 1.0], np.nan, S.BAD_TEMPERATURE),
+])
+def test_refusals(row, temperature, status):
+  w, got = dj.draft_weights(np.array([row], np.float32),
+                            temperature=temperature)
+  assert int(got[0]) == status
+  assert not np.any(np.asarray(w))
+
+
+def test_target_probs_statuses_and_values():
+  logits = np.array([[0.0, 1.0, -np.inf], [np.nan, 0, 0]], np.float32)
+  p, status = dj.target_probs(logits)
+  assert np.asarray(status).tolist() == [S.OK, S.NAN]
+  np.testing.assert_allclose(np.asarray(p)[0, :2],
+                             _np_softmax(np.array([0.0, 1.0])), rtol=1e-15)
+
+
+def test_vocabulary_bounds():
+  with pytest.raises(ValueError, match="vocabulary size"):
+    dj.draft_weights(np.zeros((1, 0), np.float32))
+
+
+def test_x64_is_scoped_to_the_library():
+  before = jax.config.jax_enable_x64
+  w, _ = dj.draft_weights(np.zeros((1, 4), np.float32))
+  assert w.dtype == np.float64
+  assert jax.config.jax_enable_x64 == before
+  # Caller code outside the library still gets its own default dtypes.
+  if not before:
+    assert jnp.zeros(2, dtype=float).dtype == jnp.float32
+
+
+def test_library_ops_inside_a_callers_jit():
+  @jax.jit
+  def propose(logits, draw):
+    w, status = dj.draft_weights(logits)
+    counts, status2 = dj.allocate_dense(w)
+    return dj.sample_counts(counts, draw), status | status2
+
+  logits = np.log(np.array([[0.25, 0.75]], np.float32))
+  with jax.enable_x64(True):
+    token, status = propose(logits, np.array([dj.M // 4], np.uint32))
+    assert int(token[0]) == 1 and int(status[0]) == 0
+    token, _ = propose(logits, np.array([dj.M // 4 - 1], np.uint32))
+    assert int(token[0]) == 0
+  if not jax.config.jax_enable_x64:
+    with pytest.raises(dj.X64Required, match="enable_x64"):
+      jax.jit(lambda x: dj.draft_weights(x)[1])(logits)
+
+
+def test_vmap_needs_no_x64():
+  logits = np.log(np.array([[0.25, 0.75], [0.5, 0.5]], np.float32))
+  w, status = jax.vmap(dj.draft_weights)(logits)
+  assert w.dtype == np.float64 and np.asarray(status).tolist() == [0, 0]
+
+
+def test_checked_wrapper_raises_typed_error():
+  logits = np.array([[0.0, 1.0], [np.nan, 0.0], [-np.inf, -np.inf]],
+                    np.float32)
+  with pytest.raises(dj.DyadicError) as info:
+    dj.checked(dj.draft_weights)(logits)
+  err = info.value
+  assert err.op == "draft_weights"
+  assert err.status == S.NAN
+  assert err.rows == (1, 2) and err.statuses == (S.NAN, S.ZERO_MASS)
+  assert "NAN" in str(err)
+  w = dj.checked(dj.draft_weights)(logits[:1])
+  assert w.shape == (1, 2)
+
+
+def test_checked_wrapper_multi_output_and_batch_rank():
+  w = np.array([[[0.5, 0.5], [0.5, np.nan]]])
+  with pytest.raises(dj.DyadicError) as info:
+    dj.checked(dj.allocate_sparse)(w, 1)
+  assert info.value.op == "allocate_sparse" and info.value.rows == ((0, 1),)
+  ids, counts, n = dj.checked(dj.allocate_sparse)(w[:, :1], 1)
+  assert np.asarray(n).tolist() == [[1]]
+
+
+def test_fixed_point_limbs_are_exact_floors():
+  with jax.enable_x64(True):
+    e = jnp.asarray([1.0, 0.5, 2.0 ** -70, 0.1, 0.0, np.nextafter(1.0, 0)])
+    hi, lo = wmod.fixed_point_limbs(e)
+  for v, h, l in zip(np.asarray(e), np.asarray(hi), np.asarray(lo)):
+    x = Fraction(float(v)) * 2 ** 32
+    assert h == int(x) and l == int((x - int(x)) * 2 ** 32)
+    assert h <= 2 ** 32 and l < 2 ** 32  # limb sums over 2^21 stay < 2^53

@@ -1,0 +1,594 @@
+#!/usr/bin/env python3
+"""Checks (or rewrites) the top-level Bazel BUILD file against the sources.
+
+    python3 third_party/bazel/check_build.py          # check, exit 1 on drift
+    python3 third_party/bazel/check_build.py --write  # regenerate BUILD
+    python3 third_party/bazel/check_build.py --print  # print expected BUILD
+
+Plain Python 3 (stdlib only); it never imports the project's code, it reads
+the imports with `ast`.
+
+What it checks:
+  * every *.py under dyadic_jax/, sharding/, experiments/ is the src of a
+    py_library, every tests/**/test_*.py the src of a py_test, every other
+    tests/**/*.py (conftest.py, helpers) the src of a py_library;
+  * no BUILD file exists below the root (a sub-package would break the
+    "dyadic_jax/foo.py" labels of the single top-level BUILD);
+  * every target's deps are exactly the first-party modules its file imports,
+    plus the package umbrella target (see the rule below), plus, for tests,
+    the libraries holding tests/conftest.py and tests/__init__.py;
+  * tests carry the tags that the table/markers below call for, and the
+    extra deps/data of EXTRA_DEPS/EXTRA_DATA (things no import shows);
+  * every src named in BUILD exists;
+  * third-party imports are stdlib or in KNOWN_THIRD_PARTY (from the venv);
+    anything else is reported as a warning.
+
+Dependency rule for packages whose __init__.py imports its modules (as
+dyadic_jax/__init__.py does): importing `pkg.mod` runs pkg/__init__.py first.
+  * Code outside `pkg` that imports pkg.mod depends on //:pkg_mod AND //:pkg
+    (the umbrella holding pkg/__init__.py and its imports).
+  * Code inside `pkg` that imports a sibling depends on the sibling only:
+    whoever imported it has already run pkg/__init__.py. Depending on the
+    umbrella from inside would be a cycle, which Bazel rejects. A module inside
+    a package that imports from the package's own __init__ is reported as an
+    error (it is a circular import in Python as well).
+"""
+
+import argparse
+import ast
+import os
+import pprint
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+LIB_DIRS = ("dyadic_jax", "sharding", "experiments")
+TEST_DIR = "tests"
+PYTEST_MAIN = "third_party/bazel/pytest_main.py"
+
+# Top-level modules that come from the virtualenv interpreter, not Bazel.
+KNOWN_THIRD_PARTY = {
+    "absl", "chex", "hypothesis", "jax", "jaxlib", "matplotlib",
+    "mpl_toolkits", "ml_dtypes", "numpy", "pytest", "_pytest", "scipy",
+}
+
+# Extra tags for tests whose markers do not say it, by target name; e.g.
+# {"test_round_demo": ["slow"]}. Tags found from the sources:
+#   "slow":        a module-level `pytestmark` that includes pytest.mark.slow
+#                  (a per-test @pytest.mark.slow is not enough: the file would
+#                  leave //:fast; split such a file, or list it here).
+#   "multidevice": pytest.mark.multidevice anywhere in the file, or a file
+#                  that imports the `sharding` package or jax.sharding, or
+#                  calls jax.device_count()/jax.devices()/Mesh(...).
+EXTRA_TAGS = {}
+
+# Deps and data that a file's import statements do not show, by target name:
+# test_readme execs the README's code block (which imports dyadic_jax).
+EXTRA_DEPS = {"test_readme": ["dyadic_jax"]}
+EXTRA_DATA = {"test_readme": ["README.md"]}
+
+# Test files that must NOT be tagged "multidevice" despite the heuristics.
+NOT_MULTIDEVICE = set()
+
+MULTIDEVICE_HINTS = (
+    "mark.multidevice", "jax.sharding", "device_count(", "jax.devices(",
+    "Mesh(", "shard_map", "NamedSharding", "PositionalSharding",
+)
+
+
+class Error(Exception):
+  pass
+
+
+def rel(path):
+  return os.path.relpath(path, ROOT).replace(os.sep, "/")
+
+
+def walk_py(top):
+  out = []
+  base = os.path.join(ROOT, top)
+  for dirpath, dirnames, filenames in os.walk(base):
+    dirnames[:] = sorted(d for d in dirnames
+                         if d != "__pycache__" and not d.startswith("."))
+    for f in sorted(filenames):
+      if f.endswith(".py"):
+        out.append(rel(os.path.join(dirpath, f)))
+  return out
+
+
+def module_of(path):
+  """Dotted module name of a repo-relative .py path."""
+  mod = path[:-3].replace("/", ".")
+  if mod.endswith(".__init__"):
+    mod = mod[: -len(".__init__")]
+  return mod
+
+
+def target_of(path):
+  """Bazel target name of a repo-relative .py path."""
+  if path.startswith(TEST_DIR + "/"):
+    stem = path[len(TEST_DIR) + 1:-3]
+    base = os.path.basename(stem)
+    if base.startswith("test_"):
+      return stem.replace("/", "_")
+    if base == "__init__":
+      return (TEST_DIR + "/" + stem)[: -len("/__init__")].replace("/", "_")
+    return TEST_DIR + "_" + stem.replace("/", "_")
+  return module_of(path).replace(".", "_")
+
+
+class Project:
+
+  def __init__(self):
+    self.lib_files = []
+    for d in LIB_DIRS:
+      self.lib_files += walk_py(d)
+    tests = walk_py(TEST_DIR)
+    self.test_files = [f for f in tests
+                       if os.path.basename(f).startswith("test_")]
+    self.support_files = [f for f in tests if f not in self.test_files]
+    if os.path.exists(os.path.join(ROOT, "conftest.py")):
+      self.support_files.insert(0, "conftest.py")
+    self.all_files = self.lib_files + self.support_files + self.test_files
+
+    # module name -> file. tests/ files are also importable by their bare
+    # name (pytest's default "prepend" import mode puts the test's
+    # directory on sys.path when tests/ is not a package).
+    self.modules = {}
+    for f in self.all_files:
+      self.modules[module_of(f)] = f
+      if f.startswith(TEST_DIR + "/") and not os.path.exists(
+          os.path.join(ROOT, os.path.dirname(f), "__init__.py")):
+        self.modules.setdefault(os.path.basename(f)[:-3], f)
+    self.first_party_tops = ({m.split(".")[0] for m in self.modules} |
+                             set(LIB_DIRS) | {TEST_DIR})
+    self.packages = {module_of(f) for f in self.all_files
+                     if f.endswith("/__init__.py")}
+    self.errors = []
+    self.warnings = []
+
+  def package_of(self, path):
+    mod = module_of(path)
+    if path.endswith("__init__.py"):
+      return mod
+    return mod.rpartition(".")[0]
+
+  def imports(self, path):
+    """Returns (first-party module names, third-party top-level names)."""
+    with open(os.path.join(ROOT, path), encoding="utf-8") as fh:
+      source = fh.read()
+    try:
+      tree = ast.parse(source, filename=path)
+    except SyntaxError as e:
+      raise Error(f"{path}: cannot parse: {e}") from e
+    pkg = self.package_of(path)
+    names = []
+    for node in ast.walk(tree):
+      if isinstance(node, ast.Import):
+        names += [a.name for a in node.names]
+      elif isinstance(node, ast.ImportFrom):
+        if node.level:
+          parts = pkg.split(".") if pkg else []
+          if node.level - 1 > len(parts):
+            self.errors.append(f"{path}: relative import beyond top level")
+            continue
+          parts = parts[: len(parts) - (node.level - 1)]
+          base = ".".join(parts + ([node.module] if node.module else []))
+        else:
+          base = node.module
+        for a in node.names:
+          cand = f"{base}.{a.name}" if base else a.name
+          names.append(cand if cand in self.modules else base)
+    first, third = set(), set()
+    for name in names:
+      if not name:
+        continue
+      top = name.split(".")[0]
+      if name in self.modules or top in self.first_party_tops:
+        # Longest known module prefix.
+        parts = name.split(".")
+        while parts and ".".join(parts) not in self.modules:
+          parts.pop()
+        if not parts:
+          self.errors.append(f"{path}: imports {name}, which has no file")
+          continue
+        first.add(".".join(parts))
+      else:
+        third.add(top)
+    return first, third, source
+
+  def expected(self):
+    """Expected targets: name -> dict(kind, srcs, deps, tags)."""
+    # Every test depends on the conftest.py and __init__.py files of tests/
+    # (pytest loads them without an import statement); other helper modules
+    # only where imported.
+    support_targets = [
+        target_of(f) for f in self.support_files
+        if os.path.basename(f) in ("conftest.py", "__init__.py")]
+    stdlib = set(getattr(sys, "stdlib_module_names", ()))
+    targets = {}
+    for path in self.all_files:
+      first, third, source = self.imports(path)
+      own = module_of(path)
+      deps = set()
+      for mod in first:
+        if mod == own:
+          continue
+        dep_file = self.modules[mod]
+        dep_mod = module_of(dep_file)
+        if dep_mod in self.packages and (own + ".").startswith(dep_mod + "."):
+          self.errors.append(
+              f"{path}: imports its own package's __init__ ({dep_mod}); "
+              "import the defining module instead (cycle)")
+          continue
+        deps.add(target_of(dep_file))
+        parts = dep_mod.split(".")
+        for i in range(1, len(parts)):
+          anc = ".".join(parts[:i])
+          if anc in self.packages and not (own + ".").startswith(anc + "."):
+            deps.add(target_of(self.modules[anc]))
+      for top in sorted(third):
+        if top not in stdlib and top not in KNOWN_THIRD_PARTY:
+          self.warnings.append(
+              f"{path}: imports {top!r}: not stdlib nor a known venv package")
+      name = target_of(path)
+      deps |= set(EXTRA_DEPS.get(name, ()))
+      entry = {"srcs": [path], "deps": deps, "tags": set(),
+               "data": list(EXTRA_DATA.get(name, ()))}
+      if path in self.test_files:
+        entry["kind"] = "py_test"
+        entry["deps"] |= set(support_targets)
+        tags = set(EXTRA_TAGS.get(name, ()))
+        if _module_level_slow(source):
+          tags.add("slow")
+        if name not in NOT_MULTIDEVICE and (
+            any(h in source for h in MULTIDEVICE_HINTS) or
+            any(m == "sharding" or m.startswith("sharding.") for m in first)):
+          tags.add("multidevice")
+        entry["tags"] = tags
+      else:
+        entry["kind"] = "py_library"
+      if name in targets:
+        self.errors.append(f"two files map to target {name}: "
+                           f"{targets[name]['srcs'][0]} and {path}")
+      targets[name] = entry
+    return targets
+
+
+def _module_level_slow(source):
+  tree = ast.parse(source)
+  for node in tree.body:
+    if isinstance(node, (ast.Assign, ast.AnnAssign)):
+      tgts = node.targets if isinstance(node, ast.Assign) else [node.target]
+      if any(isinstance(t, ast.Name) and t.id == "pytestmark" for t in tgts):
+        if "mark.slow" in ast.unparse(node.value):
+          return True
+  return False
+
+
+# --------------------------------------------------------------------------
+# BUILD rendering.
+
+HEADER = '''\
+# Bazel build of dyadic-jax (Bazel 4.2.x, e.g. Debian's bazel-bootstrap).
+#
+# Run:    bash .ci/bazel_test.sh /path/to/venv/bin/python [//:fast | //...]
+# Check:  python3 third_party/bazel/check_build.py   (--write regenerates this
+#         file from the sources' imports; tags: see EXTRA_TAGS there)
+#
+# Third-party packages (jax, jaxlib, numpy, scipy, chex, absl-py, hypothesis,
+# pytest, matplotlib) are NOT Bazel targets and there are no pip rules: they
+# come from the Python interpreter that runs the tests, a virtualenv chosen
+# with --python_path (.bazelrc turns off Python toolchains so that flag is
+# honoured). Only first-party code is modelled here.
+#
+# One BUILD file for the whole repo: dyadic_jax/, sharding/, experiments/ and
+# tests/ are plain directories without BUILD files, so their files are
+# labelled "dyadic_jax/foo.py" from here.
+#
+# Targets: one py_library per module, named after its dotted module path
+# (dyadic_jax/codec.py -> //:dyadic_jax_codec); the library for a package's
+# __init__.py is named after the package (//:dyadic_jax).
+#
+# Package __init__.py files. dyadic_jax/__init__.py re-exports the whole
+# API, so importing any dyadic_jax.X first runs __init__.py, which imports
+# every module. A module target cannot carry __init__.py (or depend on a
+# target that does): __init__ -> X -> __init__ is a cycle, and Bazel rejects
+# dependency cycles; an __init__-only target without the module deps would put
+# an __init__.py in the runfiles whose imports are missing. So:
+#   * //:dyadic_jax_X has srcs = [dyadic_jax/X.py] and deps = the sibling
+#     modules X imports. Imports inside the package need no __init__ target:
+#     whoever imported X has already run dyadic_jax/__init__.py.
+#   * //:dyadic_jax (the umbrella) has srcs = [dyadic_jax/__init__.py] and
+#     deps = the modules __init__.py imports (all of them).
+#   * Code outside the package (tests, sharding, experiments) depends on the
+#     //:dyadic_jax_X modules it imports AND on //:dyadic_jax, so the real
+#     __init__.py and everything it imports is in its runfiles.
+# The same rule applies to sharding/ and experiments/.
+#
+# Tests: one py_test per tests/test_*.py, run through pytest by
+# third_party/bazel/pytest_main.py (which gets the file via $(rootpath)).
+# legacy_create_init = False stops Bazel from adding empty __init__.py files
+# to the runfiles (one would turn tests/ into a package, or could stand in
+# for a missing dyadic_jax/__init__.py). The runfiles root is on sys.path
+# (Bazel's Python stub does that), so "import dyadic_jax" works; the
+# workspace must not be named "dyadic_jax" (see WORKSPACE). Non-test files in
+# tests/ are libraries too: every test depends on tests/conftest.py (and
+# tests/__init__.py), helpers only where imported.
+# Tags: "slow" (module-level pytestmark = pytest.mark.slow, or EXTRA_TAGS in
+# check_build.py) and "multidevice" (uses several devices).
+# //:fast = every test not tagged slow; //:slow; //:multidevice.
+'''
+
+PRELUDE = '''\
+PYTEST_MAIN = "third_party/bazel/pytest_main.py"
+
+# pytest configuration, if the repo has any, must be in the runfiles.
+PYTEST_CONFIG = glob(
+    [
+        "pytest.ini",
+        "pyproject.toml",
+        "setup.cfg",
+        "tox.ini",
+    ],
+    allow_empty = True,
+)
+'''
+
+SUITES = '''\
+test_suite(
+    name = "fast",
+    tags = ["-slow"],
+)
+
+test_suite(
+    name = "slow",
+    tags = ["slow"],
+)
+
+test_suite(
+    name = "multidevice",
+    tags = ["multidevice"],
+)
+'''
+
+
+def _list(items, indent="    "):
+  items = list(items)
+  if not items:
+    return "[]"
+  if len(items) == 1:
+    return "[" + items[0] + "]"
+  inner = "".join(f"{indent}    {i},\n" for i in items)
+  return "[\n" + inner + indent + "]"
+
+
+def _q(s):
+  return '"' + s + '"'
+
+
+def _deps(deps):
+  return _list([_q(":" + d) for d in sorted(deps)])
+
+
+def render(targets):
+  out = [HEADER, "", PRELUDE]
+  groups = [
+      ("Library: " + d + "/", lambda p, d=d: p.startswith(d + "/"))
+      for d in LIB_DIRS
+  ] + [
+      ("Test support (conftest.py and helpers)",
+       lambda p: not os.path.basename(p).startswith("test_")),
+      ("Tests", lambda p: True),
+  ]
+  done = set()
+  for title, pred in groups:
+    names = [n for n, t in targets.items()
+             if n not in done and pred(t["srcs"][0])]
+    if not names:
+      continue
+    out.append("# " + "-" * 74 + "\n# " + title + "\n")
+    for n in sorted(names, key=lambda n: targets[n]["srcs"][0]):
+      done.add(n)
+      t = targets[n]
+      src = t["srcs"][0]
+      if t["kind"] == "py_library":
+        out.append(
+            "py_library(\n"
+            f"    name = {_q(n)},\n"
+            f"    srcs = [{_q(src)}],\n"
+            f"    deps = {_deps(t['deps'])},\n"
+            ")\n")
+      else:
+        tags = sorted(t["tags"])
+        extra = ""
+        if "slow" in tags:
+          extra += '    timeout = "long",\n'
+        if tags:
+          extra += f"    tags = {_list([_q(x) for x in tags])},\n"
+        out.append(
+            "py_test(\n"
+            f"    name = {_q(n)},\n"
+            f"    srcs = [\n        {_q(src)},\n        PYTEST_MAIN,\n    ],\n"
+            f'    args = ["$(rootpath {src})"],\n'
+            + (f"    data = PYTEST_CONFIG + {_list([_q(d) for d in t['data']])},\n"
+               if t["data"] else "    data = PYTEST_CONFIG,\n") +
+            "    legacy_create_init = False,\n"
+            "    main = PYTEST_MAIN,\n"
+            + extra +
+            f"    deps = {_deps(t['deps'])},\n"
+            ")\n")
+  out.append("# " + "-" * 74 + "\n# Test suites\n")
+  out.append(SUITES)
+  return "\n".join(out)
+
+
+# --------------------------------------------------------------------------
+# BUILD parsing (the BUILD file is evaluated with stand-in rule functions).
+
+def load_build(path):
+  rules = {}
+
+  def rule(kind):
+    def fn(**kw):
+      name = kw["name"]
+      if name in rules:
+        raise Error(f"BUILD: duplicate target {name}")
+      kw["kind"] = kind
+      rules[name] = kw
+    return fn
+
+  def glob(include, exclude=(), allow_empty=True, **_):
+    import glob as globmod
+    out = []
+    for pat in include:
+      for f in sorted(globmod.glob(os.path.join(ROOT, pat), recursive=True)):
+        r = rel(f)
+        if r not in exclude and os.path.isfile(f):
+          out.append(r)
+    return out
+
+  env = {
+      "py_library": rule("py_library"),
+      "py_test": rule("py_test"),
+      "py_binary": rule("py_binary"),
+      "test_suite": rule("test_suite"),
+      "filegroup": rule("filegroup"),
+      "exports_files": lambda *a, **k: None,
+      "package": lambda **k: None,
+      "licenses": lambda *a, **k: None,
+      "glob": glob,
+      "select": lambda d: d.get("//conditions:default", []),
+  }
+  with open(path, encoding="utf-8") as fh:
+    code = fh.read()
+  exec(compile(code, path, "exec"), env)  # pylint: disable=exec-used
+  return rules
+
+
+def _label(d):
+  return d[1:] if d.startswith(":") else d.replace("//:", "")
+
+
+def check(project, targets):
+  errors = list(project.errors)
+  build = os.path.join(ROOT, "BUILD")
+  if not os.path.exists(build):
+    return errors + ["no BUILD file at the repo root"]
+  for dirpath, dirnames, filenames in os.walk(ROOT):
+    dirnames[:] = [d for d in dirnames
+                   if not d.startswith(".") and not d.startswith("bazel-")]
+    if dirpath == ROOT:
+      continue
+    if "WORKSPACE" in filenames or "WORKSPACE.bazel" in filenames:
+      dirnames[:] = []  # a separate (stand-in) repository
+      continue
+    for b in ("BUILD", "BUILD.bazel"):
+      if b in filenames:
+        errors.append(f"{rel(os.path.join(dirpath, b))}: only the top-level "
+                      "BUILD may exist (it would cut the root package)")
+  try:
+    rules = load_build(build)
+  except Exception as e:  # pylint: disable=broad-except
+    return errors + [f"BUILD: cannot evaluate: {e!r}"]
+
+  owner = {}
+  for name, r in rules.items():
+    for s in r.get("srcs", []):
+      if s == PYTEST_MAIN:
+        continue
+      if not os.path.exists(os.path.join(ROOT, s)):
+        errors.append(f"//:{name}: src {s} does not exist")
+      owner.setdefault(s, []).append(name)
+  for path in project.all_files:
+    if path not in owner:
+      errors.append(f"{path}: not in BUILD (expected //:{target_of(path)})")
+
+  for name, exp in sorted(targets.items()):
+    r = rules.get(name)
+    path = exp["srcs"][0]
+    if r is None:
+      if path in owner:
+        errors.append(f"{path}: expected target //:{name}, found "
+                      f"{', '.join('//:' + o for o in owner[path])}")
+      continue
+    if r["kind"] != exp["kind"]:
+      errors.append(f"//:{name}: is {r['kind']}, expected {exp['kind']}")
+    got_srcs = [s for s in r.get("srcs", []) if s != PYTEST_MAIN]
+    if got_srcs != exp["srcs"]:
+      errors.append(f"//:{name}: srcs {got_srcs}, expected {exp['srcs']}")
+    got = {_label(d) for d in r.get("deps", [])}
+    missing, extra = exp["deps"] - got, got - exp["deps"]
+    if missing:
+      errors.append(f"//:{name}: missing deps "
+                    f"{sorted(':' + d for d in missing)} (imported by {path})")
+    if extra:
+      errors.append(f"//:{name}: deps not imported by {path}: "
+                    f"{sorted(':' + d for d in extra)}")
+    if exp["kind"] == "py_test":
+      if r.get("main") != PYTEST_MAIN or PYTEST_MAIN not in r.get("srcs", []):
+        errors.append(f"//:{name}: main must be {PYTEST_MAIN} (also in srcs)")
+      if r.get("args", [None])[0] not in (f"$(rootpath {path})",
+                                          f"$(location {path})"):
+        errors.append(f"//:{name}: args[0] must be $(rootpath {path})")
+      if r.get("legacy_create_init", True):
+        errors.append(f"//:{name}: needs legacy_create_init = False")
+      missing_data = set(exp["data"]) - set(r.get("data", []))
+      if missing_data:
+        errors.append(f"//:{name}: missing data {sorted(missing_data)}")
+      missing_tags = exp["tags"] - set(r.get("tags", []))
+      if missing_tags:
+        errors.append(f"//:{name}: missing tags {sorted(missing_tags)}")
+  suites = {n: r for n, r in rules.items() if r["kind"] == "test_suite"}
+  if "fast" not in suites or "-slow" not in suites["fast"].get("tags", []):
+    errors.append("//:fast test_suite (tags = [\"-slow\"]) is missing")
+  return errors
+
+
+def main():
+  ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  ap.add_argument("--write", action="store_true", help="rewrite BUILD")
+  ap.add_argument("--print", action="store_true", help="print expected BUILD")
+  ap.add_argument("--dump", action="store_true",
+                  help="print the expected targets as Python data")
+  args = ap.parse_args()
+  project = Project()
+  try:
+    targets = project.expected()
+  except Error as e:
+    print(f"check_build: {e}", file=sys.stderr)
+    return 1
+  for w in project.warnings:
+    print(f"check_build: warning: {w}", file=sys.stderr)
+  if args.dump:
+    pprint.pprint(targets)
+    return 0
+  if args.print or args.write:
+    if project.errors:
+      for e in project.errors:
+        print(f"check_build: error: {e}", file=sys.stderr)
+      return 1
+    text = render(targets)
+    if args.print:
+      sys.stdout.write(text)
+    else:
+      with open(os.path.join(ROOT, "BUILD"), "w", encoding="utf-8") as fh:
+        fh.write(text)
+      print(f"check_build: wrote BUILD ({len(targets)} targets)")
+    return 0
+  errors = check(project, targets)
+  for e in errors:
+    print(f"check_build: error: {e}", file=sys.stderr)
+  if errors:
+    print(f"check_build: {len(errors)} problem(s); "
+          "`python3 third_party/bazel/check_build.py --write` regenerates "
+          "BUILD", file=sys.stderr)
+    return 1
+  n_test = sum(1 for t in targets.values() if t["kind"] == "py_test")
+  print(f"check_build: OK ({len(targets) - n_test} libraries, {n_test} tests, "
+        f"{len(project.all_files)} files)")
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

@@ -1,0 +1,84 @@
+"""Entry point of every py_test in //:BUILD: runs one pytest file under Bazel.
+
+Usage (set up by the BUILD file, not by hand):
+    py_test(
+        srcs = ["tests/test_x.py", "third_party/bazel/pytest_main.py"],
+        main = "third_party/bazel/pytest_main.py",
+        args = ["$(rootpath tests/test_x.py)"],
+        ...
+    )
+
+argv[1] is the test file relative to the runfiles workspace root (the
+working directory Bazel starts tests in); any further arguments
+(`bazel test --test_arg=...`) are passed on to pytest.
+
+Nothing is written into the read-only runfiles/source tree: no
+.pytest_cache (cacheprovider disabled), no __pycache__ (bytecode writing
+off), and Hypothesis' example database, matplotlib's config dir and HOME go
+to $TEST_TMPDIR.
+"""
+
+import os
+import sys
+import tempfile
+
+
+def _scrub_sys_path():
+  # Python puts the *resolved* directory of this script (a symlink in the
+  # runfiles tree) first on sys.path, i.e. third_party/bazel/ in the real
+  # source checkout. Drop it so that imports only see the runfiles tree.
+  here = os.path.dirname(os.path.realpath(__file__))
+  if sys.path and sys.path[0] and os.path.realpath(sys.path[0]) == here:
+    del sys.path[0]
+
+
+def main(argv):
+  if len(argv) < 2:
+    sys.stderr.write("usage: pytest_main.py TEST_FILE [pytest args...]\n")
+    return 2
+  test_file = argv[1]
+  _scrub_sys_path()
+  sys.dont_write_bytecode = True
+  os.environ["PYTHONDONTWRITEBYTECODE"] = "1"  # for any subprocesses
+
+  tmp = os.environ.get("TEST_TMPDIR") or tempfile.mkdtemp(prefix="pytest_main")
+  os.environ.setdefault("HOME", tmp)
+  os.environ.setdefault("MPLCONFIGDIR", os.path.join(tmp, "matplotlib"))
+  os.environ.setdefault("MPLBACKEND", "Agg")
+
+  import pytest  # pylint: disable=g-import-not-at-top
+
+  args = [
+      test_file,
+      "-q",
+      "-p", "no:cacheprovider",
+      "--rootdir", os.getcwd(),
+  ]
+  xml_output = os.environ.get("XML_OUTPUT_FILE")
+  if xml_output:
+    args += ["--junitxml", xml_output]
+  test_filter = os.environ.get("TESTBRIDGE_TEST_ONLY")  # bazel --test_filter
+  if test_filter:
+    args += ["-k", test_filter]
+  args += argv[2:]
+  return pytest.main(args, plugins=[_TmpdirPlugin(tmp)])
+
+
+class _TmpdirPlugin:
+  """Points Hypothesis' example database at $TEST_TMPDIR (default: ./)."""
+
+  def __init__(self, tmp):
+    self._tmp = tmp
+
+  def pytest_configure(self, config):  # pylint: disable=unused-argument
+    # Only now: importing hypothesis before pytest has set up assertion
+    # rewriting for its plugins makes pytest warn.
+    try:
+      from hypothesis import configuration  # pylint: disable=g-import-not-at-top
+    except ImportError:
+      return
+    configuration.set_hypothesis_home_dir(os.path.join(self._tmp, ".hypothesis"))
+
+
+if __name__ == "__main__":
+  sys.exit(main(sys.argv))
