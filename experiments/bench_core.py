@@ -1,9 +1,8 @@
 """Benchmark of the core ops on one round: proposal rows and verification.
 
-    cd /work/main && PYTHONPATH=. python -m experiments.bench_core \\
-        --json_out /tmp/bench_core.json
+    python -m experiments.bench_core --json_out /tmp/bench_core.json
 
-Expected runtime: 50-65 s on a 2-core CPU with the defaults (V = 129280,
+Expected runtime: 20-30 s on a 2-core CPU with the defaults (V = 129280,
 4 requests x depth 5 = 20 rows, --repeats=5); roughly a third of it is XLA
 compilation, most of the rest is the numpy baselines.
 

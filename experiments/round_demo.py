@@ -1,6 +1,6 @@
 """One speculative round of one request on the toy models, then a check.
 
-    cd /work/main && PYTHONPATH=. python -m experiments.round_demo
+    python -m experiments.round_demo [--vocab=129280 --depth=5 --k=32]
 
 Expected runtime: 20-30 s on a 2-core CPU at the default V = 129280 and
 --check_samples=2000 (most of it compilation); smaller --vocab is faster.
@@ -141,9 +141,8 @@ def run_check(toy, prefix_token, *, k, seed, anchor, samples, alpha):
   rounds = jnp.arange(samples)
   round_keys = jax.vmap(lambda r: dj.round_key(seed, 1, r))(rounds)
   # The library's ops scope x64 to their own traces; a caller's jit around
-  # them must be traced and lowered with x64 on as well, or the 64-bit
-  # integers of the verification rule are lowered as 32-bit and XLA rejects
-  # the module.
+  # them compiles outside that scope, so it runs under enable_x64 itself
+  # (dyadic_jax/x64.py; without it the ops raise X64Required).
   with jax.enable_x64(True):
     spec = jax.jit(lambda keys: jax.lax.map(
         lambda key: first_emitted(toy, prefix_token, (ids, counts, n), key,
@@ -210,7 +209,7 @@ def main(argv):
   print(f"Toy round: V={config.vocab} D={depth} k={k} "
         f"closeness={config.closeness} seed={_SEED.value} prefix={prefix}")
   tokens, slots, q, status = propose(toy, key, prefix, depth=depth, k=k,
-                              anchor=anchor)
+                                     anchor=anchor)
   dj.raise_for_status("propose", status)
   tl = chain_target_logits(toy, prefix, tokens)
   p_rows, _ = dj.target_probs(tl)
