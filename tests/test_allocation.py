@@ -2,6 +2,8 @@
 
 import functools
 
+import chex
+import jax
 import numpy as np
 import pytest
 
@@ -281,14 +283,18 @@ def test_sparse_unnormalized_weights_same_as_normalized_support():
   _assert_sparse_matches_oracle(w * 1e6, 16)
 
 
-def test_vmap_equals_batched_call():
-  import jax  # pylint: disable=g-import-not-at-top
+def test_vmap_and_single_rows_equal_batched_call():
+  # Batched calls run row by row on CPU (dyadic_jax/rowwise.py), vmapped
+  # calls fold the vmapped axis into those rows, single rows run directly:
+  # all three must agree bit for bit.
   w = _random_rows(300, 6, 21).reshape(2, 3, 300)
   batched = dj.allocate_dense(w)
-  vmapped = jax.vmap(jax.vmap(dj.allocate_dense))(w)
-  for a, b in zip(batched, vmapped):
-    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  chex.assert_trees_all_equal(batched,
+                              jax.vmap(jax.vmap(dj.allocate_dense))(w))
+  chex.assert_trees_all_equal(
+      tuple(a[1, 2] for a in batched), dj.allocate_dense(w[1, 2]))
   sparse = dj.allocate_sparse(w, 7)
-  sparse_vmapped = jax.vmap(lambda x: dj.allocate_sparse(x, 7))(w)
-  for a, b in zip(sparse, sparse_vmapped):
-    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  chex.assert_trees_all_equal(
+      sparse, jax.vmap(lambda x: dj.allocate_sparse(x, 7))(w))
+  chex.assert_trees_all_equal(
+      tuple(a[0, 1] for a in sparse), dj.allocate_sparse(w[0, 1], 7))

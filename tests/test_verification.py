@@ -9,6 +9,7 @@ draws, so the distribution computed in (1) is the library's.
 
 from fractions import Fraction
 
+import chex
 import jax
 import numpy as np
 import pytest
@@ -128,8 +129,7 @@ def test_vmap_over_requests_equals_single_calls():
   for i in range(requests):
     single = dj.verify_chain(logits[i], dj.SparseQ(ids[i], counts[i], n[i]),
                              draft[i], keys[i], anchor=int(anchors[i]))
-    assert (int(batched[0][i]), int(batched[1][i])) == (int(single[0]),
-                                                        int(single[1]))
+    chex.assert_trees_all_equal(single, tuple(b[i] for b in batched))
 
 
 def test_refused_inputs_give_sentinel():
