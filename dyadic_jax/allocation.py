@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from dyadic_jax import reducer
 from dyadic_jax import rowwise
 from dyadic_jax import x64
 from dyadic_jax.weights import exact_sums
@@ -47,62 +48,71 @@ def threshold_search(count_at_least, r, lo, hi, steps):
   return lo
 
 
-def _count(mask):
-  # int32 lanes vectorize twice as wide as int64; counts are <= N < 2^31.
-  return jnp.sum(mask, -1, dtype=jnp.int32).astype(jnp.int64)
+def _counter(red):
+  # int32 lanes vectorize twice as wide as int64; counts are <= V < 2^31.
+  return lambda mask: red.sum(mask.astype(jnp.int32)).astype(jnp.int64)
 
 
-def _select_top_exact(key, r):
+def _global_ids(shape, red, dtype=jnp.int64):
+  return lax.broadcasted_iota(dtype, shape, len(shape) - 1) + red.offset
+
+
+def _select_top_exact(key, r, red):
   """`select_top` by bisection on the full 63-bit keys (any tie pattern)."""
-  n = key.shape[-1]
+  count = _counter(red)
   # Finite float64 >= 0 have bit patterns below the NaN pattern 2^63 - 1.
-  t = threshold_search(lambda t: _count(key >= t[..., None]), r,
+  t = threshold_search(lambda t: count(key >= t[..., None]), r,
                        0, _INT64_MAX, 63)[..., None]
   above = key > t
   tie = key == t
-  need = r - _count(above)
-  ids = lax.broadcasted_iota(jnp.int64, key.shape, key.ndim - 1)
+  need = r - count(above)
+  ids = _global_ids(key.shape, red)
   # Smallest cut j with #{ties below j} >= need: the lowest-id ties win.
-  cut = threshold_search(lambda j: _count(tie & (ids >= j[..., None])),
-                         _count(tie) - need + 1, 0, n + 1,
+  n = red.vocab
+  cut = threshold_search(lambda j: count(tie & (ids >= j[..., None])),
+                         count(tie) - need + 1, 0, n + 1,
                          max(1, (n + 1).bit_length()))
   cut = jnp.where(need > 0, cut + 1, 0)[..., None]
   return above | (tie & (ids < cut))
 
 
-def _select_top_refined(key, r, above, tied):
+def _select_top_refined(key, r, above, tied, red):
   """`select_top` when at most _SMALL keys share the coarse threshold.
 
-  The tied keys are gathered (ascending id) and ranked exactly by
-  (key desc, id asc) among themselves; `need` of them win.
+  Each shard gathers its tied keys (ascending id); all tied keys of the row
+  are then ranked exactly by (key desc, global id asc); `need` of them win,
+  and each shard marks the winners it owns.
   """
   n = key.shape[-1]
-  need = r - _count(above)
-  ids = lax.broadcasted_iota(jnp.int32, key.shape, key.ndim - 1)
+  need = r - _counter(red)(above)
+  local = lax.broadcasted_iota(jnp.int32, key.shape, key.ndim - 1)
   # Top-_SMALL of n - id over the tied entries: their ids, ascending.
-  rank_key = jnp.where(tied, n - ids, 0).astype(jnp.float32)  # exact: n < 2^24
+  rank_key = jnp.where(tied, n - local, 0).astype(jnp.float32)  # n < 2^24
   small = min(_SMALL, n)
   vals, _ = lax.top_k(rank_key, small)
   valid = vals > 0
-  tie_ids = jnp.where(valid, n - vals.astype(jnp.int32), n)
-  tie_keys = jnp.take_along_axis(key, jnp.minimum(tie_ids, n - 1), -1)
-  ki, kj = tie_keys[..., :, None], tie_keys[..., None, :]
-  ii, ij = tie_ids[..., :, None], tie_ids[..., None, :]
+  tie_local = n - vals.astype(jnp.int32)
+  tie_keys = jnp.take_along_axis(key, jnp.minimum(tie_local, n - 1), -1)
+  tie_ids = tie_local.astype(jnp.int64) + red.offset
+  keys, ids, valid = (red.gather(x) for x in (tie_keys, tie_ids, valid))
+  ki, kj = keys[..., :, None], keys[..., None, :]
+  ii, ij = ids[..., :, None], ids[..., None, :]
   beats = valid[..., None, :] & ((kj > ki) | ((kj == ki) & (ij < ii)))
-  chosen = valid & (_count(beats) < need[..., None])
+  chosen = valid & (jnp.sum(beats, -1) < need[..., None])
+  mine = (ids - red.offset).astype(jnp.int32)
+  mine = jnp.where(chosen & (mine >= 0) & (mine < n), mine, n)
   batch = key.shape[:-1]
-  flat_ids = tie_ids.reshape((-1, small))
-  flat_chosen = chosen.reshape((-1, small))
-  scatter = lambda i, c: jnp.zeros((n,), bool).at[i].set(c, mode="drop")
-  picked = jax.vmap(scatter)(flat_ids, flat_chosen).reshape(batch + (n,))
+  width = mine.shape[-1]
+  scatter = lambda i: jnp.zeros((n,), bool).at[i].set(True, mode="drop")
+  picked = jax.vmap(scatter)(mine.reshape((-1, width))).reshape(batch + (n,))
   return above | picked
 
 
-def select_top(key, r, coarse=None, coarse_bits=32):
-  """Mask of the r largest keys per row, ties to the lowest index.
+def select_top(key, r, coarse=None, coarse_bits=32, red=None):
+  """Mask of the r largest keys per row, ties to the lowest (global) id.
 
   key: int64[..., N], bit patterns of finite float64 >= 0 (which order like
-  the values); r: int[...] in [0, N]. Exactly r entries are selected: every
+  the values); r: int[...] in [0, V]. Exactly r entries are selected: every
   key above the r-th largest key, then the lowest-indexed keys equal to it.
 
   coarse: optional int32[..., N] in [0, 2^coarse_bits), non-decreasing in
@@ -112,27 +122,29 @@ def select_top(key, r, coarse=None, coarse_bits=32):
   it (e.g. all-equal weights), an exact 63-step bisection on the full keys
   decides instead. Every count is an integer: the result is layout-invariant.
   """
+  red = reducer.of(key, red)
+  count = _counter(red)
   r = r.astype(jnp.int64)
   if coarse is None:
     coarse = ((key >> 31) - (1 << 31)).astype(jnp.int32)
     lo, hi = -(1 << 31), (1 << 31) - 1
   else:
     lo, hi = 0, 1 << coarse_bits
-  tc = threshold_search(lambda t: _count(coarse >= t[..., None]), r,
+  tc = threshold_search(lambda t: count(coarse >= t[..., None]), r,
                         lo, hi, coarse_bits)
   tc = tc.astype(jnp.int32)[..., None]
   above = coarse > tc
   tied = coarse == tc
-  small = jnp.all(_count(tied) <= _SMALL)
+  small = jnp.all(count(tied) <= _SMALL)
   return lax.cond(
-      small, lambda: _select_top_refined(key, r, above, tied),
-      lambda: _select_top_exact(key, r))
+      small, lambda: _select_top_refined(key, r, above, tied, red),
+      lambda: _select_top_exact(key, r, red))
 
 
 _NAN_BIT, _INF_BIT, _NEGATIVE_BIT, _POSITIVE_BIT = 8, 4, 2, 1
 
 
-def weight_status(w):
+def weight_status(w, red=None):
   """Status of raw weight rows: NAN, INF, NEGATIVE, ZERO_MASS in that order.
 
   One OR-reduction of per-entry class bits (sibling reductions would fuse
@@ -142,7 +154,7 @@ def weight_status(w):
           | jnp.where(jnp.isinf(w), _INF_BIT, 0)
           | jnp.where(w < 0, _NEGATIVE_BIT, 0)
           | jnp.where(w > 0, _POSITIVE_BIT, 0)).astype(jnp.int32)
-  seen = lax.reduce(bits, jnp.int32(0), lax.bitwise_or, (w.ndim - 1,))
+  seen = reducer.of(w, red).bit_or(bits)
   return jnp.select(
       [(seen & _NAN_BIT) > 0, (seen & _INF_BIT) > 0,
        (seen & _NEGATIVE_BIT) > 0, (seen & _POSITIVE_BIT) == 0],
@@ -161,9 +173,10 @@ def _scaled_parts(w, total):
   return f, s - f
 
 
-def largest_remainder(w, total):
+def largest_remainder(w, total, red=None):
   """Floor + largest remainders of w * total (see `allocate_dense`)."""
-  status = weight_status(w)
+  red = reducer.of(w, red)
+  status = weight_status(w, red)
   w = jnp.where((status == Status.OK)[..., None], w, 0.0)
   # Integer-valued float64 terms whose partial sums stay below 2^53: exact
   # in any order (a float64 -> int64 conversion per entry does not
@@ -171,7 +184,7 @@ def largest_remainder(w, total):
   f_sum, r_fixed = exact_sums(
       w, lambda w: _scaled_parts(w, total)[0],
       lambda w: jnp.floor(_scaled_parts(w, total)[1]
-                          * 2.0 ** _FIXED_REMAINDER_BITS))
+                          * 2.0 ** _FIXED_REMAINDER_BITS), red=red)
   leftover = total - f_sum.astype(jnp.int64)
   # One ticket of slack, measured with integers so every layout agrees. It
   # implies leftover <= #{r > 0}, since every remainder is below 1.
@@ -187,7 +200,7 @@ def largest_remainder(w, total):
   coarse = (r * 2.0 ** _REMAINDER_COARSE_BITS).astype(jnp.int32)
   tickets = select_top(lax.bitcast_convert_type(r, jnp.int64),
                        jnp.where(ok, leftover, 0), coarse,
-                       _REMAINDER_COARSE_BITS)
+                       _REMAINDER_COARSE_BITS, red)
   counts = f.astype(jnp.int32) + tickets
   return jnp.where(ok[..., None], counts, 0), status
 
@@ -227,30 +240,44 @@ def _round_down_f32(w):
   return jnp.where(w > 0, jnp.maximum(y, jnp.float32(_TINY32)), jnp.float32(0))
 
 
-def top_k_ids(w, k):
-  """Ascending ids of the exact top-k of w by (weight desc, id asc).
+def top_k_ids(w, k, red=None):
+  """Ascending global ids of the exact top-k of w by (weight desc, id asc).
 
-  Fast path: `lax.top_k` on monotone float32 keys, exact whenever the k-th
+  Fast path: `lax.top_k` on monotone float32 keys (per shard, then merged
+  over the gathered k candidates of every shard), exact whenever the k-th
   key is not tied with an unselected one (or is zero: zero weights are
   dropped later anyway). Otherwise the exact int64-key selection decides.
   """
+  red = reducer.of(w, red)
   n = w.shape[-1]
-  vals, idx = lax.top_k(_round_down_f32(w), k)
+  local_k = min(k, n)
+  vals, idx = lax.top_k(_round_down_f32(w), local_k)
+  ids = idx.astype(jnp.int32) + red.offset
+  if red.shards > 1:
+    # Candidates of every shard in shard (= id) order; top_k keeps the
+    # lower position first among equal keys, so ties go to the lower id.
+    cand_vals, cand_ids = red.gather(vals), red.gather(ids)
+    vals, pos = lax.top_k(cand_vals, k)
+    ids = jnp.take_along_axis(cand_ids, pos, -1)
   # min, not vals[..., -1]: XLA CPU keeps its fast TopK kernel only for a
   # sort whose users slice [0, k); a folded [k-1, k) slice makes it a full
   # sort. For the same reason #{key32 >= kth} is counted on w itself.
   kth = jnp.min(vals, -1, keepdims=True).astype(jnp.float64)
   at_least = jnp.where(kth > _TINY32, w >= kth, w > 0)
-  exact = (jnp.sum(at_least, -1) == k) | (kth[..., 0] == 0)
-  fast = jnp.sort(idx, axis=-1)
+  exact = (_counter(red)(at_least) == k) | (kth[..., 0] == 0)
+  fast = jnp.sort(ids, axis=-1)
 
   def slow(_):
     mask = select_top(lax.bitcast_convert_type(w, jnp.int64),
-                      jnp.full(w.shape[:-1], k, jnp.int64))
-    rank = jnp.where(mask, n - lax.broadcasted_iota(jnp.int32, w.shape,
-                                                    w.ndim - 1), -1)
-    top, _ = lax.top_k(rank.astype(jnp.float32), k)  # exact: n < 2^24
-    return jnp.where(exact[..., None], fast, n - top.astype(jnp.int32))
+                      jnp.full(w.shape[:-1], k, jnp.int64), red=red)
+    local = lax.broadcasted_iota(jnp.int32, w.shape, w.ndim - 1)
+    rank = jnp.where(mask, n - local, -1)
+    top, _ = lax.top_k(rank.astype(jnp.float32), local_k)  # exact: n < 2^24
+    big = jnp.iinfo(jnp.int32).max
+    chosen = jnp.where(top > 0, n - top.astype(jnp.int32) + red.offset, big)
+    # Exactly k entries are selected over all shards: the k smallest ids.
+    chosen = jnp.sort(red.gather(chosen), axis=-1)[..., :k]
+    return jnp.where(exact[..., None], fast, chosen)
 
   return lax.cond(jnp.all(exact), lambda _: fast, slow, None)
 
@@ -284,15 +311,16 @@ def sparse_from_support(ids, ws, row_status):
 
 @functools.partial(jax.jit, static_argnums=1)
 def _allocate_sparse(w, k):
-  return rowwise.row_op(lambda w: _allocate_sparse_rows(w, k), (1,))(w)
+  return rowwise.row_op(lambda w: allocate_sparse_rows(w, k), (1,))(w)
 
 
-def _allocate_sparse_rows(w, k):
-  status = weight_status(w)
+def allocate_sparse_rows(w, k, red=None):
+  """The body of `allocate_sparse` on weight rows (local or one shard)."""
+  red = reducer.of(w, red)
+  status = weight_status(w, red)
   w = jnp.where((status == Status.OK)[..., None], w, 0.0)
-  ids = top_k_ids(w, k)
-  ws = jnp.take_along_axis(w, ids, -1)
-  return sparse_from_support(ids, ws, status)
+  ids = top_k_ids(w, k, red)
+  return sparse_from_support(ids, red.lookup(w, ids), status)
 
 
 @x64.scoped

@@ -89,15 +89,3 @@ def draw_below(bits, n):
   part in 2^64 (a modulo would not).
   """
   return mulhi64(bits.astype(jnp.uint64), n.astype(jnp.uint64))
-
-
-def categorical_int(weights, bits):
-  """Index drawn from nonnegative int64 weights[..., N] with 64 random bits.
-
-  u = draw_below(bits, S) with S the exact row total; returns
-  first_cum_greater(weights, u). Rows with S == 0 return N.
-  """
-  total = jnp.sum(weights.astype(jnp.int64), -1)
-  u = draw_below(bits, total).astype(jnp.int64)
-  idx = first_cum_greater(weights, u)
-  return jnp.where(total > 0, idx, weights.shape[-1]).astype(jnp.int32)

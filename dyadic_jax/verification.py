@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from dyadic_jax import draws, rng, rowwise, weights, x64
+from dyadic_jax import draws, reducer, rng, rowwise, weights, x64
 from dyadic_jax.constants import M, Status, TARGET_BITS
 
 
@@ -37,7 +37,7 @@ class SparseQ(typing.NamedTuple):
   n: jax.Array       # int32[...]
 
 
-def target_grid(probs):
+def target_grid(probs, red=None):
   """(P as float64 integers, T int64): P = floor(p 2^38), T = sum_v P_v.
 
   P_v < 2^38 + 1 and T < 2^53, so the float64 sum is exact in any order;
@@ -45,7 +45,7 @@ def target_grid(probs):
   vectorize on CPU).
   """
   p = jnp.floor(probs * jnp.float64(2.0 ** TARGET_BITS))
-  return p, jnp.sum(p, -1).astype(jnp.int64)
+  return p, reducer.of(p, red).sum(p).astype(jnp.int64)
 
 
 @x64.scoped
@@ -55,24 +55,30 @@ def quantize_target(probs):
   return p.astype(jnp.int64), total
 
 
-def dense_counts(q, vocab_size):
-  """int64[..., V] counts of a DenseQ or SparseQ (sparse scattered by id)."""
+def dense_counts(q, width, offset=0, vocab=None):
+  """int64[..., width] counts of a DenseQ or SparseQ over ids [offset, +width).
+
+  A SparseQ is scattered by id ownership: only ids in this range land here
+  (so a vocabulary shard never materializes the whole row). Padding
+  entries and ids outside [0, vocab) are dropped.
+  """
   if isinstance(q, DenseQ):
     return jnp.asarray(q.counts).astype(jnp.int64)
+  vocab = width if vocab is None else vocab
   ids, counts, n = (jnp.asarray(a) for a in q)
   k = ids.shape[-1]
-  live = jnp.arange(k) < n[..., None]
-  # Padding and out-of-range ids go to an index past the end and are dropped.
-  ids = jnp.where(live & (ids >= 0) & (ids < vocab_size), ids, vocab_size)
+  live = (jnp.arange(k) < n[..., None]) & (ids >= 0) & (ids < vocab)
+  local = ids - offset
+  local = jnp.where(live & (local >= 0) & (local < width), local, width)
   batch = ids.shape[:-1]
-  flat_ids = ids.reshape((-1, k))
+  flat_ids = local.reshape((-1, k))
   flat_counts = jnp.where(live, counts, 0).reshape((-1, k)).astype(jnp.int64)
-  scatter = lambda i, c: jnp.zeros((vocab_size,), jnp.int64).at[i].add(
+  scatter = lambda i, c: jnp.zeros((width,), jnp.int64).at[i].add(
       c, mode="drop")
-  return jax.vmap(scatter)(flat_ids, flat_counts).reshape(batch + (vocab_size,))
+  return jax.vmap(scatter)(flat_ids, flat_counts).reshape(batch + (width,))
 
 
-def residual_weights(p_row, c_row, total):
+def residual_weights(p_row, c_row, total, red=None):
   """W_v = max(P_v M - c_v T, 0) (int64), or P_v M where that is all zero.
 
   Only an invalid q (zero count at the drafted token) can reject with no
@@ -80,7 +86,20 @@ def residual_weights(p_row, c_row, total):
   With c_row = 0 this is the bonus row P M.
   """
   w = jnp.maximum(p_row * M - c_row * total, 0)
-  return jnp.where(jnp.sum(w) > 0, w, p_row * M)
+  return jnp.where(reducer.of(w, red).sum(w) > 0, w, p_row * M)
+
+
+def categorical(weights, bits, red=None):
+  """Index drawn from nonnegative int64 weights[..., V] with 64 random bits.
+
+  u = draw_below(bits, S) with S the exact row total, then the first index
+  whose inclusive cumulative weight is > u. Rows with S == 0 return V.
+  """
+  red = reducer.of(weights, red)
+  total = red.sum(weights)
+  u = draws.draw_below(bits, total).astype(jnp.int64)
+  idx = red.first_cum_greater(weights, u)
+  return jnp.where(total > 0, idx, red.vocab).astype(jnp.int32)
 
 
 def next_token_bits(key, position, bonus):
@@ -93,20 +112,27 @@ def next_token_bits(key, position, bonus):
   return rng.draw64(rng.draw_key(key, position, domain))
 
 
-def _target_fixed_point_rows(target_logits):
-  probs, status = weights.softmax64(target_logits)
-  p, total = target_grid(probs)
-  return p, total, status
+def target_fixed_point_rows(target_logits, red=None):
+  """(P as float64 integers, T int64, status) of target logits rows."""
+  probs, status = weights.softmax64_rows(target_logits, red)
+  return (*target_grid(probs, red), status)
 
 
-# (P as float64 integers, T, status) of target logits rows, row by row.
-_target_fixed_point = rowwise.row_op(_target_fixed_point_rows, (1,))
+# The same, row by row on CPU (also under vmap).
+_target_fixed_point = rowwise.row_op(target_fixed_point_rows, (1,))
+
+
+def sample_target_rows(target_logits, bits, red=None):
+  """Body of `sample_target` given the 64 random bits of each row."""
+  p, _, status = target_fixed_point_rows(target_logits, red)
+  token = categorical(p.astype(jnp.int64), bits, red)
+  return jnp.where(status == Status.OK, token, -1), status
 
 
 @jax.jit
 def _sample_target(target_logits, key):
   p, _, status = _target_fixed_point(target_logits)
-  token = draws.categorical_int(p.astype(jnp.int64), rng.draw64(key))
+  token = categorical(p.astype(jnp.int64), rng.draw64(key))
   return jnp.where(status == Status.OK, token, -1), status
 
 
@@ -131,19 +157,21 @@ def _row(x, i):
   return lax.dynamic_index_in_dim(x, i, 0, keepdims=False)
 
 
-@jax.jit
-def _verify_chain(target_logits, q, draft_tokens, key, anchor):
-  depth = draft_tokens.shape[0]
-  vocab = target_logits.shape[-1]
-  p, total, status = _target_fixed_point(target_logits)    # [D+1, V], [D+1]
-  c = dense_counts(q, vocab)                                # [D, V]
-  q_ok = jnp.all(c >= 0) & jnp.all(jnp.sum(c, -1) == M)
+def verify_rows(target_fixed, c, draft_tokens, key, anchor, red=None):
+  """Body of `verify_chain` on one request's rows (local or one shard).
 
-  x = draft_tokens.astype(jnp.int32)
-  x_ok = (x >= 0) & (x < vocab)
-  xi = jnp.clip(x, 0, vocab - 1)[:, None]
-  c_x = jnp.where(x_ok, jnp.take_along_axis(c, xi, -1)[:, 0], 0)
-  p_x = jnp.take_along_axis(p[:depth], xi, -1)[:, 0].astype(jnp.int64)
+  target_fixed: (P float64 [D+1, n], T int64 [D+1], status [D+1]) from
+  `target_fixed_point_rows`; c: int64 [D, n] counts over the same ids.
+  """
+  p, total, status = target_fixed
+  red = reducer.of(p, red)
+  depth = draft_tokens.shape[0]
+  q_ok = jnp.all((red.bit_or((c < 0).astype(jnp.int32)) == 0)
+                 & (red.sum(c) == M))
+
+  x = draft_tokens.astype(jnp.int32)[:, None]
+  c_x = red.lookup(c, x)[:, 0]                 # 0 for ids outside [0, V)
+  p_x = red.lookup(p[:depth], x)[:, 0].astype(jnp.int64)
 
   positions = anchor + jnp.arange(depth)
   accept_keys = jax.vmap(
@@ -155,12 +183,19 @@ def _verify_chain(target_logits, q, draft_tokens, key, anchor):
   bonus = accepted == depth
   p_j, total_j = _row(p, accepted).astype(jnp.int64), _row(total, accepted)
   c_j = jnp.where(bonus, 0, _row(c, jnp.minimum(accepted, depth - 1)))
-  residual = residual_weights(p_j, c_j, total_j)
-  token = draws.categorical_int(
-      residual, next_token_bits(key, anchor + accepted, bonus))
+  residual = residual_weights(p_j, c_j, total_j, red)
+  token = categorical(residual, next_token_bits(key, anchor + accepted, bonus),
+                      red)
 
   ok = jnp.all(status == Status.OK) & q_ok
   return jnp.where(ok, accepted, 0), jnp.where(ok, token, -1)
+
+
+@jax.jit
+def _verify_chain(target_logits, q, draft_tokens, key, anchor):
+  c = dense_counts(q, target_logits.shape[-1])
+  return verify_rows(_target_fixed_point(target_logits), c, draft_tokens,
+                     key, anchor)
 
 
 @x64.scoped

@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from dyadic_jax import reducer
 from dyadic_jax import rowwise
 from dyadic_jax import x64
 from dyadic_jax.constants import MAX_VOCAB, NORMALIZER_BITS, Status
@@ -42,7 +43,7 @@ def normalizer_from_limb_sums(hi_sum, lo_sum):
   return (hi_sum + lo_sum * 2.0 ** -NORMALIZER_BITS) * 2.0 ** -NORMALIZER_BITS
 
 
-def shifted_exp_and_status(x):
+def shifted_exp_and_status(x, red=None):
   """Per-row max shift and status for float64 scores x[..., V].
 
   Returns (e float64[..., V], status int32[...]); rows that are not OK get
@@ -50,7 +51,7 @@ def shifted_exp_and_status(x):
   (Status.NAN, even beside +inf), a +inf max is Status.INF, a -inf max
   (every score -inf) is Status.ZERO_MASS.
   """
-  row_max = jnp.max(x, axis=-1)
+  row_max = reducer.of(x, red).max(x)
   status = jnp.select(
       [jnp.isnan(row_max), row_max == jnp.inf, row_max == -jnp.inf],
       [Status.NAN, Status.INF, Status.ZERO_MASS], Status.OK).astype(jnp.int32)
@@ -59,7 +60,7 @@ def shifted_exp_and_status(x):
   return jnp.where(ok, e, 0.0), status
 
 
-def exact_sums(x, *terms):
+def exact_sums(x, *terms, red=None):
   """Row sums over the last axis of terms(x), one reduction at a time.
 
   Each term is a function of x whose entries are integers held in float64
@@ -69,51 +70,64 @@ def exact_sums(x, *terms):
   barrier between passes keeps them apart (recomputing a cheap term beats
   materializing it).
   """
+  red = reducer.of(x, red)
   sums = []
   for term in terms:
     if sums:
       x, _ = lax.optimization_barrier((x, sums[-1]))
-    sums.append(jnp.sum(term(x), axis=-1))
+    sums.append(red.sum(term(x)))
   return sums
 
 
-def _softmax64_rows(x):
-  e, status = shifted_exp_and_status(x.astype(jnp.float64))
+def softmax64_rows(x, red=None):
+  """(w float64, status) of score rows x[..., V]: the body of every softmax."""
+  e, status = shifted_exp_and_status(x.astype(jnp.float64), red)
   hi_sum, lo_sum = exact_sums(e, lambda e: fixed_point_limbs(e)[0],
-                              lambda e: fixed_point_limbs(e)[1])
+                              lambda e: fixed_point_limbs(e)[1], red=red)
   z = normalizer_from_limb_sums(hi_sum, lo_sum)
   ok = status == Status.OK
   w = jnp.where(ok[..., None], e / jnp.where(ok, z, 1.0)[..., None], 0.0)
   return w, status
 
 
-softmax64 = rowwise.row_op(_softmax64_rows, (1,))
+softmax64 = rowwise.row_op(softmax64_rows, (1,))
 softmax64.__doc__ = "(w, status) of float[..., V] scores; row by row on CPU."
 
 
-def _draft_rows(logits, t, bias=None):
+def draft_rows(logits, t, bias=None, red=None):
+  """(w, status) of draft logits rows at per-row temperatures t (> 0)."""
   x = logits.astype(jnp.float64)
   if bias is not None:
     x = x + bias.astype(jnp.float64)
-  return _softmax64_rows(x / t[..., None])
+  return softmax64_rows(x / t[..., None], red)
 
 
-_draft_rows_no_bias = rowwise.row_op(_draft_rows, (1, 0))
-_draft_rows_bias = rowwise.row_op(_draft_rows, (1, 0, 1))
+_draft_rows_no_bias = rowwise.row_op(draft_rows, (1, 0))
+_draft_rows_bias = rowwise.row_op(draft_rows, (1, 0, 1))
+
+
+def temperature_status(temperature, batch):
+  """(t, t_ok): per-row temperatures, with 1.0 where t is not finite > 0."""
+  t = jnp.broadcast_to(temperature, batch)
+  t_ok = jnp.isfinite(t) & (t > 0)
+  return jnp.where(t_ok, t, 1.0), t_ok
+
+
+def apply_temperature_status(w, status, t_ok):
+  """Refuses rows with a bad temperature: BAD_TEMPERATURE and zero weights."""
+  status = jnp.where(t_ok, status, Status.BAD_TEMPERATURE).astype(jnp.int32)
+  return jnp.where(t_ok[..., None], w, 0.0), status
 
 
 @jax.jit
 def _draft_weights(logits, temperature, bias):
-  t = jnp.broadcast_to(temperature, logits.shape[:-1])
-  t_ok = jnp.isfinite(t) & (t > 0)
-  t = jnp.where(t_ok, t, 1.0)
+  t, t_ok = temperature_status(temperature, logits.shape[:-1])
 
   if bias is None:
     w, status = _draft_rows_no_bias(logits, t)
   else:
     w, status = _draft_rows_bias(logits, t, bias)
-  status = jnp.where(t_ok, status, Status.BAD_TEMPERATURE).astype(jnp.int32)
-  return jnp.where(t_ok[..., None], w, 0.0), status
+  return apply_temperature_status(w, status, t_ok)
 
 
 @x64.scoped

@@ -103,7 +103,7 @@ def test_mutant_residual_without_clamp_is_rejected(monkeypatch, fresh_traces):
 
   monkeypatch.setattr(
       verification, "residual_weights",
-      lambda p, c, t: jnp.abs(p * M - c * t))
+      lambda p, c, t, red=None: jnp.abs(p * M - c * t))
   assert _chi_square("mutant: |p - q| residual") < stats.ALPHA
 
 

@@ -1,0 +1,60 @@
+"""How a row op reduces over the vocabulary axis: locally, or across shards.
+
+Core row functions take a `Reducer` (default `LOCAL`) for every step that
+looks across the vocabulary: sums, maxima, flag ORs, candidate gathers,
+lookups by global id and the integer categorical scan. The `sharding`
+package builds one from collectives over a mesh axis, so a sharded op runs
+the same program as the single-device op with only these steps swapped,
+and every swapped step is exact (integer or exact-integer float sums, max,
+OR, concatenation in shard order), hence bit-identical results.
+"""
+
+import typing
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from dyadic_jax import draws
+
+
+class Reducer(typing.NamedTuple):
+  """The vocabulary-axis steps of a row op (all act on the last axis)."""
+  sum: typing.Callable        # x[..., n] -> [...]; exact sums only
+  max: typing.Callable        # x[..., n] -> [...]; NaN-propagating
+  bit_or: typing.Callable     # int32 x[..., n] -> [...]
+  gather: typing.Callable     # x[..., m] -> [..., shards * m], shard order
+  lookup: typing.Callable     # (x[..., n], global ids[..., j]) -> [..., j]
+  first_cum_greater: typing.Callable  # (int w[..., n], u[...]) -> global id
+  offset: typing.Any          # global id of local index 0
+  vocab: int                  # global vocabulary size V (no padding)
+  shards: int                 # number of shards (1: local)
+
+
+def _lookup(x, ids):
+  n = x.shape[-1]
+  inside = (ids >= 0) & (ids < n)
+  values = jnp.take_along_axis(x, jnp.clip(ids, 0, n - 1), -1)
+  return jnp.where(inside, values, jnp.zeros((), x.dtype))
+
+
+def local(vocab):
+  """The single-device reducer over rows of length `vocab`."""
+  return Reducer(
+      sum=lambda x: jnp.sum(x, -1),
+      max=lambda x: jnp.max(x, -1),
+      bit_or=lambda x: lax.reduce(x, jnp.int32(0), lax.bitwise_or,
+                                  (x.ndim - 1,)),
+      gather=lambda x: x,
+      lookup=_lookup,
+      first_cum_greater=draws.first_cum_greater,
+      offset=0,
+      vocab=vocab,
+      shards=1)
+
+
+def of(x, red):
+  """`red`, or the local reducer for rows shaped like x when red is None."""
+  return local(x.shape[-1]) if red is None else red
+
+
