@@ -253,7 +253,7 @@ def top_k_ids(w, k, red=None):
   local_k = min(k, n)
   vals, idx = lax.top_k(_round_down_f32(w), local_k)
   ids = idx.astype(jnp.int32) + red.offset
-  if red.shards > 1:
+  if red.collective:
     # Candidates of every shard in shard (= id) order; top_k keeps the
     # lower position first among equal keys, so ties go to the lower id.
     cand_vals, cand_ids = red.gather(vals), red.gather(ids)

@@ -29,6 +29,7 @@ class Reducer(typing.NamedTuple):
   offset: typing.Any          # global id of local index 0
   vocab: int                  # global vocabulary size V (no padding)
   shards: int                 # number of shards (1: local)
+  collective: bool            # True inside shard_map (results replicated)
 
 
 def _lookup(x, ids):
@@ -50,7 +51,8 @@ def local(vocab):
       first_cum_greater=draws.first_cum_greater,
       offset=0,
       vocab=vocab,
-      shards=1)
+      shards=1,
+      collective=False)
 
 
 def of(x, red):

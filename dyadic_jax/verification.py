@@ -224,6 +224,13 @@ def verify_chain(target_logits, q, draft_tokens, key, *, anchor=0):
   """
   target_logits = jnp.asarray(target_logits)
   draft_tokens = jnp.asarray(draft_tokens)
+  check_chain_shapes(target_logits, q, draft_tokens)
+  return _verify_chain(target_logits, q, draft_tokens, key,
+                       jnp.asarray(anchor, jnp.int64))
+
+
+def check_chain_shapes(target_logits, q, draft_tokens):
+  """Raises ValueError/TypeError unless the shapes form one D-chain."""
   depth = draft_tokens.shape[-1]
   if draft_tokens.ndim != 1 or target_logits.shape[:-1] != (depth + 1,):
     raise ValueError(
@@ -237,5 +244,3 @@ def verify_chain(target_logits, q, draft_tokens, key, *, anchor=0):
   if q.counts.shape[:-1] != (depth,):
     raise ValueError(f"verify_chain: q rows {q.counts.shape} do not match "
                      f"depth {depth}")
-  return _verify_chain(target_logits, q, draft_tokens, key,
-                       jnp.asarray(anchor, jnp.int64))

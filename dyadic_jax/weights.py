@@ -19,7 +19,7 @@ from dyadic_jax import x64
 from dyadic_jax.constants import MAX_VOCAB, NORMALIZER_BITS, Status
 
 
-def _check_vocab(name, v):
+def check_vocab(name, v):
   if not 1 <= v <= MAX_VOCAB:
     raise ValueError(f"{name}: vocabulary size {v} not in [1, {MAX_VOCAB}]")
 
@@ -148,7 +148,7 @@ def draft_weights(logits, *, temperature=1.0, bias=None):
     the module docstring, so the result does not depend on vocab sharding.
   """
   logits = jnp.asarray(logits)
-  _check_vocab("draft_weights", logits.shape[-1])
+  check_vocab("draft_weights", logits.shape[-1])
   if bias is not None:
     bias = jnp.broadcast_to(jnp.asarray(bias), logits.shape)
   return _draft_weights(logits, jnp.asarray(temperature, jnp.float64), bias)
@@ -169,5 +169,5 @@ def target_probs(target_logits):
   status int32[...]).
   """
   target_logits = jnp.asarray(target_logits)
-  _check_vocab("target_probs", target_logits.shape[-1])
+  check_vocab("target_probs", target_logits.shape[-1])
   return _target_probs(target_logits)

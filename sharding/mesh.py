@@ -48,3 +48,30 @@ def vocab_mesh(n_shards, devices=None):
   return jax.sharding.Mesh(
       np.asarray(devices[:n_shards]), (VOCAB_AXIS,),
       axis_types=(jax.sharding.AxisType.Auto,))
+
+
+def vocab_spec(ndim):
+  """PartitionSpec of a [..., V] array: only the last axis is sharded."""
+  return jax.sharding.PartitionSpec(*([None] * (ndim - 1)), VOCAB_AXIS)
+
+
+def padded_size(vocab_size, n_shards):
+  """Length of the padded vocabulary: n_shards blocks of ceil(V / n)."""
+  return shard_ranges(vocab_size, n_shards)[0].size * n_shards
+
+
+def pad_vocab(x, n_shards, fill):
+  """Pads the last axis of x to `padded_size` with `fill` (zero mass)."""
+  pad = padded_size(x.shape[-1], n_shards) - x.shape[-1]
+  if not pad:
+    return x
+  return jax.numpy.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, pad)],
+                       constant_values=fill)
+
+
+def place(x, mesh, fill=0):
+  """Pads [..., V] to the mesh's blocks and puts each block on its device."""
+  n = mesh.shape[VOCAB_AXIS]
+  x = pad_vocab(jax.numpy.asarray(x), n, fill)
+  return jax.device_put(
+      x, jax.sharding.NamedSharding(mesh, vocab_spec(x.ndim)))

@@ -1,0 +1,84 @@
+"""The vocabulary-axis reducer built from collectives over the mesh axis.
+
+Inside `jax.shard_map` over VOCAB_AXIS each shard holds a contiguous block
+of `size` ids starting at `shard * size`. Every step a row op takes across
+the vocabulary is one of these, and each is exact, so a sharded op gives
+the same bits as the single-device op:
+
+  sum                 local sum, then psum (integers or float64 integers
+                      below 2^53: exact in any order)
+  max, bit_or         local reduction, gather of one scalar per shard, then
+                      the same reduction in shard order
+  gather              all_gather of small candidate vectors (O(shards * k))
+  lookup              the owner's value, psum with zeros from the others
+  first_cum_greater   shard totals -> owning shard -> local scan -> global id
+
+None of them moves a vocabulary-sized array.
+"""
+
+import jax.numpy as jnp
+from jax import lax
+
+from dyadic_jax import draws
+from dyadic_jax import reducer
+from sharding.mesh import VOCAB_AXIS
+
+
+def gather(x):
+  """[..., m] per shard -> [..., shards * m], shard order, replicated.
+
+  An all_gather whose result is typed as invariant across the axis, so it
+  may leave shard_map with a replicated out_spec under check_vma.
+  """
+  try:
+    return lax.all_gather(x, VOCAB_AXIS, axis=x.ndim - 1, tiled=True,
+                          to="invarying")
+  except (TypeError, ValueError):  # pragma: no cover - other JAX versions
+    n = lax.axis_size(VOCAB_AXIS)
+    me = lax.axis_index(VOCAB_AXIS)
+    placed = jnp.zeros(x.shape[:-1] + (n, x.shape[-1]), x.dtype)
+    placed = lax.dynamic_update_index_in_dim(placed, x, me, x.ndim - 1)
+    return lax.psum(placed, VOCAB_AXIS).reshape(x.shape[:-1] + (-1,))
+
+
+def _reduce_gathered(local, op):
+  return op(gather(local[..., None]), -1)
+
+
+def shard_reducer(vocab, size, shards):
+  """The Reducer of one shard of `size` ids (call inside shard_map)."""
+  me = lax.axis_index(VOCAB_AXIS)
+  offset = me * size
+
+  def lookup(x, ids):
+    local = ids - offset
+    inside = (local >= 0) & (local < x.shape[-1])
+    values = jnp.take_along_axis(x, jnp.clip(local, 0, x.shape[-1] - 1), -1)
+    return lax.psum(jnp.where(inside, values, jnp.zeros((), x.dtype)),
+                    VOCAB_AXIS)
+
+  def first_cum_greater(w, u):
+    totals = gather(jnp.sum(w.astype(jnp.int64), -1)[..., None])  # [..., S]
+    cum = jnp.cumsum(totals, -1)
+    owner = jnp.sum(cum <= u[..., None], -1, dtype=jnp.int32)
+    before = jnp.take_along_axis(
+        cum, jnp.maximum(owner - 1, 0)[..., None], -1)[..., 0]
+    before = jnp.where(owner > 0, before, 0)
+    idx = draws.first_cum_greater(w, u - before) + offset
+    token = lax.psum(jnp.where(owner == me, idx, 0), VOCAB_AXIS)
+    return jnp.where(owner >= shards, vocab, token).astype(jnp.int32)
+
+  return reducer.Reducer(
+      sum=lambda x: lax.psum(jnp.sum(x, -1), VOCAB_AXIS),
+      max=lambda x: _reduce_gathered(jnp.max(x, -1), jnp.max),
+      bit_or=lambda x: _reduce_gathered(
+          lax.reduce(x, jnp.int32(0), lax.bitwise_or, (x.ndim - 1,)),
+          lambda g, axis: lax.reduce(g, jnp.int32(0), lax.bitwise_or,
+                                     (g.ndim - 1,))),
+      gather=gather,
+      lookup=lookup,
+      first_cum_greater=first_cum_greater,
+      offset=offset,
+      vocab=vocab,
+      shards=shards,
+      collective=True)

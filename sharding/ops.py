@@ -1,0 +1,276 @@
+"""The dyadic_jax ops over a vocabulary mesh: same names, same results.
+
+Each op has the signature of its `dyadic_jax` twin plus a `mesh=` keyword
+(a 1-D mesh with axis "vocab", see `vocab_mesh`). Vocabulary-sized inputs
+are padded to the mesh's blocks with zero mass (-inf logits, zero weights
+or counts) and split by contiguous id ranges; inside `jax.shard_map` each
+shard runs the same row body as the single-device op with a collective
+`Reducer` (sharding/collectives.py), so outputs are bit-identical to the
+single-device op for any number of shards. Vocabulary-sized outputs come
+back unpadded; per-row results (status, sparse ids/counts, tokens) are
+replicated.
+"""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
+
+from dyadic_jax import allocation
+from dyadic_jax import rng
+from dyadic_jax import rowwise
+from dyadic_jax import verification
+from dyadic_jax import weights as weights_lib
+from dyadic_jax import x64
+from dyadic_jax.constants import M
+from dyadic_jax.verification import DenseQ, SparseQ
+from sharding import collectives
+from sharding.mesh import VOCAB_AXIS, pad_vocab, shard_ranges, vocab_spec
+
+_REPLICATED = P()
+
+
+def _layout(mesh, vocab):
+  """(shards, block size) of `vocab` ids on `mesh`."""
+  if VOCAB_AXIS not in mesh.shape or len(mesh.shape) != 1:
+    raise ValueError(f"mesh must be 1-D with axis {VOCAB_AXIS!r}, got "
+                     f"{dict(mesh.shape)}")
+  n = mesh.shape[VOCAB_AXIS]
+  return n, shard_ranges(vocab, n)[0].size
+
+
+def _shard_map(body, mesh, in_specs, out_specs):
+  return jax.shard_map(body, mesh=mesh, in_specs=in_specs,
+                       out_specs=out_specs, check_vma=True)
+
+
+def _rows(fn, *args, core_ndims):
+  """Row-by-row application inside a shard (cache-friendly on CPU)."""
+  return rowwise.map_rows(fn, *args, core_ndims=core_ndims)
+
+
+# ----------------------------------------------------------------------------
+# Weights.
+
+
+@functools.partial(jax.jit, static_argnames="mesh")
+def _draft_weights(logits, temperature, bias, mesh):
+  vocab = logits.shape[-1]
+  n, size = _layout(mesh, vocab)
+  t, t_ok = weights_lib.temperature_status(temperature, logits.shape[:-1])
+  spec, row = vocab_spec(logits.ndim), P(*([None] * (logits.ndim - 1)))
+  args = [pad_vocab(logits, n, -jnp.inf), t]
+  specs = [spec, row]
+  if bias is not None:
+    args.append(pad_vocab(bias, n, 0))
+    specs.append(spec)
+
+  def body(logits, t, bias=None):
+    red = collectives.shard_reducer(vocab, size, n)
+    fn = lambda *a: weights_lib.draft_rows(*a, red=red)
+    rows = (logits, t) if bias is None else (logits, t, bias)
+    return _rows(fn, *rows, core_ndims=(1, 0, 1)[:len(rows)])
+
+  w, status = _shard_map(body, mesh, tuple(specs), (spec, row))(*args)
+  return weights_lib.apply_temperature_status(w[..., :vocab], status, t_ok)
+
+
+@x64.scoped
+def draft_weights(logits, *, temperature=1.0, bias=None, mesh):
+  """`dyadic_jax.draft_weights` over a vocabulary mesh (same bits)."""
+  logits = jnp.asarray(logits)
+  weights_lib.check_vocab("draft_weights", logits.shape[-1])
+  if bias is not None:
+    bias = jnp.broadcast_to(jnp.asarray(bias), logits.shape)
+  return _draft_weights(logits, jnp.asarray(temperature, jnp.float64), bias,
+                        mesh)
+
+
+@functools.partial(jax.jit, static_argnames="mesh")
+def _target_probs(target_logits, mesh):
+  vocab = target_logits.shape[-1]
+  n, size = _layout(mesh, vocab)
+  spec, row = vocab_spec(target_logits.ndim), P(
+      *([None] * (target_logits.ndim - 1)))
+
+  def body(x):
+    red = collectives.shard_reducer(vocab, size, n)
+    return _rows(lambda x: weights_lib.softmax64_rows(x, red), x,
+                 core_ndims=(1,))
+
+  p, status = _shard_map(body, mesh, (spec,), (spec, row))(
+      pad_vocab(target_logits, n, -jnp.inf))
+  return p[..., :vocab], status
+
+
+@x64.scoped
+def target_probs(target_logits, *, mesh):
+  """`dyadic_jax.target_probs` over a vocabulary mesh (same bits)."""
+  target_logits = jnp.asarray(target_logits)
+  weights_lib.check_vocab("target_probs", target_logits.shape[-1])
+  return _target_probs(target_logits, mesh)
+
+
+# ----------------------------------------------------------------------------
+# Allocation.
+
+
+@functools.partial(jax.jit, static_argnames="mesh")
+def _allocate_dense(w, mesh):
+  vocab = w.shape[-1]
+  n, size = _layout(mesh, vocab)
+  spec, row = vocab_spec(w.ndim), P(*([None] * (w.ndim - 1)))
+
+  def body(w):
+    red = collectives.shard_reducer(vocab, size, n)
+    return _rows(lambda w: allocation.largest_remainder(w, M, red), w,
+                 core_ndims=(1,))
+
+  counts, status = _shard_map(body, mesh, (spec,), (spec, row))(
+      pad_vocab(w, n, 0.0))
+  return counts[..., :vocab], status
+
+
+@x64.scoped
+def allocate_dense(weights, *, mesh):
+  """`dyadic_jax.allocate_dense` over a vocabulary mesh (same bits).
+
+  The R leftover tickets are coordinated globally: the threshold bisection
+  counts with psum, and the few keys tied at the threshold are gathered
+  and ranked by global id.
+  """
+  return _allocate_dense(jnp.asarray(weights).astype(jnp.float64), mesh)
+
+
+@functools.partial(jax.jit, static_argnames=("k", "mesh"))
+def _allocate_sparse(w, k, mesh):
+  vocab = w.shape[-1]
+  n, size = _layout(mesh, vocab)
+  spec, row = vocab_spec(w.ndim), P(*([None] * (w.ndim - 1)))
+
+  def body(w):
+    red = collectives.shard_reducer(vocab, size, n)
+    return _rows(lambda w: allocation.allocate_sparse_rows(w, k, red), w,
+                 core_ndims=(1,))
+
+  return _shard_map(body, mesh, (spec,), (row, row, row, row))(
+      pad_vocab(w, n, 0.0))
+
+
+@x64.scoped
+def allocate_sparse(weights, k, *, mesh):
+  """`dyadic_jax.allocate_sparse` over a vocabulary mesh (same bits).
+
+  Each shard takes its local top-k; only those shards * k candidates
+  (float32 key, global id) are gathered and merged by (key desc, id asc);
+  support weights are looked up by id from their owners. Never a local
+  normalization.
+  """
+  w = jnp.asarray(weights).astype(jnp.float64)
+  k = int(k)
+  if not 1 <= k <= w.shape[-1]:
+    raise ValueError(f"allocate_sparse: k={k} not in [1, {w.shape[-1]}]")
+  return _allocate_sparse(w, k, mesh)
+
+
+# ----------------------------------------------------------------------------
+# Draws.
+
+
+@functools.partial(jax.jit, static_argnames="mesh")
+def _sample_counts(counts, draw, mesh):
+  vocab = counts.shape[-1]
+  n, size = _layout(mesh, vocab)
+  spec, row = vocab_spec(counts.ndim), P(*([None] * (counts.ndim - 1)))
+
+  def body(c, u):
+    red = collectives.shard_reducer(vocab, size, n)
+    return red.first_cum_greater(c, u.astype(jnp.int64))
+
+  return _shard_map(body, mesh, (spec, row), row)(pad_vocab(counts, n, 0),
+                                                  draw)
+
+
+@x64.scoped
+def sample_counts(counts, draw, *, mesh):
+  """`dyadic_jax.sample_counts` over a vocabulary mesh (same token).
+
+  Shard-then-token: the one replicated 24-bit draw picks the shard by the
+  shards' integer count totals (a zero-mass shard can never be picked),
+  then the token inside it by the local cumulative counts.
+  """
+  counts, draw = jnp.asarray(counts), jnp.asarray(draw)
+  if draw.shape != counts.shape[:-1]:
+    raise ValueError(f"sample_counts: draw shape {draw.shape} must be the "
+                     f"batch shape {counts.shape[:-1]} of counts")
+  return _sample_counts(counts, draw, mesh)
+
+
+@functools.partial(jax.jit, static_argnames="mesh")
+def _sample_target(target_logits, key, mesh):
+  vocab = target_logits.shape[-1]
+  n, size = _layout(mesh, vocab)
+  spec, row = vocab_spec(target_logits.ndim), P(
+      *([None] * (target_logits.ndim - 1)))
+
+  def body(x, bits):
+    red = collectives.shard_reducer(vocab, size, n)
+    return _rows(lambda x, b: verification.sample_target_rows(x, b, red),
+                 x, bits, core_ndims=(1, 0))
+
+  return _shard_map(body, mesh, (spec, row), (row, row))(
+      pad_vocab(target_logits, n, -jnp.inf), rng.draw64(key))
+
+
+@x64.scoped
+def sample_target(target_logits, key, *, mesh):
+  """`dyadic_jax.sample_target` over a vocabulary mesh (same token)."""
+  return _sample_target(jnp.asarray(target_logits), key, mesh)
+
+
+# ----------------------------------------------------------------------------
+# Verification.
+
+
+@functools.partial(jax.jit, static_argnames="mesh")
+def _verify_chain(target_logits, q, draft_tokens, key, anchor, mesh):
+  vocab = target_logits.shape[-1]
+  n, size = _layout(mesh, vocab)
+  spec = vocab_spec(2)
+  if isinstance(q, DenseQ):
+    q = DenseQ(pad_vocab(jnp.asarray(q.counts), n, 0))
+    q_spec = DenseQ(spec)
+  else:
+    # Sparse rows are small: every shard gets them and keeps its own ids.
+    q_spec = SparseQ(_REPLICATED, _REPLICATED, _REPLICATED)
+
+  def body(tl, q, draft, key, anchor):
+    red = collectives.shard_reducer(vocab, size, n)
+    target = _rows(lambda x: verification.target_fixed_point_rows(x, red),
+                   tl, core_ndims=(1,))
+    c = verification.dense_counts(q, size, red.offset, vocab)
+    return verification.verify_rows(target, c, draft, key, anchor, red)
+
+  return _shard_map(
+      body, mesh, (spec, q_spec, _REPLICATED, _REPLICATED, _REPLICATED),
+      (_REPLICATED, _REPLICATED))(pad_vocab(target_logits, n, -jnp.inf), q,
+                                  draft_tokens, key, anchor)
+
+
+@x64.scoped
+def verify_chain(target_logits, q, draft_tokens, key, *, anchor=0, mesh):
+  """`dyadic_jax.verify_chain` over a vocabulary mesh (same results).
+
+  Every shard builds max(P_v M - c_v T, 0) for each id it owns, including
+  ids outside a sparse q's support; the global residual mass picks the
+  correction shard, the local cumulative mass the token, and the global id
+  comes back replicated. Acceptance looks up P_x and c_x from their owner.
+  A SparseQ is routed by id ownership (no shard builds the full row).
+  """
+  target_logits = jnp.asarray(target_logits)
+  draft_tokens = jnp.asarray(draft_tokens)
+  verification.check_chain_shapes(target_logits, q, draft_tokens)
+  return _verify_chain(target_logits, q, draft_tokens, key,
+                       jnp.asarray(anchor, jnp.int64), mesh)
+
