@@ -19,7 +19,7 @@ from jax import lax
 from dyadic_jax import reducer
 from dyadic_jax import rowwise
 from dyadic_jax import x64
-from dyadic_jax.weights import exact_sums
+from dyadic_jax.weights import exact_sums, reciprocal
 from dyadic_jax.constants import M, Status
 
 _FIXED_REMAINDER_BITS = 32
@@ -295,7 +295,7 @@ def sparse_from_support(ids, ws, row_status):
   k = ids.shape[-1]
   total = ordered_sum(ws)
   ok = row_status == Status.OK
-  wn = ws / jnp.where(ok, total, 1.0)[..., None]
+  wn = ws * reciprocal(jnp.where(ok, total, 1.0))[..., None]
   counts, status = largest_remainder(jnp.where(ok[..., None], wn, 0.0), M)
   status = jnp.where(ok, status, row_status).astype(jnp.int32)
   pos = lax.broadcasted_iota(jnp.int32, counts.shape, counts.ndim - 1)
@@ -328,7 +328,8 @@ def allocate_sparse(weights, k):
   """Sparse dyadic allocation on the exact global top-k support.
 
   The support is the k largest weights, ties to the lowest id. Its weights
-  are renormalized in float64 (w_i / W, W summed in ascending-id order), then
+  are renormalized in float64 (w_i * fl(1 / W), W summed in ascending-id
+  order), then
   allocated exactly as `allocate_dense` does on those k values; entries left
   with zero tickets are dropped.
 

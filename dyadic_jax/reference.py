@@ -80,7 +80,8 @@ def allocate_sparse(weights, k):
 
   Returns (ids, counts, n, Status) with padding (-1, 0) to length k.
   The support is renormalized with IEEE float64 arithmetic exactly as the
-  contract states: W summed left to right in ascending-id order, w_i / W.
+  contract states: W summed left to right in ascending-id order, then
+  w_i * fl(1 / W).
   """
   ws = _floats(weights)
   status = weight_status(ws)
@@ -91,7 +92,8 @@ def allocate_sparse(weights, k):
   total = 0.0
   for w in support:
     total += w
-  counts, status = largest_remainder([w / total for w in support], M)
+  inverse = 1.0 / total  # IEEE: one rounding, then one per product
+  counts, status = largest_remainder([w * inverse for w in support], M)
   if status != Status.OK:
     return [-1] * k, [0] * k, 0, status
   kept = [(i, c) for i, c in zip(ids, counts) if c > 0]

@@ -1,6 +1,7 @@
 """Globally normalized FP64 softmax weights for drafts and targets.
 
-    w_v = e_v / Z,   e_v = exp(x_v - max_u x_u),   x = (logits + bias) / T
+    w_v = e_v * fl(1 / Z),   e_v = exp(x_v - max_u x_u),
+    x = (logits + bias) * fl(1 / T)
 
 `Z` is the exact sum of the float64 terms e_v, up to 2^-64 per term, rounded
 once: each e_v in [0, 1] is split into two 32-bit fixed-point limbs, held as
@@ -36,6 +37,22 @@ def fixed_point_limbs(e):
   hi = jnp.floor(s)
   lo = jnp.floor((s - hi) * scale)
   return hi, lo
+
+
+def reciprocal(z):
+  """fl(1 / z), correctly rounded, the same bits wherever z sits.
+
+  XLA CPU's vectorized float64 division is not correctly rounded, and
+  whether an element takes the vector or the scalar path depends on its
+  position (batch size, shard width): e / Z differs in the last bit
+  between layouts. A scalar division per element, in a loop over the (few,
+  one per row) values, is IEEE; every quotient of the library is therefore
+  written as a product with this reciprocal. Other backends divide
+  correctly rounded already.
+  """
+  if jax.default_backend() != "cpu" or z.ndim == 0:
+    return 1.0 / z
+  return lax.map(lambda s: 1.0 / s, z.reshape(-1)).reshape(z.shape)
 
 
 def normalizer_from_limb_sums(hi_sum, lo_sum):
@@ -86,7 +103,8 @@ def softmax64_rows(x, red=None):
                               lambda e: fixed_point_limbs(e)[1], red=red)
   z = normalizer_from_limb_sums(hi_sum, lo_sum)
   ok = status == Status.OK
-  w = jnp.where(ok[..., None], e / jnp.where(ok, z, 1.0)[..., None], 0.0)
+  w = jnp.where(ok[..., None],
+                e * reciprocal(jnp.where(ok, z, 1.0))[..., None], 0.0)
   return w, status
 
 
@@ -99,7 +117,7 @@ def draft_rows(logits, t, bias=None, red=None):
   x = logits.astype(jnp.float64)
   if bias is not None:
     x = x + bias.astype(jnp.float64)
-  return softmax64_rows(x / t[..., None], red)
+  return softmax64_rows(x * reciprocal(t)[..., None], red)
 
 
 _draft_rows_no_bias = rowwise.row_op(draft_rows, (1, 0))

@@ -1,0 +1,184 @@
+"""Sharded ops equal their single-device twins bit for bit.
+
+Mesh sizes 1, 2, 4, 8 (and 3, which divides none of the vocabularies),
+vocabularies that do not divide evenly (7 over 8 shards leaves one shard
+all padding), random and adversarial rows. Runs on emulated CPU devices
+(tests/conftest.py asks for 8) and unchanged on GPUs; skips when the
+machine has fewer devices than a case needs.
+"""
+
+import functools
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import dyadic_jax as dj
+import sharding
+
+M = dj.M
+pytestmark = pytest.mark.multidevice
+
+SHARDS = [1, 2, 3, 4, 8]
+
+
+@functools.lru_cache(maxsize=None)
+def _mesh(n):
+  if jax.device_count() < n:
+    pytest.skip(f"needs {n} devices, have {jax.device_count()}")
+  return sharding.vocab_mesh(n)
+
+
+def _normalized(x):
+  return x / x.sum(-1, keepdims=True)
+
+
+@functools.lru_cache(maxsize=None)
+def _rows(v):
+  """Weight rows [R, v] with the adversarial layouts of the issue."""
+  rng = np.random.default_rng(v)
+  size8 = -(-v // 8)
+  rows = [
+      _normalized(rng.random(v)),                            # random
+      _normalized(np.exp(rng.normal(size=v) * 6)),           # heavy tail
+      _normalized(np.ones(v)),                               # all equal
+      _normalized(np.where(np.arange(v) < size8, 1.0 + rng.random(v), 0)),
+      _normalized(np.where(np.arange(v) >= v - size8, 1.0, 0.0)),  # last
+      _normalized(np.tile([1.0, 2.0, 2.0, 1.0], -(-v // 4))[:v]),  # ties
+      _normalized(np.where(np.arange(v) % 3 == 0, 0.0, rng.random(v))),
+      np.eye(1, v, v // 2)[0],                               # one-hot
+  ]
+  # Ties straddling every shard boundary of every mesh: equal weights on
+  # both sides of each block edge, larger than the rest.
+  straddle = np.ones(v)
+  for n in SHARDS:
+    edge = -(-v // n)
+    for b in range(edge, v, edge):
+      straddle[max(b - 1, 0):b + 1] = 3.0
+  rows.append(_normalized(straddle))
+  return np.stack(rows)
+
+
+def _logits(v):
+  rng = np.random.default_rng(v + 1)
+  x = (rng.normal(size=(4, v)) * 3).astype(np.float32)
+  x[1, : v // 2] = -np.inf                    # masked half
+  x[2, :] = -np.inf
+  x[2, -1] = 0.0                              # all mass on the last shard
+  x[3] = 1.5                                  # all equal
+  return x
+
+
+CASES = [(n, v) for n in SHARDS for v in (7, 1001)] + [
+    (3, dj.DEFAULT_VOCAB), (8, dj.DEFAULT_VOCAB)]
+
+
+@pytest.mark.parametrize("n,v", CASES)
+def test_weights_equal(n, v):
+  mesh = _mesh(n)
+  logits = _logits(v)
+  bias = np.linspace(-1, 1, v, dtype=np.float32)
+  chex.assert_trees_all_equal(
+      dj.draft_weights(logits, temperature=0.8, bias=bias),
+      sharding.draft_weights(logits, temperature=0.8, bias=bias, mesh=mesh))
+  chex.assert_trees_all_equal(dj.target_probs(logits),
+                              sharding.target_probs(logits, mesh=mesh))
+
+
+@pytest.mark.parametrize("n,v", CASES)
+def test_dense_allocation_equal(n, v):
+  w = _rows(v)
+  chex.assert_trees_all_equal(dj.allocate_dense(w),
+                              sharding.allocate_dense(w, mesh=_mesh(n)))
+
+
+@pytest.mark.parametrize("n,v", CASES)
+@pytest.mark.parametrize("k", [1, 7, 32])
+def test_sparse_allocation_equal(n, v, k):
+  w = _rows(v)
+  k = min(k, v)
+  chex.assert_trees_all_equal(dj.allocate_sparse(w, k),
+                              sharding.allocate_sparse(w, k, mesh=_mesh(n)))
+
+
+@pytest.mark.parametrize("n,v", CASES)
+def test_draws_equal(n, v):
+  counts, _ = dj.allocate_dense(_rows(v))
+  rng = np.random.default_rng(v)
+  # Boundary draws of each row's cumulative counts, plus random ones.
+  cum = np.cumsum(np.asarray(counts), -1)
+  for u in (cum[:, v // 2] - 1, cum[:, v // 2], cum[:, 0],
+            rng.integers(0, M, len(cum)), np.full(len(cum), M - 1)):
+    u = jnp.asarray(np.clip(u, 0, M - 1), jnp.uint32)
+    chex.assert_trees_all_equal(
+        dj.sample_counts(counts, u),
+        sharding.sample_counts(counts, u, mesh=_mesh(n)))
+
+
+@pytest.mark.parametrize("n,v", CASES)
+def test_target_only_sampler_equal(n, v):
+  logits = _logits(v)
+  keys = jax.vmap(lambda i: dj.rng_key(2, 0, 0, i, dj.Domain.TARGET_ONLY))(
+      jnp.arange(len(logits)))
+  chex.assert_trees_all_equal(
+      dj.sample_target(logits, keys),
+      sharding.sample_target(logits, keys, mesh=_mesh(n)))
+
+
+def _requests(v, requests=6, depth=3, k=8):
+  """Target logits, dense and sparse q, drafts and keys of a round."""
+  rng = np.random.default_rng(v + 2)
+  target = (rng.normal(size=(requests, depth + 1, v)) * 2).astype(np.float32)
+  target[:, :, : v // 3] = -np.inf            # a grammar mask
+  draft = target[:, :depth] + rng.normal(size=(requests, depth, v)).astype(
+      np.float32)
+  w, _ = dj.draft_weights(draft)
+  counts, _ = dj.allocate_dense(w)
+  ids, scounts, n, _ = dj.allocate_sparse(w, min(k, v))
+  keys = jax.vmap(lambda r: dj.round_key(3, 0, r))(jnp.arange(requests))
+  u = dj.draw24(jax.vmap(jax.vmap(
+      lambda key, i: dj.draw_key(key, i, dj.Domain.PROPOSAL),
+      in_axes=(None, 0)), in_axes=(0, None))(keys, jnp.arange(depth)))
+  tokens = dj.sample_counts(counts, u)
+  return target, dj.DenseQ(counts), dj.SparseQ(ids, scounts, n), tokens, keys
+
+
+@pytest.mark.parametrize("n,v", CASES)
+@pytest.mark.parametrize("representation", ["dense", "sparse"])
+def test_verify_chain_equal(n, v, representation):
+  target, dense, sparse, tokens, keys = _requests(v)
+  q = dense if representation == "dense" else sparse
+  anchors = jnp.arange(len(keys)) * 10
+
+  def run(fn):
+    return jax.vmap(lambda t, q, x, key, a: fn(t, q, x, key, anchor=a))(
+        target, q, tokens, keys, anchors)
+
+  single = run(dj.verify_chain)
+  sharded = run(functools.partial(sharding.verify_chain, mesh=_mesh(n)))
+  chex.assert_trees_all_equal(single, sharded)
+  assert np.all(np.asarray(single[1]) >= 0)
+
+
+def test_one_device_mesh_is_the_direct_call():
+  mesh = _mesh(1)
+  w = _rows(1001)
+  chex.assert_trees_all_equal(dj.allocate_sparse(w, 16),
+                              sharding.allocate_sparse(w, 16, mesh=mesh))
+
+
+def test_placement_pads_with_zero_mass():
+  mesh = _mesh(2)
+  x = sharding.place(np.ones((2, 7), np.float32), mesh)
+  assert x.shape == (2, 8) and np.all(np.asarray(x)[:, 7] == 0)
+  assert x.sharding.spec == sharding.vocab_spec(2)
+  assert sharding.padded_size(7, 8) == 8 and sharding.padded_size(1001, 3) == 1002
+
+
+def test_bad_mesh_is_refused():
+  devices = np.asarray(jax.devices()[:1]).reshape(1, 1)
+  mesh = jax.sharding.Mesh(devices, ("vocab", "other"))
+  with pytest.raises(ValueError, match="1-D"):
+    sharding.allocate_dense(np.ones((1, 4)) / 4, mesh=mesh)
