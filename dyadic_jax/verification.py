@@ -229,8 +229,11 @@ def verify_chain(target_logits, q, draft_tokens, key, *, anchor=0):
                        jnp.asarray(anchor, jnp.int64))
 
 
-def check_chain_shapes(target_logits, q, draft_tokens):
-  """Raises ValueError/TypeError unless the shapes form one D-chain."""
+def check_chain_shapes(target_logits, q, draft_tokens, dense_widths=None):
+  """Raises ValueError/TypeError unless the shapes form one D-chain.
+
+  dense_widths: accepted column counts of a DenseQ (default: V only).
+  """
   depth = draft_tokens.shape[-1]
   if draft_tokens.ndim != 1 or target_logits.shape[:-1] != (depth + 1,):
     raise ValueError(
@@ -238,7 +241,8 @@ def check_chain_shapes(target_logits, q, draft_tokens):
         f"{target_logits.shape} and {draft_tokens.shape}")
   if not isinstance(q, (DenseQ, SparseQ)):
     raise TypeError(f"verify_chain: q must be DenseQ or SparseQ, got {type(q)}")
-  if isinstance(q, DenseQ) and q.counts.shape[-1] != target_logits.shape[-1]:
+  widths = dense_widths or (target_logits.shape[-1],)
+  if isinstance(q, DenseQ) and q.counts.shape[-1] not in widths:
     raise ValueError(f"verify_chain: dense q has {q.counts.shape[-1]} columns,"
                      f" target vocabulary is {target_logits.shape[-1]}")
   if q.counts.shape[:-1] != (depth,):

@@ -6,8 +6,16 @@ are padded to the mesh's blocks with zero mass (-inf logits, zero weights
 or counts) and split by contiguous id ranges; inside `jax.shard_map` each
 shard runs the same row body as the single-device op with a collective
 `Reducer` (sharding/collectives.py), so outputs are bit-identical to the
-single-device op for any number of shards. Vocabulary-sized outputs come
-back unpadded; per-row results (status, sparse ids/counts, tokens) are
+single-device op for any number of shards.
+
+Vocabulary-sized outputs (weights, probabilities, dense counts) stay
+sharded in the padded layout [..., padded_size(V, n)]: ids [0, V) hold
+exactly the single-device values, padding ids hold zero. When n divides V
+(129280 on 1, 2, 4 or 8 shards) that is [..., V]. JAX cannot shard an axis
+unevenly, so unpadding an uneven vocabulary would gather the whole row onto
+every device; `unpad` does that on purpose when a caller wants it. The
+sharded ops also accept inputs already in the padded layout (zero mass at
+padding ids). Per-row results (status, sparse ids/counts, tokens) come back
 replicated.
 """
 
@@ -26,7 +34,8 @@ from dyadic_jax import x64
 from dyadic_jax.constants import M
 from dyadic_jax.verification import DenseQ, SparseQ
 from sharding import collectives
-from sharding.mesh import VOCAB_AXIS, pad_vocab, shard_ranges, vocab_spec
+from sharding.mesh import (VOCAB_AXIS, pad_vocab, padded_size, shard_ranges,
+                           vocab_spec)
 
 _REPLICATED = P()
 
@@ -43,6 +52,11 @@ def _layout(mesh, vocab):
 def _shard_map(body, mesh, in_specs, out_specs):
   return jax.shard_map(body, mesh=mesh, in_specs=in_specs,
                        out_specs=out_specs, check_vma=True)
+
+
+def unpad(x, vocab):
+  """x[..., :vocab]: the unpadded view (gathers when V is not divisible)."""
+  return x[..., :vocab]
 
 
 def _rows(fn, *args, core_ndims):
@@ -73,7 +87,7 @@ def _draft_weights(logits, temperature, bias, mesh):
     return _rows(fn, *rows, core_ndims=(1, 0, 1)[:len(rows)])
 
   w, status = _shard_map(body, mesh, tuple(specs), (spec, row))(*args)
-  return weights_lib.apply_temperature_status(w[..., :vocab], status, t_ok)
+  return weights_lib.apply_temperature_status(w, status, t_ok)
 
 
 @x64.scoped
@@ -101,7 +115,7 @@ def _target_probs(target_logits, mesh):
 
   p, status = _shard_map(body, mesh, (spec,), (spec, row))(
       pad_vocab(target_logits, n, -jnp.inf))
-  return p[..., :vocab], status
+  return p, status
 
 
 @x64.scoped
@@ -129,7 +143,7 @@ def _allocate_dense(w, mesh):
 
   counts, status = _shard_map(body, mesh, (spec,), (spec, row))(
       pad_vocab(w, n, 0.0))
-  return counts[..., :vocab], status
+  return counts, status
 
 
 @x64.scoped
@@ -270,7 +284,10 @@ def verify_chain(target_logits, q, draft_tokens, key, *, anchor=0, mesh):
   """
   target_logits = jnp.asarray(target_logits)
   draft_tokens = jnp.asarray(draft_tokens)
-  verification.check_chain_shapes(target_logits, q, draft_tokens)
+  vocab = target_logits.shape[-1]
+  padded = padded_size(vocab, _layout(mesh, vocab)[0])
+  verification.check_chain_shapes(target_logits, q, draft_tokens,
+                                  dense_widths=(vocab, padded))
   return _verify_chain(target_logits, q, draft_tokens, key,
                        jnp.asarray(anchor, jnp.int64), mesh)
 
