@@ -63,8 +63,10 @@ KNOWN_THIRD_PARTY = {
 EXTRA_TAGS = {}
 
 # Deps and data that a file's import statements do not show, by target name:
-# test_readme execs the README's code block (which imports dyadic_jax).
-EXTRA_DEPS = {"test_readme": ["dyadic_jax"]}
+# test_readme execs the README's code blocks (dyadic_jax and sharding);
+# test_multiprocess starts tests/multiprocess_worker.py as a subprocess.
+EXTRA_DEPS = {"test_readme": ["dyadic_jax", "sharding"],
+              "test_multiprocess": ["tests_multiprocess_worker"]}
 EXTRA_DATA = {"test_readme": ["README.md"]}
 
 # Test files that must NOT be tagged "multidevice" despite the heuristics.
