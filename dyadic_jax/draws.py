@@ -16,23 +16,25 @@ from dyadic_jax import x64
 _BLOCK = 256
 
 
-def first_cum_greater(weights, u):
-  """First index whose inclusive cumulative weight is > u, per row.
+def cumulative_blocks(weights):
+  """(blocks int64[..., nb, b], inclusive block cumsum int64[..., nb]).
 
-  weights: nonnegative int[..., N] with row totals below 2^63; u: int[...].
-  Returns int32[...] in [0, N); N when u >= the row total. An index with
-  zero weight is never returned.
+  The row's exact total is block_cum[..., -1] (no extra pass).
   """
   w = weights.astype(jnp.int64)
-  u = u.astype(jnp.int64)[..., None]
   n = w.shape[-1]
   b = min(_BLOCK, n)
   pad = (-n) % b
   if pad:
     w = jnp.pad(w, [(0, 0)] * (w.ndim - 1) + [(0, pad)])
-  nb = (n + pad) // b
-  blocks = w.reshape(w.shape[:-1] + (nb, b))
-  block_cum = jnp.cumsum(jnp.sum(blocks, -1), -1)          # [..., nb]
+  blocks = w.reshape(w.shape[:-1] + ((n + pad) // b, b))
+  return blocks, jnp.cumsum(jnp.sum(blocks, -1), -1)
+
+
+def scan_blocks(blocks, block_cum, u, n):
+  """First index < n whose inclusive cumulative weight is > u (n if none)."""
+  nb, b = blocks.shape[-2:]
+  u = u.astype(jnp.int64)[..., None]
   blk = jnp.sum(block_cum <= u, -1, dtype=jnp.int32)       # [...]
   blk_c = jnp.minimum(blk, nb - 1)
   prev = jnp.take_along_axis(block_cum, jnp.maximum(blk_c - 1, 0)[..., None],
@@ -42,6 +44,17 @@ def first_cum_greater(weights, u):
   inner = jnp.sum(jnp.cumsum(row, -1) <= u - before, -1, dtype=jnp.int32)
   idx = jnp.minimum(blk_c * b + inner, n)
   return jnp.where(blk >= nb, n, idx).astype(jnp.int32)
+
+
+def first_cum_greater(weights, u):
+  """First index whose inclusive cumulative weight is > u, per row.
+
+  weights: nonnegative int[..., N] with row totals below 2^63; u: int[...].
+  Returns int32[...] in [0, N); N when u >= the row total. An index with
+  zero weight is never returned.
+  """
+  blocks, block_cum = cumulative_blocks(weights)
+  return scan_blocks(blocks, block_cum, u, weights.shape[-1])
 
 
 @jax.jit

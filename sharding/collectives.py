@@ -58,13 +58,15 @@ def shard_reducer(vocab, size, shards):
                     VOCAB_AXIS)
 
   def first_cum_greater(w, u):
-    totals = gather(jnp.sum(w.astype(jnp.int64), -1)[..., None])  # [..., S]
+    blocks, block_cum = draws.cumulative_blocks(w)
+    totals = gather(block_cum[..., -1:])                          # [..., S]
     cum = jnp.cumsum(totals, -1)
     owner = jnp.sum(cum <= u[..., None], -1, dtype=jnp.int32)
     before = jnp.take_along_axis(
         cum, jnp.maximum(owner - 1, 0)[..., None], -1)[..., 0]
     before = jnp.where(owner > 0, before, 0)
-    idx = draws.first_cum_greater(w, u - before) + offset
+    idx = draws.scan_blocks(blocks, block_cum, u - before, w.shape[-1])
+    idx = idx + offset
     token = lax.psum(jnp.where(owner == me, idx, 0), VOCAB_AXIS)
     return jnp.where(owner >= shards, vocab, token).astype(jnp.int32)
 
