@@ -64,29 +64,44 @@ def _rows(fn, *args, core_ndims):
   return rowwise.map_rows(fn, *args, core_ndims=core_ndims)
 
 
+def _over_vocab(row_fn, mesh, vocab, args, core_ndims, fills, vocab_out):
+  """Runs row_fn(*rows, red=shard reducer) on every shard of the mesh.
+
+  core_ndims[i] is 1 for a [..., V] argument (padded with fills[i], split by
+  vocabulary blocks) and 0 for a per-row argument (replicated);
+  vocab_out[j] says whether output j is a sharded [..., V] array (else it
+  is replicated, one value per row).
+  """
+  n, size = _layout(mesh, vocab)
+  batch_ndim = args[0].ndim - core_ndims[0]
+  sharded = vocab_spec(batch_ndim + 1)
+  per_row = P(*([None] * batch_ndim))
+  padded = [pad_vocab(a, n, fill) if core else a
+            for a, core, fill in zip(args, core_ndims, fills)]
+
+  def body(*local):
+    red = collectives.shard_reducer(vocab, size, n)
+    return _rows(lambda *rows: row_fn(*rows, red=red), *local,
+                 core_ndims=core_ndims)
+
+  out_specs = tuple(sharded if v else per_row for v in vocab_out)
+  return _shard_map(
+      body, mesh, tuple(sharded if c else per_row for c in core_ndims),
+      out_specs[0] if len(out_specs) == 1 else out_specs)(*padded)
+
+
 # ----------------------------------------------------------------------------
 # Weights.
 
 
 @functools.partial(jax.jit, static_argnames="mesh")
 def _draft_weights(logits, temperature, bias, mesh):
-  vocab = logits.shape[-1]
-  n, size = _layout(mesh, vocab)
   t, t_ok = weights_lib.temperature_status(temperature, logits.shape[:-1])
-  spec, row = vocab_spec(logits.ndim), P(*([None] * (logits.ndim - 1)))
-  args = [pad_vocab(logits, n, -jnp.inf), t]
-  specs = [spec, row]
+  args, cores, fills = [logits, t], [1, 0], [-jnp.inf, None]
   if bias is not None:
-    args.append(pad_vocab(bias, n, 0))
-    specs.append(spec)
-
-  def body(logits, t, bias=None):
-    red = collectives.shard_reducer(vocab, size, n)
-    fn = lambda *a: weights_lib.draft_rows(*a, red=red)
-    rows = (logits, t) if bias is None else (logits, t, bias)
-    return _rows(fn, *rows, core_ndims=(1, 0, 1)[:len(rows)])
-
-  w, status = _shard_map(body, mesh, tuple(specs), (spec, row))(*args)
+    args, cores, fills = args + [bias], cores + [1], fills + [0.0]
+  w, status = _over_vocab(weights_lib.draft_rows, mesh, logits.shape[-1],
+                          args, cores, fills, (True, False))
   return weights_lib.apply_temperature_status(w, status, t_ok)
 
 
@@ -103,19 +118,9 @@ def draft_weights(logits, *, temperature=1.0, bias=None, mesh):
 
 @functools.partial(jax.jit, static_argnames="mesh")
 def _target_probs(target_logits, mesh):
-  vocab = target_logits.shape[-1]
-  n, size = _layout(mesh, vocab)
-  spec, row = vocab_spec(target_logits.ndim), P(
-      *([None] * (target_logits.ndim - 1)))
-
-  def body(x):
-    red = collectives.shard_reducer(vocab, size, n)
-    return _rows(lambda x: weights_lib.softmax64_rows(x, red), x,
-                 core_ndims=(1,))
-
-  p, status = _shard_map(body, mesh, (spec,), (spec, row))(
-      pad_vocab(target_logits, n, -jnp.inf))
-  return p, status
+  return _over_vocab(weights_lib.softmax64_rows, mesh,
+                     target_logits.shape[-1], [target_logits], [1],
+                     [-jnp.inf], (True, False))
 
 
 @x64.scoped
@@ -132,18 +137,9 @@ def target_probs(target_logits, *, mesh):
 
 @functools.partial(jax.jit, static_argnames="mesh")
 def _allocate_dense(w, mesh):
-  vocab = w.shape[-1]
-  n, size = _layout(mesh, vocab)
-  spec, row = vocab_spec(w.ndim), P(*([None] * (w.ndim - 1)))
-
-  def body(w):
-    red = collectives.shard_reducer(vocab, size, n)
-    return _rows(lambda w: allocation.largest_remainder(w, M, red), w,
-                 core_ndims=(1,))
-
-  counts, status = _shard_map(body, mesh, (spec,), (spec, row))(
-      pad_vocab(w, n, 0.0))
-  return counts, status
+  return _over_vocab(
+      lambda w, red: allocation.largest_remainder(w, M, red), mesh,
+      w.shape[-1], [w], [1], [0.0], (True, False))
 
 
 @x64.scoped
@@ -159,17 +155,9 @@ def allocate_dense(weights, *, mesh):
 
 @functools.partial(jax.jit, static_argnames=("k", "mesh"))
 def _allocate_sparse(w, k, mesh):
-  vocab = w.shape[-1]
-  n, size = _layout(mesh, vocab)
-  spec, row = vocab_spec(w.ndim), P(*([None] * (w.ndim - 1)))
-
-  def body(w):
-    red = collectives.shard_reducer(vocab, size, n)
-    return _rows(lambda w: allocation.allocate_sparse_rows(w, k, red), w,
-                 core_ndims=(1,))
-
-  return _shard_map(body, mesh, (spec,), (row, row, row, row))(
-      pad_vocab(w, n, 0.0))
+  return _over_vocab(
+      lambda w, red: allocation.allocate_sparse_rows(w, k, red), mesh,
+      w.shape[-1], [w], [1], [0.0], (False,) * 4)
 
 
 @x64.scoped
@@ -194,16 +182,9 @@ def allocate_sparse(weights, k, *, mesh):
 
 @functools.partial(jax.jit, static_argnames="mesh")
 def _sample_counts(counts, draw, mesh):
-  vocab = counts.shape[-1]
-  n, size = _layout(mesh, vocab)
-  spec, row = vocab_spec(counts.ndim), P(*([None] * (counts.ndim - 1)))
-
-  def body(c, u):
-    red = collectives.shard_reducer(vocab, size, n)
-    return red.first_cum_greater(c, u.astype(jnp.int64))
-
-  return _shard_map(body, mesh, (spec, row), row)(pad_vocab(counts, n, 0),
-                                                  draw)
+  return _over_vocab(
+      lambda c, u, red: red.first_cum_greater(c, u.astype(jnp.int64)), mesh,
+      counts.shape[-1], [counts, draw], [1, 0], [0, None], (False,))
 
 
 @x64.scoped
@@ -223,18 +204,10 @@ def sample_counts(counts, draw, *, mesh):
 
 @functools.partial(jax.jit, static_argnames="mesh")
 def _sample_target(target_logits, key, mesh):
-  vocab = target_logits.shape[-1]
-  n, size = _layout(mesh, vocab)
-  spec, row = vocab_spec(target_logits.ndim), P(
-      *([None] * (target_logits.ndim - 1)))
-
-  def body(x, bits):
-    red = collectives.shard_reducer(vocab, size, n)
-    return _rows(lambda x, b: verification.sample_target_rows(x, b, red),
-                 x, bits, core_ndims=(1, 0))
-
-  return _shard_map(body, mesh, (spec, row), (row, row))(
-      pad_vocab(target_logits, n, -jnp.inf), rng.draw64(key))
+  return _over_vocab(verification.sample_target_rows, mesh,
+                     target_logits.shape[-1],
+                     [target_logits, rng.draw64(key)], [1, 0],
+                     [-jnp.inf, None], (False, False))
 
 
 @x64.scoped
