@@ -152,7 +152,7 @@ def draw_below_cdf(a, n):
 
 
 def categorical_int_distribution(weights):
-  """Exact distribution of `draws.categorical_int` over nonnegative ints."""
+  """Exact distribution of `verification.categorical` over nonnegative ints."""
   total = sum(weights)
   out, acc, prev = [], 0, Fraction(0)
   for w in weights:

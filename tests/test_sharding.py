@@ -148,6 +148,9 @@ def _requests(v, requests=6, depth=3, k=8):
   target[:, :, : v // 3] = -np.inf            # a grammar mask
   draft = target[:, :depth] + rng.normal(size=(requests, depth, v)).astype(
       np.float32)
+  # Request 0 drafts only inside the last 8-shard block: its sparse support
+  # lives on one shard (the last), the others own none of it.
+  draft[0, :, : v - (-(-v // 8))] = -np.inf
   w, _ = dj.draft_weights(draft)
   counts, _ = dj.allocate_dense(w)
   ids, scounts, n, _ = dj.allocate_sparse(w, min(k, v))
