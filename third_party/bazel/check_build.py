@@ -48,7 +48,7 @@ PYTEST_MAIN = "third_party/bazel/pytest_main.py"
 
 # Top-level modules that come from the virtualenv interpreter, not Bazel.
 KNOWN_THIRD_PARTY = {
-    "absl", "chex", "hypothesis", "jax", "jaxlib", "matplotlib",
+    "absl", "chex", "crc32c", "hypothesis", "jax", "jaxlib", "matplotlib",
     "mpl_toolkits", "ml_dtypes", "numpy", "pytest", "_pytest", "scipy",
 }
 
@@ -67,7 +67,8 @@ EXTRA_TAGS = {}
 # test_multiprocess starts tests/multiprocess_worker.py as a subprocess.
 EXTRA_DEPS = {"test_readme": ["dyadic_jax", "sharding"],
               "test_multiprocess": ["tests_multiprocess_worker"]}
-EXTRA_DATA = {"test_readme": ["README.md"]}
+EXTRA_DATA = {"test_readme": ["README.md"],
+              "test_wire_codec": ["docs/wire.md"]}
 
 # Test files that must NOT be tagged "multidevice" despite the heuristics.
 NOT_MULTIDEVICE = set()

@@ -1,0 +1,160 @@
+"""Encode and decode wire v2 frames through numpy views, bounds first.
+
+`decode` reads nothing beyond what the header and the negotiated `Bounds`
+allow, in this order: header size, magic, version, kind, declared length
+against the bounds and the buffer, CRC32C, then the body and (REPLY) the q
+row, which `validate_q_row` checks before anything can use it. Payload
+arrays are views into the received buffer (no per-element Python loop, no
+copy); encode writes the row's bytes once into the frame.
+"""
+
+import typing
+
+import crc32c
+import numpy as np
+
+from dyadic_jax.wire import layouts
+from dyadic_jax.wire.errors import Code, ProtocolError
+from dyadic_jax.wire.layouts import (CRC_COVERS_FROM, CRC_OFFSET, HEADER,
+                                     Kind, Representation)
+from dyadic_jax.wire.validate import validate_q_row
+
+
+class Bounds(typing.NamedTuple):
+  """What a session negotiated (HELLO); checked before any allocation."""
+  vocab: int
+  max_support: int        # largest sparse n (== vocab when dense rows)
+  max_depth: int
+  versions: tuple = (layouts.WIRE_VERSION,)
+
+  @property
+  def max_frame(self):
+    return max(layouts.frame_bytes(Kind.REPLY, self.vocab),
+               layouts.frame_bytes(Kind.REPLY, self.max_support,
+                                   Representation.SPARSE),
+               max(layouts.frame_bytes(k) for k in Kind if k != Kind.REPLY))
+
+
+class Frame(typing.NamedTuple):
+  """A decoded frame: header and body as numpy records, and the q row."""
+  header: np.void
+  body: np.void
+  values: np.ndarray | None = None   # float32 q (REPLY only)
+  ids: np.ndarray | None = None      # int32 ids (sparse REPLY only)
+  counts: np.ndarray | None = None   # validated int32 counts (REPLY only)
+
+
+def checksum(buf):
+  """CRC32C (Castagnoli) of a bytes-like object."""
+  return crc32c.crc32c(buf)
+
+
+def encode(kind, *, session, generation, round_id, body=None, values=None,
+           ids=None, version=layouts.WIRE_VERSION):
+  """One frame as bytes. body: dict of body fields; REPLY: values (+ ids)."""
+  kind = Kind(kind)
+  body_dtype = layouts.BODIES[kind]
+  payload = []
+  fields = dict(body or {})
+  if kind == Kind.REPLY:
+    values = np.ascontiguousarray(values, np.float32)
+    representation = (Representation.DENSE if ids is None
+                      else Representation.SPARSE)
+    fields.setdefault("representation", representation)
+    fields.setdefault("count", len(values))
+    if ids is not None:
+      payload.append(np.ascontiguousarray(ids, np.int32))
+    payload.append(values)
+  length = HEADER.itemsize + body_dtype.itemsize + sum(p.nbytes for p in
+                                                      payload)
+  buf = bytearray(length)
+  header = np.frombuffer(buf, HEADER, count=1)
+  header["magic"], header["version"], header["kind"] = (layouts.MAGIC,
+                                                        version, kind)
+  header["length"], header["session"] = length, session
+  header["generation"], header["round"] = generation, round_id
+  rec = np.frombuffer(buf, body_dtype, count=1, offset=HEADER.itemsize)
+  for name, value in fields.items():
+    rec[name] = value
+  offset = HEADER.itemsize + body_dtype.itemsize
+  for p in payload:
+    buf[offset:offset + p.nbytes] = p.tobytes()
+    offset += p.nbytes
+  header["crc"] = checksum(memoryview(buf)[CRC_COVERS_FROM:])
+  return bytes(buf)
+
+
+def _header(buf, bounds):
+  if len(buf) < HEADER.itemsize:
+    raise ProtocolError(Code.TRUNCATED, f"{len(buf)} bytes, header needs "
+                        f"{HEADER.itemsize}")
+  header = np.frombuffer(buf, HEADER, count=1)[0]
+  if header["magic"] != layouts.MAGIC:
+    raise ProtocolError(Code.BAD_MAGIC, repr(bytes(header["magic"])))
+  if int(header["version"]) not in bounds.versions:
+    raise ProtocolError(Code.UNSUPPORTED_VERSION, str(int(header["version"])))
+  try:
+    kind = Kind(int(header["kind"]))
+  except ValueError:
+    raise ProtocolError(Code.UNKNOWN_KIND, str(int(header["kind"]))) from None
+  length = int(header["length"])
+  if length > bounds.max_frame:
+    raise ProtocolError(Code.ABSURD_LENGTH, f"declared {length} bytes, bound "
+                        f"{bounds.max_frame}")
+  if len(buf) < length:
+    raise ProtocolError(Code.TRUNCATED, f"{len(buf)} of {length} bytes")
+  if len(buf) != length:
+    raise ProtocolError(Code.UNEXPECTED_SIZE, f"{len(buf)} bytes, header "
+                        f"says {length}")
+  if checksum(memoryview(buf)[CRC_COVERS_FROM:]) != int(header["crc"]):
+    raise ProtocolError(Code.CHECKSUM_MISMATCH, "CRC32C")
+  return header, kind, length
+
+
+def decode(buf, bounds):
+  """Decodes and validates one frame; raises ProtocolError on any defect.
+
+  A REPLY's q row is validated (`validate_q_row`) against the session's
+  vocabulary and the frame's token; its declared mass must be 2^24.
+  """
+  buf = memoryview(buf).cast("B")
+  header, kind, length = _header(buf, bounds)
+  body_dtype = layouts.BODIES[kind]
+  start = HEADER.itemsize
+  if kind != Kind.REPLY and length != start + body_dtype.itemsize:
+    raise ProtocolError(Code.UNEXPECTED_SIZE, f"{kind.name} of {length} "
+                        "bytes")
+  if length < start + body_dtype.itemsize:
+    raise ProtocolError(Code.TRUNCATED, f"{kind.name} body cut short")
+  body = np.frombuffer(buf, body_dtype, count=1, offset=start)[0]
+  if kind != Kind.REPLY:
+    return Frame(header, body)
+  return _reply(buf, header, body, start + body_dtype.itemsize, length,
+                bounds)
+
+
+def _reply(buf, header, body, offset, length, bounds):
+  try:
+    representation = Representation(int(body["representation"]))
+  except ValueError:
+    raise ProtocolError(Code.UNKNOWN_KIND, "representation "
+                        f"{int(body['representation'])}") from None
+  count = int(body["count"])
+  limit = bounds.vocab if representation == Representation.DENSE else (
+      bounds.max_support)
+  if count > limit or int(body["position"]) >= bounds.max_depth:
+    raise ProtocolError(Code.ABSURD_LENGTH, f"{count} entries at position "
+                        f"{int(body['position'])}")
+  if length != offset + layouts.reply_payload_bytes(representation, count):
+    raise ProtocolError(Code.UNEXPECTED_SIZE, f"REPLY of {count} entries in "
+                        f"{length} bytes")
+  ids = None
+  if representation == Representation.SPARSE:
+    ids = np.frombuffer(buf, np.dtype("<i4"), count=count, offset=offset)
+    offset += 4 * count
+  values = np.frombuffer(buf, np.dtype("<f4"), count=count, offset=offset)
+  if int(body["mass"]) != 1 << 24:
+    raise ProtocolError(Code.WRONG_MASS, f"declared mass {int(body['mass'])}")
+  counts = validate_q_row(values, ids, vocab_size=bounds.vocab,
+                          token=int(body["token"]))
+  return Frame(header, body, values, ids, counts)

@@ -1,0 +1,49 @@
+"""The wire's one exception type and its rejection classes.
+
+Every way a peer's bytes can be refused has its own `Code`; the bridge
+counts each refusal by code and discards the whole proposal (DESIGN.md
+section 5). Never renumber: codes travel in COMPLETION/COMMIT statuses.
+"""
+
+import enum
+
+
+class Code(enum.IntEnum):
+  """One member per rejection class (the seed's list is the minimum)."""
+  # Framing.
+  BAD_MAGIC = 1              # the frame does not start with the magic
+  UNSUPPORTED_VERSION = 2    # a wire version this side did not negotiate
+  UNKNOWN_KIND = 3           # an unknown message kind
+  TRUNCATED = 4              # fewer bytes than the header declares
+  ABSURD_LENGTH = 5          # a declared count beyond the negotiated bounds
+  UNEXPECTED_SIZE = 6        # frame size differs from the declared size
+  CHECKSUM_MISMATCH = 7      # CRC32C over the bytes after the field differs
+  # Negotiation and sessions.
+  IDENTITY_MISMATCH = 8      # semantic id, vocab, id map, checkpoints, RNG ABI
+  SAMPLED_ON_GREEDY = 9      # a sampled request on a v1 (greedy) session
+  STALE_GENERATION = 10      # a generation older than the current one
+  DUPLICATE_ROUND = 11       # a round already answered or committed
+  TIMEOUT = 12               # q arrived after the watchdog fired
+  # One q row (validate_q_row).
+  MISSING_Q = 13             # no q for a sampled token (empty row)
+  WRONG_DTYPE = 14           # values not float32 / ids not int32
+  LENGTH_MISMATCH = 15       # dense length != V, or ids/values lengths differ
+  NON_FINITE = 16            # NaN or +-inf in q
+  NEGATIVE = 17              # a negative q value
+  NON_DYADIC = 18            # q * 2^24 is not an integer
+  WRONG_MASS = 19            # counts do not sum to exactly 2^24 (or c > 2^24)
+  ID_OUT_OF_RANGE = 20       # a sparse id < 0 or >= V (padding included)
+  DUPLICATE_ID = 21          # a sparse id twice, even with zero q
+  UNSORTED_IDS = 22          # sparse ids not strictly ascending
+  TOKEN_OUT_OF_RANGE = 23    # the sampled token is not in [0, V)
+  ZERO_Q_AT_TOKEN = 24       # the sampled token has q = 0 (or is absent)
+
+
+class ProtocolError(ValueError):
+  """A refused message or row. `.code` is the `Code` of the refusal."""
+
+  def __init__(self, code, detail=""):
+    self.code = Code(code)
+    self.detail = detail
+    super().__init__(f"{self.code.name}: {detail}" if detail
+                     else self.code.name)
