@@ -66,7 +66,8 @@ EXTRA_TAGS = {}
 # test_readme execs the README's code blocks (dyadic_jax and sharding);
 # test_multiprocess starts tests/multiprocess_worker.py as a subprocess.
 EXTRA_DEPS = {"test_readme": ["dyadic_jax", "sharding"],
-              "test_multiprocess": ["tests_multiprocess_worker"]}
+              "test_multiprocess": ["tests_multiprocess_worker"],
+              "test_wire_sizes": ["experiments_wire_sizes"]}
 EXTRA_DATA = {"test_readme": ["README.md"],
               "test_wire_codec": ["docs/wire.md"]}
 

@@ -1,0 +1,28 @@
+"""experiments/wire_sizes reproduces the seed's size table exactly."""
+
+import json
+import os
+import subprocess
+import sys
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_seed_table_reproduced(tmp_path):
+  out = tmp_path / "sizes.json"
+  env = dict(os.environ, PYTHONPATH=_ROOT + os.pathsep +
+             os.environ.get("PYTHONPATH", ""))
+  run = subprocess.run(
+      [sys.executable, "-m", "experiments.wire_sizes", "--json_out",
+       str(out)], cwd=_ROOT, env=env, capture_output=True, text=True,
+      timeout=120)
+  assert run.returncode == 0, run.stdout + run.stderr
+  assert "seed table reproduced" in run.stdout
+  record = json.loads(out.read_text())
+  rows = {r["layout"]: r for r in record["rows"]}
+  assert rows["dense"]["estimate_request"] == 2_585_600
+  assert rows["k32"]["estimate_batch"] == 5_120
+  assert record["two_dense_slots"] == 20_684_800
+  # Measured frames: 48 bytes of header and REPLY body per row.
+  assert rows["k32"]["frame_row"] == 48 + 8 * 32
+  assert rows["dense"]["frame_row"] == 48 + 4 * 129280
