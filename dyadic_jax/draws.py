@@ -9,7 +9,6 @@ answer depends only on the weights and u, never on a summation order.
 
 import jax
 import jax.numpy as jnp
-from jax import lax
 
 from dyadic_jax import x64
 

@@ -11,7 +11,6 @@ OR, concatenation in shard order), hence bit-identical results.
 
 import typing
 
-import jax
 import jax.numpy as jnp
 from jax import lax
 

@@ -263,6 +263,26 @@ def verification_bits(keys, anchors, depth):
   return np.asarray(accept), nxt
 
 
+def round_inputs(vocab, *, requests, depth, seed):
+  """The benchmark round's inputs (shared with bench_sharding).
+
+  Returns (logits f32[R*D, V] proposal rows, u u32[R*D] their PROPOSAL
+  draws, target f32[R, D+1, V] rows for x_0 and the drafted chain,
+  chain int32[R, D], keys [R], anchors int[R]).
+  """
+  toy = toy_models.make_toy(toy_models.ToyConfig(vocab=vocab))
+  prev, chain, keys, anchors = make_round(
+      toy, requests=requests, depth=depth, seed=seed)
+  logits = toy_models.draft_logits(toy, prev.reshape(-1))
+  row_keys = jax.vmap(jax.vmap(dj.draw_key, in_axes=(None, 0, None)),
+                      in_axes=(0, 0, None))(
+                          keys, anchors[:, None] + jnp.arange(depth),
+                          dj.Domain.PROPOSAL).reshape(-1)
+  target = toy_models.target_logits(
+      toy, jnp.concatenate([prev[:, :1], chain], 1))
+  return logits, dj.draw24(row_keys), target, chain, keys, anchors
+
+
 # ---------------------------------------------------------------------------
 
 
@@ -282,18 +302,8 @@ def main(argv):
         f"({rows} rows) repeats={repeats} backend={jax.default_backend()} "
         f"devices={jax.device_count()}")
 
-  toy = toy_models.make_toy(toy_models.ToyConfig(vocab=vocab))
-  prev, chain, keys, anchors = make_round(
-      toy, requests=requests, depth=depth, seed=_SEED.value)
-  logits = toy_models.draft_logits(toy, prev.reshape(-1))        # f32[N, V]
-  row_keys = jax.vmap(jax.vmap(dj.draw_key, in_axes=(None, 0, None)),
-                      in_axes=(0, 0, None))(
-                          keys, anchors[:, None] + jnp.arange(depth),
-                          dj.Domain.PROPOSAL).reshape(-1)
-  u = dj.draw24(row_keys)                                          # u32[N]
-  # Target rows: x_0 then the drafted chain, D + 1 per request.
-  target_prev = jnp.concatenate([prev[:, :1], chain], 1)
-  target = toy_models.target_logits(toy, target_prev)        # f32[R, D+1, V]
+  logits, u, target, chain, keys, anchors = round_inputs(
+      vocab, requests=requests, depth=depth, seed=_SEED.value)
   logits_np, u_np = np.asarray(logits), np.asarray(u).astype(np.int64)
   target_np = np.asarray(target)
   jax.block_until_ready((logits, target))

@@ -73,7 +73,6 @@ import numpy as np
 import dyadic_jax as dj
 import sharding
 from experiments import bench_core
-from experiments import toy_models
 # pylint: enable=g-import-not-at-top,g-bad-import-order
 
 # --vocab, --requests, --depth, --ks, --verify_k, --repeats, --seed and
@@ -96,17 +95,8 @@ _SMALL = 64  # allocation._SMALL: tie keys ranked after the coarse bisection
 def round_data(vocab, requests, depth, seed, verify_k):
   """The round of bench_core: proposal rows, draws, target rows, dense and
   sparse q. Everything is on the default device, unsharded."""
-  toy = toy_models.make_toy(toy_models.ToyConfig(vocab=vocab))
-  prev, chain, keys, anchors = bench_core.make_round(
-      toy, requests=requests, depth=depth, seed=seed)
-  logits = toy_models.draft_logits(toy, prev.reshape(-1))          # f32[N, V]
-  row_keys = jax.vmap(jax.vmap(dj.draw_key, in_axes=(None, 0, None)),
-                      in_axes=(0, 0, None))(
-                          keys, anchors[:, None] + jnp.arange(depth),
-                          dj.Domain.PROPOSAL).reshape(-1)
-  u = dj.draw24(row_keys)                                          # u32[N]
-  target = toy_models.target_logits(
-      toy, jnp.concatenate([prev[:, :1], chain], 1))         # f32[R, D+1, V]
+  logits, u, target, chain, keys, anchors = bench_core.round_inputs(
+      vocab, requests=requests, depth=depth, seed=seed)
   w64, _ = dj.draft_weights(logits)                                # f64[N, V]
   counts, _ = dj.allocate_dense(w64)                               # i32[N, V]
   s_ids, s_counts, s_n, _ = dj.allocate_sparse(w64, verify_k)

@@ -13,7 +13,7 @@ from sharding.ops import (allocate_dense, allocate_sparse, draft_weights,
                           verify_chain)
 
 __all__ = [
-    "VOCAB_AXIS", "ShardRange", "allocate_dense", "allocate_sparse",
+    "VOCAB_AXIS", "ShardRange", "allocate_dense", "hlo", "allocate_sparse",
     "draft_weights", "pad_vocab", "padded_size", "place", "sample_counts",
     "sample_target", "shard_ranges", "target_probs", "unpad", "verify_chain",
     "vocab_mesh", "vocab_spec",

@@ -15,8 +15,8 @@ import numpy as np
 
 from dyadic_jax.wire import layouts
 from dyadic_jax.wire.errors import Code, ProtocolError
-from dyadic_jax.wire.layouts import (CRC_COVERS_FROM, CRC_OFFSET, HEADER,
-                                     Kind, Representation)
+from dyadic_jax.wire.layouts import (CRC_COVERS_FROM, HEADER, Kind,
+                                     Representation)
 from dyadic_jax.wire.validate import validate_q_row
 
 
