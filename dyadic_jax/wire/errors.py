@@ -37,6 +37,10 @@ class Code(enum.IntEnum):
   UNSORTED_IDS = 22          # sparse ids not strictly ascending
   TOKEN_OUT_OF_RANGE = 23    # the sampled token is not in [0, V)
   ZERO_Q_AT_TOKEN = 24       # the sampled token has q = 0 (or is absent)
+  # Exchanges (the bridge).
+  STATE_MISMATCH = 25        # anchor, context or prefix digest disagree
+  UNKNOWN_SESSION = 26       # a frame for a session this side never opened
+  BAD_SEQUENCE = 27          # a frame of the wrong kind, request or position
 
 
 class ProtocolError(ValueError):

@@ -45,6 +45,8 @@ HEADER = np.dtype([
     ("crc", "<u4"), ("session", "<u8"), ("generation", "<u4"),
     ("round", "<u4")])
 
+ALL_REQUESTS = 0xFFFF  # RESET `request` value: every request of the session
+
 BODIES = {
     Kind.HELLO: np.dtype([
         ("mode", "<u2"),             # WIRE_VERSION (sampled) or GREEDY
@@ -55,6 +57,8 @@ BODIES = {
         ("max_depth", "<u2"),
         ("representation", "<u2"),   # Representation the worker sends
         ("max_support", "<u4"),      # k for sparse rows, V for dense
+        ("max_requests", "<u2"),     # requests per batch slot
+        ("reserved", "<u2"),
         ("max_reply_bytes", "<u8"),  # bound on one round's reply bytes
         ("semantic_id", "S32"),      # "dyadic24-standard-v1"
         ("verifier_id", "S32"),
@@ -62,26 +66,38 @@ BODIES = {
         ("draft_id", "S32"),         # draft checkpoint identity
         ("target_id", "S32")]),      # target identity
     Kind.STEP: np.dtype([
-        ("slot", "<u2"), ("depth", "<u2"), ("policy", "<u4"),
+        ("slot", "<u2"), ("request", "<u2"), ("depth", "<u2"),
+        ("policy", "<u2"),           # proposal temperature/support policy
+        ("last_token", "<i4"),       # committed token before the anchor
+        ("reserved", "<u4"),
+        ("seed", "<u8"),             # request seed of the RNG schedule
         ("anchor", "<u8"),           # absolute position of x_1
         ("context_version", "<u8"),  # target processor/grammar/stop context
         ("prefix_digest", "S32")]),  # digest of the committed prefix
     Kind.REPLY: np.dtype([
-        ("position", "<u2"),         # i in [0, depth)
-        ("representation", "<u2"),
+        ("request", "<u2"),
+        ("position", "u1"),          # i in [0, depth)
+        ("representation", "u1"),
         ("count", "<u4"),            # entries: V (dense) or n (sparse)
         ("token", "<i4"),            # the sampled global id
         ("mass", "<u4")]),           # probability checksum: sum of counts
     Kind.COMPLETION: np.dtype([
-        ("depth", "<u2"), ("status", "<u2"),
+        ("request", "<u2"), ("depth", "<u2"),
+        ("status", "<u2"),           # 0 OK, else the worker's refusal Code
+        ("reserved", "<u2"),
         ("replies_crc", "<u4"),      # CRC32C of the D reply frames, in order
+        ("reserved2", "<u4"),
         ("reply_bytes", "<u8"),      # exact total bytes of those frames
         ("anchor", "<u8"), ("context_version", "<u8")]),
     Kind.COMMIT: np.dtype([
-        ("accepted", "<u2"), ("status", "<u2"), ("next_token", "<i4"),
+        ("request", "<u2"), ("accepted", "<u2"),
+        ("status", "<u2"),           # 0 verified, else the Code that failed
+        ("fallback", "<u2"),         # 1: target-only token, proposal dropped
+        ("next_token", "<i4"),       # correction, bonus or target-only id
+        ("reserved", "<u4"),
         ("new_position", "<u8")]),
-    Kind.RESET: np.dtype([("reason", "<u2"), ("pad", "<u2"),
-                          ("pad2", "<u4")]),
+    Kind.RESET: np.dtype([("request", "<u2"), ("reason", "<u2"),
+                          ("reserved", "<u4")]),
 }
 
 
