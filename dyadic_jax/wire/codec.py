@@ -21,11 +21,17 @@ from dyadic_jax.wire.validate import validate_q_row
 
 
 class Bounds(typing.NamedTuple):
-  """What a session negotiated (HELLO); checked before any allocation."""
+  """What a session negotiated (HELLO); checked before any allocation.
+
+  greedy: a v1 session: REPLY rows carry the token alone (TOKEN), and any
+  row with q is refused as SAMPLED_ON_GREEDY; on a sampled (v2) session a
+  TOKEN row is refused as MISSING_Q (never sampled ids without their q).
+  """
   vocab: int
   max_support: int        # largest sparse n (== vocab when dense rows)
   max_depth: int
   versions: tuple = (layouts.WIRE_VERSION,)
+  greedy: bool = False
 
   @property
   def max_frame(self):
@@ -50,24 +56,40 @@ def checksum(buf):
 
 
 def encode(kind, *, session, generation, round_id, body=None, values=None,
-           ids=None, version=layouts.WIRE_VERSION):
-  """One frame as bytes. body: dict of body fields; REPLY: values (+ ids)."""
+           ids=None, version=layouts.WIRE_VERSION, out=None):
+  """One frame. body: dict of body fields; REPLY: values (+ ids), or neither
+  for a v1 TOKEN row.
+
+  Returns bytes, or, with `out` (a writable buffer of at least the frame's
+  size, e.g. a preallocated staging buffer), a memoryview of the frame
+  written at its start: the payload is copied exactly once.
+  """
   kind = Kind(kind)
   body_dtype = layouts.BODIES[kind]
   payload = []
   fields = dict(body or {})
   if kind == Kind.REPLY:
-    values = np.ascontiguousarray(values, np.float32)
-    representation = (Representation.DENSE if ids is None
-                      else Representation.SPARSE)
+    if values is None:
+      representation = Representation.TOKEN
+    else:
+      values = np.ascontiguousarray(values, np.float32)
+      representation = (Representation.DENSE if ids is None
+                        else Representation.SPARSE)
+      if ids is not None:
+        payload.append(np.ascontiguousarray(ids, np.int32))
+      payload.append(values)
     fields.setdefault("representation", representation)
-    fields.setdefault("count", len(values))
-    if ids is not None:
-      payload.append(np.ascontiguousarray(ids, np.int32))
-    payload.append(values)
+    fields.setdefault("count", 0 if values is None else len(values))
   length = HEADER.itemsize + body_dtype.itemsize + sum(p.nbytes for p in
                                                       payload)
-  buf = bytearray(length)
+  if out is None:
+    buf = bytearray(length)
+  else:
+    buf = memoryview(out).cast("B")
+    if len(buf) < length:
+      raise ValueError(f"encode: out holds {len(buf)} bytes, frame needs "
+                       f"{length}")
+    buf = buf[:length]
   header = np.frombuffer(buf, HEADER, count=1)
   header["magic"], header["version"], header["kind"] = (layouts.MAGIC,
                                                         version, kind)
@@ -78,10 +100,11 @@ def encode(kind, *, session, generation, round_id, body=None, values=None,
     rec[name] = value
   offset = HEADER.itemsize + body_dtype.itemsize
   for p in payload:
-    buf[offset:offset + p.nbytes] = p.tobytes()
+    np.frombuffer(buf, np.uint8, p.nbytes, offset)[:] = p.reshape(-1).view(
+        np.uint8)
     offset += p.nbytes
   header["crc"] = checksum(memoryview(buf)[CRC_COVERS_FROM:])
-  return bytes(buf)
+  return bytes(buf) if out is None else buf
 
 
 def _header(buf, bounds):
@@ -111,11 +134,28 @@ def _header(buf, bounds):
   return header, kind, length
 
 
-def decode(buf, bounds):
+def peek(buf):
+  """(kind, session, generation, round) of a frame, unchecked, or None.
+
+  For routing only (which exchange a frame claims to belong to); nothing
+  read here may be used before `decode` accepts the frame.
+  """
+  buf = memoryview(buf).cast("B")
+  if len(buf) < HEADER.itemsize:
+    return None
+  h = np.frombuffer(buf, HEADER, count=1)[0]
+  return (int(h["kind"]), int(h["session"]), int(h["generation"]),
+          int(h["round"]))
+
+
+def decode(buf, bounds, *, validate_rows=True):
   """Decodes and validates one frame; raises ProtocolError on any defect.
 
   A REPLY's q row is validated (`validate_q_row`) against the session's
-  vocabulary and the frame's token; its declared mass must be 2^24.
+  vocabulary and the frame's token; its declared mass must be 2^24. With
+  validate_rows=False the row's framing is checked but not its values:
+  `counts` is None and the caller must validate the row (the bridge does
+  it for a whole dense batch at once) before any use.
   """
   buf = memoryview(buf).cast("B")
   header, kind, length = _header(buf, bounds)
@@ -130,21 +170,34 @@ def decode(buf, bounds):
   if kind != Kind.REPLY:
     return Frame(header, body)
   return _reply(buf, header, body, start + body_dtype.itemsize, length,
-                bounds)
+                bounds, validate_rows)
 
 
-def _reply(buf, header, body, offset, length, bounds):
+def _reply(buf, header, body, offset, length, bounds, validate_rows):
   try:
     representation = Representation(int(body["representation"]))
   except ValueError:
     raise ProtocolError(Code.UNKNOWN_KIND, "representation "
                         f"{int(body['representation'])}") from None
+  if bounds.greedy != (representation == Representation.TOKEN):
+    if bounds.greedy:
+      raise ProtocolError(Code.SAMPLED_ON_GREEDY, "a q row on a v1 session")
+    raise ProtocolError(Code.MISSING_Q, "a token without its q")
+  if int(body["position"]) >= bounds.max_depth:
+    raise ProtocolError(Code.ABSURD_LENGTH, f"position "
+                        f"{int(body['position'])} of depth {bounds.max_depth}")
+  if representation == Representation.TOKEN:
+    token = int(body["token"])
+    if int(body["count"]) or length != offset:
+      raise ProtocolError(Code.UNEXPECTED_SIZE, "v1 row with a payload")
+    if not 0 <= token < bounds.vocab:
+      raise ProtocolError(Code.TOKEN_OUT_OF_RANGE, str(token))
+    return Frame(header, body)
   count = int(body["count"])
   limit = bounds.vocab if representation == Representation.DENSE else (
       bounds.max_support)
-  if count > limit or int(body["position"]) >= bounds.max_depth:
-    raise ProtocolError(Code.ABSURD_LENGTH, f"{count} entries at position "
-                        f"{int(body['position'])}")
+  if count > limit:
+    raise ProtocolError(Code.ABSURD_LENGTH, f"{count} entries, bound {limit}")
   if length != offset + layouts.reply_payload_bytes(representation, count):
     raise ProtocolError(Code.UNEXPECTED_SIZE, f"REPLY of {count} entries in "
                         f"{length} bytes")
@@ -155,6 +208,8 @@ def _reply(buf, header, body, offset, length, bounds):
   values = np.frombuffer(buf, np.dtype("<f4"), count=count, offset=offset)
   if int(body["mass"]) != 1 << 24:
     raise ProtocolError(Code.WRONG_MASS, f"declared mass {int(body['mass'])}")
+  if not validate_rows:
+    return Frame(header, body, values, ids)
   counts = validate_q_row(values, ids, vocab_size=bounds.vocab,
                           token=int(body["token"]))
   return Frame(header, body, values, ids, counts)

@@ -36,6 +36,7 @@ class Kind(enum.IntEnum):
 
 
 class Representation(enum.IntEnum):
+  TOKEN = 0    # v1 greedy: the token alone, no q (never on a sampled session)
   DENSE = 1    # float32 q[V]
   SPARSE = 2   # int32 ids[n], then float32 q[n]
 
@@ -103,6 +104,8 @@ BODIES = {
 
 def reply_payload_bytes(representation, count):
   """Bytes after a REPLY body: q values (and ids when sparse)."""
+  if representation == Representation.TOKEN:
+    return 0
   per = 8 if representation == Representation.SPARSE else 4
   return per * int(count)
 

@@ -1,0 +1,87 @@
+"""The worker's draw: a D-chain of dyadic q rows and the tokens drawn from them.
+
+`draft_proposer(logits_fn, caps)` builds the default proposer from the core
+ops: for i = 0..D-1, logits of the position after x_{i-1} (x_{-1} is the
+committed token before the anchor), `draft_weights`, `allocate_sparse`
+(top-k) or `allocate_dense`, and x_i drawn from the counts with the
+PROPOSAL key of (seed, generation, round, anchor + i). The worker leader is
+the only owner of these keys; a retry resends the cached bytes instead of
+drawing again. Any callable with the same signature can replace it (a
+model-specific draft, e.g. a parallel backbone with a Markov head).
+"""
+
+import functools
+import typing
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from dyadic_jax import allocation, codec, draws, rng, weights
+from dyadic_jax.errors import raise_for_status
+from dyadic_jax.wire.layouts import Representation
+
+
+class Proposal(typing.NamedTuple):
+  """One request's proposal for one round (host numpy arrays).
+
+  tokens: int32[D], x_1..x_D.
+  values: float32[D, n] q rows (dense n = V; sparse: the first n_i entries
+    of row i are meaningful), or None on a greedy (v1) session.
+  ids: int32[D, k] ascending global ids of sparse rows (padding -1), or None.
+  n: int32[D] entries per row (V for dense rows).
+  """
+  tokens: np.ndarray
+  values: np.ndarray | None = None
+  ids: np.ndarray | None = None
+  n: np.ndarray | None = None
+
+
+def draft_proposer(logits_fn, caps):
+  """A proposer `(seed, generation, round_id, anchor, last_token, depth)`.
+
+  logits_fn: jax-traceable `prev_token int32[] -> float32[V]` draft logits
+  of the position after prev_token (a Markov draft; a model with longer
+  context wraps its own state into this function).
+  """
+  k = caps.max_support
+
+  @functools.partial(jax.jit, static_argnums=(5,))
+  def chain(seed, generation, round_id, anchor, last_token, depth):
+    key = rng.round_key(seed, generation, round_id)
+    prev = last_token
+    out = []
+    for i in range(depth):
+      logits = logits_fn(prev)
+      if caps.greedy:
+        prev = jnp.argmax(logits).astype(jnp.int32)
+        out.append((prev, jnp.int32(0)))
+        continue
+      w, w_status = weights.draft_weights(logits)
+      if caps.representation == Representation.SPARSE:
+        ids, counts, n, a_status = allocation.allocate_sparse(w, k)
+      else:
+        counts, a_status = allocation.allocate_dense(w)
+        ids, n = None, jnp.int32(counts.shape[-1])
+      u = rng.draw24(rng.draw_key(key, anchor + i, rng.Domain.PROPOSAL))
+      index = draws.sample_counts(counts, u)
+      prev = index if ids is None else ids[index]
+      status = jnp.where(w_status != 0, w_status, a_status)
+      out.append((prev, status, codec.counts_to_q(counts), ids, n))
+    stacked = [jnp.stack(parts) if parts[0] is not None else None
+               for parts in zip(*out)]
+    return tuple(stacked)
+
+  def propose(seed, generation, round_id, anchor, last_token, depth):
+    with jax.enable_x64(True):
+      parts = chain(np.uint64(seed).view(np.int64), np.uint32(generation),
+                    np.uint32(round_id), np.int64(anchor),
+                    np.int32(last_token), int(depth))
+    parts = [None if p is None else np.asarray(p) for p in parts]
+    if caps.greedy:
+      return Proposal(parts[0].astype(np.int32))
+    tokens, status, values, ids, n = parts
+    raise_for_status("draft_proposer", status)
+    return Proposal(tokens.astype(np.int32), values, ids, n)
+
+  return propose

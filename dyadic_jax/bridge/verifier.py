@@ -1,0 +1,471 @@
+"""The verifier loop: one exchange per round, verified or target-only.
+
+A round for a batch of requests (at most `max_requests`):
+
+1. every request's round id advances; a slot is acquired (the watchdog
+   first expires timed-out exchanges); one STEP message is sent;
+2. messages are read until the exchange is complete or its deadline passes.
+   Messages of older rounds or generations (late or duplicated replies) are
+   counted and dropped without touching the slot. In a message of this
+   exchange every frame must decode (framing, bounds, CRC32C) or the whole
+   batch's proposal is discarded; then each request's D REPLY rows and its
+   COMPLETION must match the STEP (request, positions in order, anchor,
+   context, byte count, CRC of the rows, status OK), and every q row must
+   validate: sparse rows with `wire.validate_q_row`, dense rows in one fused
+   pass (`staging.dense_rows`) that agrees with it exactly;
+3. only then is the slot published (q-ready), and each request is verified
+   with `verify_fn` on its exact q;
+4. a request whose q is missing, corrupt or late is not verified at all:
+   its error is counted, the next token is drawn by the ordinary target
+   sampler from the committed prefix (TARGET_ONLY key of that round), and
+   the request moves to a new generation, so no key of the failed exchange
+   can be used again;
+5. one COMMIT per request (accepted count, next token, new position, the
+   failure code and the fallback flag) tells the worker what was committed.
+
+`verify_fn` is `dyadic_jax.verify_chain` or the vocabulary-sharded
+`sharding.verify_chain` with its mesh bound (the bridge never imports
+`sharding`); `target_fn(prefix, draft)` returns the target logits
+float32[len(draft) + 1, V] after the committed `prefix` and the drafted
+tokens, with the target's processors applied.
+"""
+
+import dataclasses
+import time
+
+from absl import logging
+import crc32c
+import numpy as np
+
+import dyadic_jax as dj
+from dyadic_jax.bridge import digest as digest_lib
+from dyadic_jax.bridge import hello, staging
+from dyadic_jax.bridge.counters import Counters
+from dyadic_jax.bridge.transport import Endpoint
+from dyadic_jax.bridge.worker import POLICY_GREEDY, POLICY_SAMPLED
+from dyadic_jax.wire import codec, layouts, validate_q_row
+from dyadic_jax.wire.errors import Code, ProtocolError
+from dyadic_jax.wire.layouts import Kind, Representation
+
+
+@dataclasses.dataclass
+class Request:
+  """One request's committed state on the verifier (the source of truth)."""
+  rid: int
+  seed: int
+  tokens: list                 # committed tokens, prompt first
+  generation: int = 0
+  round: int = 0
+  context_version: int = 0
+  digest: bytes = b""
+
+  @property
+  def anchor(self):
+    return len(self.tokens)
+
+
+@dataclasses.dataclass(frozen=True)
+class RoundResult:
+  """What one round committed for one request."""
+  rid: int
+  generation: int
+  round: int
+  anchor: int
+  committed: tuple             # tokens appended to the request, in order
+  accepted: int                # drafted tokens among them
+  fallback: bool               # True: proposal discarded, target-only token
+  code: Code | None            # why it was discarded
+
+
+def greedy_verify(target_logits, draft_tokens):
+  """v1 point-mass verification: accept while x_i is the target argmax."""
+  best = np.argmax(np.asarray(target_logits), axis=-1)
+  accepted = 0
+  while accepted < len(draft_tokens) and draft_tokens[accepted] == best[
+      accepted]:
+    accepted += 1
+  return accepted, int(best[accepted])
+
+
+class Verifier:
+  """Drives rounds against one worker; owns the requests' committed state."""
+
+  def __init__(self, caps, address, *, target_fn, verify_fn=dj.verify_chain,
+               sample_fn=dj.sample_target, timeout_s=2.0, session=None,
+               counters=None, clock=time.monotonic):
+    self.caps = caps
+    self.address = address
+    self.target_fn = target_fn
+    self.verify_fn = verify_fn
+    self.sample_fn = sample_fn
+    self.timeout_s = timeout_s
+    self.session = session or int.from_bytes(np.random.bytes(8), "little")
+    self.counters = counters or Counters("verifier")
+    self.clock = clock
+    self.requests = {}
+    self.pool = None
+    self.endpoint = None
+    self._open = False
+    self.used_tags = set()     # (rid, generation, round) ever sent
+
+  # -- session ---------------------------------------------------------------
+
+  def open(self, attempts=50):
+    """Connects and negotiates (HELLO both ways); allocates the slots."""
+    if self.endpoint is None:
+      self.endpoint = Endpoint.connect(self.address)
+    frame = hello.hello_frame(self.caps, self.session)
+    for _ in range(attempts):
+      self.endpoint.send([frame])
+      deadline = self.clock() + self.timeout_s
+      while (left := deadline - self.clock()) > 0:
+        got = self.endpoint.recv(left)
+        if got is None:
+          break
+        reply = got[1][0]
+        peeked = codec.peek(reply)
+        if peeked and peeked[0] == Kind.RESET:
+          reason = codec.decode(reply, hello.HELLO_BOUNDS).body["reason"]
+          self.counters.reject(int(reason), "worker refused HELLO")
+          raise ProtocolError(int(reason), "the worker refused the session")
+        if not peeked or peeked[0] != Kind.HELLO:
+          continue           # a late frame of an earlier session
+        theirs, session = hello.decode_hello(reply)
+        if session != self.session:
+          continue
+        try:
+          hello.negotiate(self.caps, theirs)
+        except ProtocolError as e:
+          self.counters.reject(e.code, str(e))
+          raise
+        if self.pool is None:   # nothing is allocated before agreement
+          self.pool = staging.SlotPool(self.caps, self.clock)
+        self._open = True
+        self.counters.event("hellos")
+        return self
+      self.counters.reject(Code.TIMEOUT, "no HELLO reply")
+    raise ProtocolError(Code.TIMEOUT, f"no worker answered at {self.address}")
+
+  def reconnect(self):
+    """New socket and session handshake; invalidates every in-flight key."""
+    if self.endpoint is not None:
+      self.endpoint.close()
+    self.endpoint = None
+    self._open = False
+    for req in self.requests.values():
+      req.generation, req.round = req.generation + 1, 0
+    self.counters.event("reconnects")
+    return self.open()
+
+  def close(self):
+    if self.endpoint is not None:
+      self.endpoint.close()
+      self.endpoint = None
+
+  def add_request(self, rid, prompt, seed):
+    if rid in self.requests or not 0 <= rid < layouts.ALL_REQUESTS:
+      raise ValueError(f"add_request: bad or duplicate request id {rid}")
+    prompt = [int(t) for t in prompt]
+    if not prompt or min(prompt) < 0 or max(prompt) >= self.caps.vocab:
+      raise ValueError("add_request: prompt needs tokens in [0, V)")
+    self.requests[rid] = Request(rid, int(seed), prompt,
+                                 digest=digest_lib.of(prompt))
+
+  # -- one round -------------------------------------------------------------
+
+  def round(self, rids, depth=None):
+    """Runs one round for requests `rids`; returns their RoundResults."""
+    depth = depth or self.caps.max_depth
+    if not self._open:
+      try:
+        self.open(attempts=1)
+      except ProtocolError as e:
+        return self._fallback_all(rids, e.code)
+    self.pool.preflight(len(rids), depth)
+    reqs = [self.requests[r] for r in rids]
+    for req in reqs:
+      req.round += 1
+    tags = {req.rid: (req.generation, req.round) for req in reqs}
+    for req in reqs:
+      key = (req.rid,) + tags[req.rid]
+      assert key not in self.used_tags, f"key reuse {key}"
+      self.used_tags.add(key)
+    slot = self.pool.acquire(tags, self.timeout_s)
+    self.endpoint.send([self._step(req, i, depth) for i, req in
+                        enumerate(reqs)])
+    outcome = self._collect(slot, reqs, tags, depth)
+    results = self._finish(slot, reqs, tags, depth, outcome)
+    self._commit(results)
+    return results
+
+  def _fallback_all(self, rids, code):
+    reqs = [self.requests[r] for r in rids]
+    for req in reqs:
+      req.round += 1
+      self.used_tags.add((req.rid, req.generation, req.round))
+    results = [self._target_only(req, (req.generation, req.round), code)
+               for req in reqs]
+    return results
+
+  def _step(self, req, index, depth):
+    body = {"slot": 0, "request": req.rid, "depth": depth,
+            "policy": POLICY_GREEDY if self.caps.greedy else POLICY_SAMPLED,
+            "last_token": req.tokens[-1], "seed": req.seed,
+            "anchor": req.anchor, "context_version": req.context_version,
+            "prefix_digest": req.digest}
+    del index
+    return codec.encode(Kind.STEP, session=self.session,
+                        generation=req.generation, round_id=req.round,
+                        body=body, version=self.caps.mode)
+
+  def _collect(self, slot, reqs, tags, depth):
+    """{rid: None (rows staged in slot) or Code} for the exchange."""
+    outcome = {}
+    index = {req.rid: i for i, req in enumerate(reqs)}
+    while len(outcome) < len(reqs):
+      left = slot.deadline - self.clock()
+      if left <= 0:
+        for rid in index:
+          outcome.setdefault(rid, Code.TIMEOUT)
+        break
+      got = self.endpoint.recv(left)
+      if got is not None:
+        self._message(got[1], slot, reqs, tags, depth, index, outcome)
+    return outcome
+
+  def _classify(self, rid, tag, tags):
+    """None if `tag` is the exchange's tag of `rid`, else the refusal code."""
+    want = tags.get(rid)
+    if want is None or tag > want:
+      return Code.BAD_SEQUENCE
+    if tag[0] < want[0]:
+      return Code.STALE_GENERATION
+    return None if tag == want else Code.DUPLICATE_ROUND
+
+  def _message(self, frames, slot, reqs, tags, depth, index, outcome):
+    peeked = codec.peek(frames[0]) if frames else None
+    if peeked and peeked[0] == Kind.RESET and len(frames) == 1:
+      try:
+        reason = Code(int(codec.decode(frames[0], self.caps.bounds
+                                       ).body["reason"]))
+      except (ProtocolError, ValueError):
+        reason = Code.BAD_SEQUENCE
+      self.counters.reject(reason, "worker RESET")
+      if reason == Code.UNKNOWN_SESSION:
+        self._open = False        # the worker restarted: HELLO again
+      for rid in index:
+        outcome.setdefault(rid, reason)
+      return
+    try:
+      decoded = [codec.decode(f, self.caps.bounds, validate_rows=False)
+                 for f in frames]
+    except ProtocolError as e:
+      # Which exchange a broken message belonged to is unknowable for sure:
+      # if it claims an older one, drop it; otherwise discard the batch.
+      stale = peeked and any(
+          self._classify(rid, peeked[2:], tags) in (
+              Code.STALE_GENERATION, Code.DUPLICATE_ROUND) for rid in index)
+      self.counters.reject(e.code, "reply message")
+      if not stale:
+        for rid in index:
+          outcome.setdefault(rid, e.code)
+      return
+    if not decoded:
+      self.counters.reject(Code.BAD_SEQUENCE, "empty message")
+      return
+    if any(int(f.header["session"]) != self.session for f in decoded):
+      self.counters.reject(Code.UNKNOWN_SESSION, "reply of another session")
+      return
+    start = 0
+    for end, f in enumerate(decoded):
+      if int(f.header["kind"]) == Kind.COMPLETION:
+        self._group(decoded[start:end + 1], frames[start:end + 1], slot,
+                    tags, depth, index, outcome)
+        start = end + 1
+      elif int(f.header["kind"]) != Kind.REPLY:
+        break
+    if start != len(decoded):
+      self.counters.reject(Code.BAD_SEQUENCE, "rows without COMPLETION")
+      for rid in index:
+        outcome.setdefault(rid, Code.BAD_SEQUENCE)
+
+  def _group(self, group, raw, slot, tags, depth, index, outcome):
+    done = group[-1]
+    rid = int(done.body["request"])
+    tag = (int(done.header["generation"]), int(done.header["round"]))
+    code = self._classify(rid, tag, tags)
+    if code is not None:
+      self.counters.reject(code, f"reply of request {rid} {tag}")
+      if code == Code.BAD_SEQUENCE and rid in index:
+        outcome.setdefault(rid, code)
+      return
+    if rid in outcome:          # the same exchange answered twice (a retry)
+      self.counters.reject(Code.DUPLICATE_ROUND, f"second reply of {rid}")
+      return
+    try:
+      self._stage(group, raw, slot, index[rid], rid, tag, depth)
+      outcome[rid] = None
+    except ProtocolError as e:
+      self.counters.reject(e.code, f"request {rid}")
+      outcome[rid] = e.code
+
+  def _stage(self, group, raw, slot, i, rid, tag, depth):
+    done, rows = group[-1], group[:-1]
+    req = self.requests[rid]
+    status = int(done.body["status"])
+    if status:
+      raise ProtocolError(status if status in Code._value2member_map_ else
+                          Code.BAD_SEQUENCE, "worker refused the STEP")
+    if (int(done.body["anchor"]), int(done.body["context_version"])) != (
+        req.anchor, req.context_version):
+      raise ProtocolError(Code.STATE_MISMATCH, "anchor or context")
+    if int(done.body["depth"]) != depth or len(rows) != depth:
+      raise ProtocolError(Code.BAD_SEQUENCE, f"{len(rows)} rows, depth "
+                          f"{depth}")
+    if int(done.body["reply_bytes"]) != sum(len(r) for r in raw[:-1]):
+      raise ProtocolError(Code.UNEXPECTED_SIZE, "reply bytes")
+    crc = 0
+    for r in raw[:-1]:
+      crc = crc32c.crc32c(r, crc)
+    if crc != int(done.body["replies_crc"]):
+      raise ProtocolError(Code.CHECKSUM_MISMATCH, "rows vs COMPLETION")
+    for pos, row in enumerate(rows):
+      if (int(row.body["request"]), int(row.body["position"])) != (rid, pos) \
+          or (int(row.header["generation"]), int(row.header["round"])) != tag:
+        raise ProtocolError(Code.BAD_SEQUENCE, f"row {pos}")
+      token = int(row.body["token"])
+      slot.tokens[i, pos] = token
+      if self.caps.greedy:
+        continue
+      n = len(row.values)
+      slot.n[i, pos] = n
+      if row.ids is None:
+        slot.values[i, pos] = row.values    # validated below, with the batch
+      else:
+        slot.counts[i, pos, :n] = validate_q_row(
+            row.values, row.ids, vocab_size=self.caps.vocab, token=token)
+        slot.ids[i, pos, :n] = row.ids
+
+  def _validate_dense(self, slot, reqs, depth, outcome):
+    """Validates the staged dense rows of every request still OK."""
+    live = [i for i, req in enumerate(reqs) if outcome[req.rid] is None]
+    if not live or self.caps.representation != Representation.DENSE:
+      return None
+    counts, ok = staging.dense_rows(slot.values, slot.tokens)
+    ok = np.asarray(ok)
+    for i in live:
+      for pos in range(depth):
+        if not ok[i, pos]:
+          try:  # the exact code of the row (it raises: the rows agree)
+            validate_q_row(slot.values[i, pos], None,
+                           vocab_size=self.caps.vocab,
+                           token=int(slot.tokens[i, pos]))
+            code = Code.WRONG_MASS   # unreachable if the two agree
+          except ProtocolError as e:
+            code = e.code
+          self.counters.reject(code, f"request {reqs[i].rid} row {pos}")
+          outcome[reqs[i].rid] = code
+          break
+    return counts
+
+  def _finish(self, slot, reqs, tags, depth, outcome):
+    if Code.TIMEOUT in outcome.values():
+      # The watchdog: the exchange is over; its slot is invalidated before
+      # it can be reused and the whole batch falls back.
+      self.pool.expire()
+      if slot.state != staging.SlotState.FREE:
+        self.pool.discard(slot)
+      for rid, code in outcome.items():
+        if code == Code.TIMEOUT:
+          self.counters.reject(Code.TIMEOUT, f"request {rid}")
+      return [self._target_only(req, tags[req.rid],
+                                outcome[req.rid] or Code.TIMEOUT)
+              for req in reqs]
+    dense = self._validate_dense(slot, reqs, depth, outcome)
+    self.pool.publish(slot)    # q-ready: every row used below is validated
+    self.pool.hold(slot)
+    try:
+      results = []
+      for i, req in enumerate(reqs):
+        if outcome[req.rid] is not None:
+          results.append(self._target_only(req, tags[req.rid],
+                                           outcome[req.rid]))
+        else:
+          results.append(self._verify(req, tags[req.rid], slot, i, depth,
+                                      dense))
+      return results
+    finally:
+      self.pool.done(slot)
+
+  def _verify(self, req, tag, slot, i, depth, dense):
+    draft = slot.tokens[i, :depth].copy()
+    logits = self.target_fn(np.asarray(req.tokens, np.int32), draft)
+    if self.caps.greedy:
+      accepted, token = greedy_verify(logits, draft)
+    else:
+      if dense is not None:
+        q = dj.DenseQ(dense[i, :depth])
+      else:
+        q = dj.SparseQ(slot.ids[i, :depth].copy(),
+                       slot.counts[i, :depth].copy(), slot.n[i, :depth].copy())
+      key = dj.round_key(req.seed, tag[0], tag[1])
+      accepted, token = self.verify_fn(logits, q, draft, key,
+                                       anchor=req.anchor)
+      accepted, token = int(accepted), int(token)
+      if token < 0:
+        raise dj.DyadicError("verify_fn", int(dj.Status.NAN), [req.rid],
+                             [int(dj.Status.NAN)])
+    committed = tuple(int(t) for t in draft[:accepted]) + (token,)
+    return self._apply(req, tag, committed, accepted, None)
+
+  def _target_only(self, req, tag, code):
+    """The fallback: one token from the target alone, then a new generation."""
+    logits = self.target_fn(np.asarray(req.tokens, np.int32),
+                            np.zeros(0, np.int32))
+    key = dj.draw_key(dj.round_key(req.seed, tag[0], tag[1]), req.anchor,
+                      dj.Domain.TARGET_ONLY)
+    token, status = self.sample_fn(logits[0], key)
+    dj.raise_for_status("sample_fn", status)
+    result = self._apply(req, tag, (int(token),), 0, code)
+    req.generation, req.round = req.generation + 1, 0
+    self.counters.event("fallbacks")
+    return result
+
+  def _apply(self, req, tag, committed, accepted, code):
+    anchor = req.anchor
+    req.tokens.extend(committed)
+    req.digest = digest_lib.extend(req.digest, committed)
+    self.counters.event("rounds")
+    self.counters.event("tokens", len(committed))
+    return RoundResult(req.rid, tag[0], tag[1], anchor, committed, accepted,
+                       code is not None, code)
+
+  def _commit(self, results):
+    frames = []
+    for res in results:
+      frames.append(codec.encode(
+          Kind.COMMIT, session=self.session, generation=res.generation,
+          round_id=res.round, version=self.caps.mode, body={
+              "request": res.rid, "accepted": res.accepted,
+              "status": int(res.code or 0), "fallback": int(res.fallback),
+              "next_token": res.committed[-1],
+              "new_position": res.anchor + len(res.committed)}))
+    if self.endpoint is not None:
+      self.endpoint.send(frames)
+
+  def reset(self, rid=None):
+    """Cancels request `rid` (all when None): new generation, RESET sent."""
+    targets = list(self.requests) if rid is None else [rid]
+    for r in targets:
+      req = self.requests[r]
+      req.generation, req.round = req.generation + 1, 0
+    if self.endpoint is not None:
+      self.endpoint.send([codec.encode(
+          Kind.RESET, session=self.session,
+          generation=self.requests[r].generation, round_id=0,
+          version=self.caps.mode, body={"request": r, "reason": 0})
+                          for r in targets])
+    self.counters.event("resets")
+
+  def log(self):
+    logging.info("verifier counters: %s", self.counters.snapshot())
