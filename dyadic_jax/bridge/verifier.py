@@ -124,7 +124,7 @@ class Verifier:
           break
         reply = got[1][0]
         peeked = codec.peek(reply)
-        if peeked and peeked[0] == Kind.RESET:
+        if peeked and peeked[0] == Kind.RESET and peeked[1] == self.session:
           reason = codec.decode(reply, hello.HELLO_BOUNDS).body["reason"]
           self.counters.reject(int(reason), "worker refused HELLO")
           raise ProtocolError(int(reason), "the worker refused the session")
@@ -322,6 +322,10 @@ class Verifier:
     if int(done.body["depth"]) != depth or len(rows) != depth:
       raise ProtocolError(Code.BAD_SEQUENCE, f"{len(rows)} rows, depth "
                           f"{depth}")
+    for pos, row in enumerate(rows):
+      if (int(row.body["request"]), int(row.body["position"])) != (rid, pos) \
+          or (int(row.header["generation"]), int(row.header["round"])) != tag:
+        raise ProtocolError(Code.BAD_SEQUENCE, f"row {pos}")
     if int(done.body["reply_bytes"]) != sum(len(r) for r in raw[:-1]):
       raise ProtocolError(Code.UNEXPECTED_SIZE, "reply bytes")
     crc = 0
@@ -330,9 +334,6 @@ class Verifier:
     if crc != int(done.body["replies_crc"]):
       raise ProtocolError(Code.CHECKSUM_MISMATCH, "rows vs COMPLETION")
     for pos, row in enumerate(rows):
-      if (int(row.body["request"]), int(row.body["position"])) != (rid, pos) \
-          or (int(row.header["generation"]), int(row.header["round"])) != tag:
-        raise ProtocolError(Code.BAD_SEQUENCE, f"row {pos}")
       token = int(row.body["token"])
       slot.tokens[i, pos] = token
       if self.caps.greedy:
@@ -340,6 +341,8 @@ class Verifier:
       n = len(row.values)
       slot.n[i, pos] = n
       if row.ids is None:
+        if n != self.caps.vocab:   # checked before the copy, as the bounds
+          raise ProtocolError(Code.LENGTH_MISMATCH, f"dense row of {n}")
         slot.values[i, pos] = row.values    # validated below, with the batch
       else:
         slot.counts[i, pos, :n] = validate_q_row(

@@ -81,7 +81,9 @@ class Worker:
       hello.negotiate(self.caps, theirs)
     except ProtocolError as e:
       self.counters.reject(e.code, str(e))
-      return [codec.encode(Kind.RESET, session=0, generation=0, round_id=0,
+      peeked = codec.peek(frame)
+      return [codec.encode(Kind.RESET, session=peeked[1] if peeked else 0,
+                           generation=0, round_id=0,
                            body={"request": layouts.ALL_REQUESTS,
                                  "reason": e.code},
                            version=self.caps.mode)]
@@ -109,6 +111,8 @@ class Worker:
       return self._hello(frames[0])
     if self.session is None or (peeked and peeked[1] != self.session):
       self.counters.reject(Code.UNKNOWN_SESSION, str(peeked))
+      if not peeked or peeked[0] != Kind.STEP:
+        return None        # only a STEP waits for an answer
       return [codec.encode(Kind.RESET, session=peeked[1] if peeked else 0,
                            generation=0, round_id=0,
                            body={"request": layouts.ALL_REQUESTS,
