@@ -37,22 +37,30 @@ class Proposal(typing.NamedTuple):
   n: np.ndarray | None = None
 
 
-def draft_proposer(logits_fn, caps):
+def draft_proposer(logits_fn, caps, *, backbone_fn=None):
   """A proposer `(seed, generation, round_id, anchor, last_token, depth)`.
 
-  logits_fn: jax-traceable `prev_token int32[] -> float32[V]` draft logits
-  of the position after prev_token (a Markov draft; a model with longer
-  context wraps its own state into this function).
+  logits_fn: jax-traceable `prev_token int32[] -> float32[V]`: the
+    sequential part of the draft logits of the position after prev_token
+    (a Markov head on x_{i-1}).
+  backbone_fn: optional jax-traceable `(last_token int32[], anchor int64[],
+    depth) -> float32[depth, V]`: a parallel backbone that produces base
+    logits for all D positions at once from the committed context; row i
+    is added to logits_fn(x_{i-1}) (a DSpark-style draft).
   """
   k = caps.max_support
 
   @functools.partial(jax.jit, static_argnums=(5,))
   def chain(seed, generation, round_id, anchor, last_token, depth):
     key = rng.round_key(seed, generation, round_id)
+    base = None if backbone_fn is None else backbone_fn(last_token, anchor,
+                                                        depth)
     prev = last_token
     out = []
     for i in range(depth):
       logits = logits_fn(prev)
+      if base is not None:
+        logits = logits + base[i]
       if caps.greedy:
         prev = jnp.argmax(logits).astype(jnp.int32)
         out.append((prev, jnp.int32(0)))

@@ -50,6 +50,7 @@ PYTEST_MAIN = "third_party/bazel/pytest_main.py"
 KNOWN_THIRD_PARTY = {
     "absl", "chex", "crc32c", "hypothesis", "jax", "jaxlib", "matplotlib",
     "mpl_toolkits", "ml_dtypes", "numpy", "pytest", "_pytest", "scipy",
+    "zmq", "atheris",
 }
 
 # Extra tags for tests whose markers do not say it, by target name; e.g.
