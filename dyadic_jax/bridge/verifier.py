@@ -32,6 +32,7 @@ tokens, with the target's processors applied.
 
 import dataclasses
 import time
+import typing
 
 from absl import logging
 import crc32c
@@ -77,6 +78,37 @@ class RoundResult:
   code: Code | None            # why it was discarded
 
 
+class Plan(typing.NamedTuple):
+  """What every verifier rank does in one round (fixed shapes, R requests).
+
+  The leader builds it after validation; `share_fn` sends it to the other
+  ranks, which then run exactly the same verification or fallback calls
+  (the verdict travels with q, so no rank can commit while another falls
+  back). codes[r] is 0 for a request whose q validated, else the `Code`
+  that discarded its proposal (its draft and q are then zeros).
+  """
+  rids: np.ndarray       # int32[R]
+  tags: np.ndarray       # int64[R, 2]  (generation, round)
+  codes: np.ndarray      # int32[R]
+  draft: np.ndarray      # int32[R, D]
+  ids: np.ndarray        # int32[R, D, k] sparse ids ([R, D, 0] if dense)
+  counts: np.ndarray     # int32[R, D, width] counts over ids, or dense
+  n: np.ndarray          # int32[R, D] entries per row
+  stop: np.ndarray       # int32[]: 1 tells follower ranks to return
+
+
+def empty_plan(caps, rids, tags, codes, depth):
+  r = len(rids)
+  sparse = caps.representation == Representation.SPARSE
+  w = caps.width
+  return Plan(np.asarray(rids, np.int32), np.asarray(tags, np.int64),
+              np.asarray(codes, np.int32), np.zeros((r, depth), np.int32),
+              np.zeros((r, depth, w if sparse else 0), np.int32),
+              np.zeros((r, depth, w), np.int32), np.zeros((r, depth),
+                                                          np.int32),
+              np.zeros((), np.int32))
+
+
 def greedy_verify(target_logits, draft_tokens):
   """v1 point-mass verification: accept while x_i is the target argmax."""
   best = np.argmax(np.asarray(target_logits), axis=-1)
@@ -92,8 +124,9 @@ class Verifier:
 
   def __init__(self, caps, address, *, target_fn, verify_fn=dj.verify_chain,
                sample_fn=dj.sample_target, timeout_s=2.0, session=None,
-               counters=None, clock=time.monotonic):
+               counters=None, clock=time.monotonic, share_fn=None):
     self.caps = caps
+    self.share_fn = share_fn
     self.address = address
     self.target_fn = target_fn
     self.verify_fn = verify_fn
@@ -203,9 +236,10 @@ class Verifier:
     for req in reqs:
       req.round += 1
       self.used_tags.add((req.rid, req.generation, req.round))
-    results = [self._target_only(req, (req.generation, req.round), code)
-               for req in reqs]
-    return results
+    plan = empty_plan(self.caps, rids,
+                      [(q.generation, q.round) for q in reqs],
+                      [int(code)] * len(reqs), self.caps.max_depth)
+    return self.execute(plan)
 
   def _step(self, req, index, depth):
     body = {"slot": 0, "request": req.rid, "depth": depth,
@@ -372,6 +406,8 @@ class Verifier:
     return counts
 
   def _finish(self, slot, reqs, tags, depth, outcome):
+    rids = [req.rid for req in reqs]
+    tag_rows = [tags[r] for r in rids]
     if Code.TIMEOUT in outcome.values():
       # The watchdog: the exchange is over; its slot is invalidated before
       # it can be reused and the whole batch falls back.
@@ -381,36 +417,81 @@ class Verifier:
       for rid, code in outcome.items():
         if code == Code.TIMEOUT:
           self.counters.reject(Code.TIMEOUT, f"request {rid}")
-      return [self._target_only(req, tags[req.rid],
-                                outcome[req.rid] or Code.TIMEOUT)
-              for req in reqs]
+      return self.execute(empty_plan(
+          self.caps, rids, tag_rows,
+          [int(outcome[r] or Code.TIMEOUT) for r in rids], depth))
     dense = self._validate_dense(slot, reqs, depth, outcome)
     self.pool.publish(slot)    # q-ready: every row used below is validated
     self.pool.hold(slot)
     try:
-      results = []
-      for i, req in enumerate(reqs):
-        if outcome[req.rid] is not None:
-          results.append(self._target_only(req, tags[req.rid],
-                                           outcome[req.rid]))
-        else:
-          results.append(self._verify(req, tags[req.rid], slot, i, depth,
-                                      dense))
-      return results
+      plan = empty_plan(self.caps, rids, tag_rows,
+                        [int(outcome[r] or 0) for r in rids], depth)
+      ok = plan.codes == 0
+      plan.draft[ok] = slot.tokens[:len(rids), :depth][ok]
+      plan.n[ok] = slot.n[:len(rids), :depth][ok]
+      if self.caps.greedy:
+        pass
+      elif dense is not None:
+        plan.counts[ok] = np.asarray(dense)[:len(rids), :depth][ok]
+      else:
+        plan.ids[ok] = slot.ids[:len(rids), :depth][ok]
+        plan.counts[ok] = slot.counts[:len(rids), :depth][ok]
+      return self.execute(plan)
     finally:
       self.pool.done(slot)
 
-  def _verify(self, req, tag, slot, i, depth, dense):
-    draft = slot.tokens[i, :depth].copy()
+  def execute(self, plan):
+    """Shares a round's plan with the other ranks (`share_fn`), runs it."""
+    if self.share_fn is not None:
+      plan = self.share_fn(plan)
+    return self._run(plan)
+
+  def follow(self):
+    """A follower rank's loop: runs the leader's plans until a stop plan.
+
+    Needs `share_fn`, which on a follower ignores its argument and returns
+    the leader's next plan. The follower keeps the same `requests` (add
+    them in the same order, with the same prompts and seeds) and commits
+    exactly what the leader commits; it never touches the transport.
+    """
+    rounds = 0
+    while True:
+      plan = self.share_fn(None)
+      if int(plan.stop):
+        return rounds
+      self._run(plan)
+      rounds += 1
+
+  def stop_followers(self):
+    """Leader: tells follower ranks that there are no more rounds."""
+    if self.share_fn is not None:
+      rids = sorted(self.requests)[:self.caps.max_requests]
+      plan = empty_plan(self.caps, rids, [(0, 0)] * len(rids),
+                        [0] * len(rids), self.caps.max_depth)
+      self.share_fn(plan._replace(stop=np.ones((), np.int32)))
+
+  def _run(self, plan):
+    results = []
+    for i, rid in enumerate(plan.rids):
+      req = self.requests[int(rid)]
+      tag = (int(plan.tags[i, 0]), int(plan.tags[i, 1]))
+      req.generation, req.round = tag     # a follower mirrors the leader
+      if plan.codes[i]:
+        results.append(self._target_only(req, tag, Code(int(plan.codes[i]))))
+      else:
+        results.append(self._verify(req, tag, plan, i))
+    return results
+
+  def _verify(self, req, tag, plan, i):
+    draft = plan.draft[i].copy()
     logits = self.target_fn(np.asarray(req.tokens, np.int32), draft)
     if self.caps.greedy:
       accepted, token = greedy_verify(logits, draft)
     else:
-      if dense is not None:
-        q = dj.DenseQ(dense[i, :depth])
+      if self.caps.representation == Representation.DENSE:
+        q = dj.DenseQ(plan.counts[i])
       else:
-        q = dj.SparseQ(slot.ids[i, :depth].copy(),
-                       slot.counts[i, :depth].copy(), slot.n[i, :depth].copy())
+        q = dj.SparseQ(plan.ids[i], plan.counts[i], plan.n[i])
       key = dj.round_key(req.seed, tag[0], tag[1])
       accepted, token = self.verify_fn(logits, q, draft, key,
                                        anchor=req.anchor)
@@ -430,7 +511,7 @@ class Verifier:
     token, status = self.sample_fn(logits[0], key)
     dj.raise_for_status("sample_fn", status)
     result = self._apply(req, tag, (int(token),), 0, code)
-    req.generation, req.round = req.generation + 1, 0
+    req.generation, req.round = tag[0] + 1, 0
     self.counters.event("fallbacks")
     return result
 
