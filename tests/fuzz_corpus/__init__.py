@@ -1,0 +1,1 @@
+"""Seed corpora for the fuzz harnesses (tests/fuzz_*.py)."""
