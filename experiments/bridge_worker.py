@@ -5,13 +5,17 @@
 
 Binds the address (port 0 picks a free port), compiles the proposer, prints
 one line `READY <address>` on stdout, and serves HELLO, STEP, COMMIT and
-RESET until it is killed (SIGTERM/SIGINT), logging its counters on the way
-out. The draft is the toy draft of experiments/toy_models.py; the verifier
+RESET until it is stopped (SIGTERM/SIGINT); on the way out it prints one
+line `STATS <json>` (its counters: proposals, commits, refusals by code,
+`propose_us` = time spent drawing proposals). The draft is the DSpark-style
+toy draft of experiments/pipeline_models.py (parallel backbone + Markov
+head); the verifier
 must announce the same capabilities (vocab, depth, requests, q, k and the
 identities) or the HELLO is refused. Startup takes a few seconds (JAX
 import and one compile).
 """
 
+import json
 import signal
 import sys
 
@@ -21,7 +25,7 @@ from absl import flags
 from dyadic_jax import DEFAULT_VOCAB
 from dyadic_jax import bridge
 from dyadic_jax.wire import layouts
-from experiments import toy_models
+from experiments import pipeline_models
 
 _ADDRESS = flags.DEFINE_string(
     "address", "tcp://127.0.0.1:0", "ZeroMQ address to bind: "
@@ -36,6 +40,9 @@ _CLOSENESS = flags.DEFINE_float(
     "closeness", 0.9, "How closely the toy draft tracks the toy target, in "
     "[0, 1].")
 _SEED = flags.DEFINE_integer("model_seed", 0, "Seed of the toy models.")
+_BACKBONE = flags.DEFINE_bool(
+    "backbone", True, "Add the draft's parallel backbone (DSpark-style); "
+    "off: a purely sequential Markov draft.")
 
 
 def capabilities():
@@ -54,17 +61,23 @@ def capabilities():
 def main(argv):
   del argv
   caps = capabilities()
-  toy = toy_models.make_toy(toy_models.ToyConfig(
-      vocab=caps.vocab, seed=_SEED.value, closeness=_CLOSENESS.value))
+  _, draft = pipeline_models.make_models(pipeline_models.ModelConfig(
+      vocab=caps.vocab, seed=_SEED.value, closeness=_CLOSENESS.value,
+      max_depth=caps.max_depth))
   propose = bridge.draft_proposer(
-      lambda prev: toy_models.draft_logits(toy, prev), caps)
-  # SIGTERM ends the loop like Ctrl-C, so the counters are logged.
+      draft.head, caps, backbone_fn=draft.backbone if _BACKBONE.value
+      else None)
+  # SIGTERM ends the loop like Ctrl-C, so the counters are reported.
   signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
 
   def ready(address):
     print(f"READY {address}", flush=True)
 
-  bridge.serve_forever(caps, propose, _ADDRESS.value, ready=ready)
+  def on_exit(worker):
+    print("STATS " + json.dumps(worker.counters.snapshot()), flush=True)
+
+  bridge.serve_forever(caps, propose, _ADDRESS.value, ready=ready,
+                       on_exit=on_exit)
 
 
 if __name__ == "__main__":

@@ -88,7 +88,7 @@ class Plan(typing.NamedTuple):
   that discarded its proposal (its draft and q are then zeros).
   """
   rids: np.ndarray       # int32[R]
-  tags: np.ndarray       # int64[R, 2]  (generation, round)
+  tags: np.ndarray       # int32[R, 2]  (generation, round)
   codes: np.ndarray      # int32[R]
   draft: np.ndarray      # int32[R, D]
   ids: np.ndarray        # int32[R, D, k] sparse ids ([R, D, 0] if dense)
@@ -101,7 +101,7 @@ def empty_plan(caps, rids, tags, codes, depth):
   r = len(rids)
   sparse = caps.representation == Representation.SPARSE
   w = caps.width
-  return Plan(np.asarray(rids, np.int32), np.asarray(tags, np.int64),
+  return Plan(np.asarray(rids, np.int32), np.asarray(tags, np.int32),
               np.asarray(codes, np.int32), np.zeros((r, depth), np.int32),
               np.zeros((r, depth, w if sparse else 0), np.int32),
               np.zeros((r, depth, w), np.int32), np.zeros((r, depth),
@@ -124,9 +124,12 @@ class Verifier:
 
   def __init__(self, caps, address, *, target_fn, verify_fn=dj.verify_chain,
                sample_fn=dj.sample_target, timeout_s=2.0, session=None,
-               counters=None, clock=time.monotonic, share_fn=None):
+               counters=None, clock=time.monotonic, share_fn=None,
+               request_factory=None):
     self.caps = caps
     self.share_fn = share_fn
+    # rid -> (prompt, seed) for requests a follower learns from a plan.
+    self.request_factory = request_factory
     self.address = address
     self.target_fn = target_fn
     self.verify_fn = verify_fn
@@ -224,8 +227,9 @@ class Verifier:
       assert key not in self.used_tags, f"key reuse {key}"
       self.used_tags.add(key)
     slot = self.pool.acquire(tags, self.timeout_s)
-    self.endpoint.send([self._step(req, i, depth) for i, req in
-                        enumerate(reqs)])
+    steps = [self._step(req, i, depth) for i, req in enumerate(reqs)]
+    self.counters.event("bytes_out", sum(len(f) for f in steps))
+    self.endpoint.send(steps)
     outcome = self._collect(slot, reqs, tags, depth)
     results = self._finish(slot, reqs, tags, depth, outcome)
     self._commit(results)
@@ -264,6 +268,7 @@ class Verifier:
         break
       got = self.endpoint.recv(left)
       if got is not None:
+        self.counters.event("bytes_in", sum(len(f) for f in got[1]))
         self._message(got[1], slot, reqs, tags, depth, index, outcome)
     return outcome
 
@@ -473,6 +478,8 @@ class Verifier:
   def _run(self, plan):
     results = []
     for i, rid in enumerate(plan.rids):
+      if int(rid) not in self.requests and self.request_factory:
+        self.add_request(int(rid), *self.request_factory(int(rid)))
       req = self.requests[int(rid)]
       tag = (int(plan.tags[i, 0]), int(plan.tags[i, 1]))
       req.generation, req.round = tag     # a follower mirrors the leader
@@ -535,6 +542,7 @@ class Verifier:
               "next_token": res.committed[-1],
               "new_position": res.anchor + len(res.committed)}))
     if self.endpoint is not None:
+      self.counters.event("bytes_out", sum(len(f) for f in frames))
       self.endpoint.send(frames)
 
   def reset(self, rid=None):

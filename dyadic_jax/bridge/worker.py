@@ -22,6 +22,7 @@ the command-line entry point.
 """
 
 import threading
+import time
 
 from absl import logging
 import crc32c
@@ -214,8 +215,11 @@ class Worker:
       self.counters.reject(status, f"STEP of request {r}")
       depth = 0
     else:
+      start = time.perf_counter()
       proposal = self.propose(int(step.body["seed"]), gen, rnd, anchor, last,
                               depth)
+      self.counters.event("propose_us",
+                          int((time.perf_counter() - start) * 1e6))
       view.proposal = proposal.tokens
       buf = memoryview(self._buffers[slot][index])
       offset = 0
@@ -299,8 +303,12 @@ class Worker:
         self.track(endpoint.send(out, peer))
 
 
-def serve_forever(caps, propose_fn, address, *, ready=None):
-  """Binds `address` and serves until interrupted; prints the address."""
+def serve_forever(caps, propose_fn, address, *, ready=None, on_exit=None):
+  """Binds `address` and serves until interrupted (SystemExit, Ctrl-C).
+
+  ready(address) is called once the proposer is compiled and the socket
+  bound; on_exit(worker) when the loop ends, whatever ended it.
+  """
   endpoint = Endpoint.bind(address)
   worker = Worker(caps, propose_fn)
   worker.warmup()
@@ -309,6 +317,10 @@ def serve_forever(caps, propose_fn, address, *, ready=None):
     ready(endpoint.address)
   try:
     worker.serve(endpoint)
+  except (SystemExit, KeyboardInterrupt):
+    pass
   finally:
     worker.counters.log()
+    if on_exit:
+      on_exit(worker)
     endpoint.close()
