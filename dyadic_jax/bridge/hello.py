@@ -7,6 +7,7 @@ sized from the agreed capabilities afterwards.
 """
 
 import dataclasses
+import functools
 import hashlib
 
 import numpy as np
@@ -85,8 +86,9 @@ class Capabilities:
     """Entries per q row: V (dense), k (sparse) or 0 (greedy)."""
     return self.max_support
 
-  @property
+  @functools.cached_property
   def bounds(self):
+    # Read for every decoded frame: built once (frozen: it cannot change).
     return codec.Bounds(vocab=self.vocab, max_support=max(self.max_support, 1),
                         max_depth=self.max_depth, versions=(self.mode,),
                         greedy=self.greedy)

@@ -19,6 +19,7 @@ reused; the caller turns the expired tags into new generations.
 """
 
 import enum
+import functools
 import threading
 
 import jax
@@ -63,6 +64,20 @@ class Slot:
     self.tag = None          # (request, generation, round) of each request
     self.deadline = None
     self.consumers = 0
+    self._device_values = None
+
+  @property
+  def device_values(self):
+    """`values` as a JAX array on the same memory (CPU), made once.
+
+    Kept with the slot: a view made per call is released by an XLA worker
+    thread after the computation; when that release races with interpreter
+    shutdown, jaxlib calls std::terminate (exit status 134, in ~10-30% of
+    short runs that exit right after dense_rows).
+    """
+    if self._device_values is None:
+      self._device_values = jax.dlpack.from_dlpack(self.values)
+    return self._device_values
 
   @property
   def nbytes(self):
@@ -152,36 +167,70 @@ class SlotPool:
                                                            None, None, 0)
 
 
-@jax.jit
-def _dense_rows(values, tokens):
-  # One fused pass: s = q * 2^24 is exact; a row is valid iff every s is an
-  # integer in [0, 2^24] (NaN and inf fail the range test), the integers sum
-  # to exactly 2^24 (int64), and the sampled token has a nonzero count.
+@functools.partial(jax.jit, static_argnums=2)
+def _dense_rows(values, tokens, requests):
+  # s = q * 2^24 is exact; a row is valid iff every s is an integer in
+  # [0, 2^24] (NaN and inf fail the range test), the integers sum to exactly
+  # 2^24, and the sampled token has a nonzero count. One reduction checks
+  # the entries and the sum: a bad entry adds 2^25 (> 2^24; every term is
+  # >= 0), and a float64 sum of V <= 2^21 integers <= 2^25 is exact in any
+  # order (< 2^53). XLA:CPU reduces floats several times faster than int64.
+  values, tokens = values[:requests], tokens[:requests]  # fused: not read
   s = values * jnp.float32(M)
-  counts = jnp.where((s >= 0) & (s <= M), s, 0).astype(jnp.int32)
-  entry_ok = (s >= 0) & (s <= M) & (counts.astype(jnp.float32) == s)
-  total = jnp.sum(counts, axis=-1, dtype=jnp.int64)
+  in_range = (s >= 0) & (s <= M)
+  counts = jnp.where(in_range, s, 0).astype(jnp.int32)
+  entry_ok = in_range & (counts.astype(jnp.float32) == s)
+  total = jnp.sum(jnp.where(entry_ok, s, jnp.float32(2 * M)).astype(
+      jnp.float64), axis=-1)
   vocab = values.shape[-1]
-  in_range = (tokens >= 0) & (tokens < vocab)
+  in_vocab = (tokens >= 0) & (tokens < vocab)
   at_token = jnp.take_along_axis(
       counts, jnp.clip(tokens, 0, vocab - 1)[..., None], axis=-1)[..., 0]
-  ok = jnp.all(entry_ok, axis=-1) & (total == M) & in_range & (at_token > 0)
+  ok = (total == M) & in_vocab & (at_token > 0)
   return counts, ok
 
 
 @x64.scoped
-def dense_rows(values, tokens):
+def dense_rows(values, tokens, requests=None):
   """Validates a batch of dense q rows at once: (counts, ok).
 
-  values: float32[..., V] (aligned numpy arrays are read without a copy on
-  CPU); tokens int32[...]. ok[...] is True exactly where
+  values: float32[R, ..., V] (a JAX array such as `Slot.device_values`, or
+  numpy: aligned arrays are read without a copy on CPU); tokens
+  int32[R, ...]; requests: validate only values[:requests] (default all R;
+  each value compiles once). ok[...] is True exactly where
   `wire.validate_q_row(values[...], None, vocab_size=V, token=...)` would
-  return instead of raising (tests/test_bridge_staging.py checks this on
+  return instead of raising (tests/test_bridge.py and test_bridge_fastpaths.py check this on
   every rejection class); counts int32[..., V] are the counts there. The
   caller asks `validate_q_row` for the code of a row that is not ok.
   """
   values = jnp.asarray(values) if not isinstance(values, np.ndarray) else (
       jax.dlpack.from_dlpack(values) if values.ctypes.data % 64 == 0
       and values.flags.c_contiguous else jnp.asarray(values))
-  return _dense_rows(values, jnp.asarray(tokens, jnp.int32))
+  requests = values.shape[0] if requests is None else int(requests)
+  return _dense_rows(values, jnp.asarray(tokens, jnp.int32), requests)
 
+
+
+def sparse_rows(values, ids, n, tokens, vocab):
+  """Validates a batch of sparse q rows at once (numpy): (counts, ok).
+
+  values float32[B, k], ids int32[B, k], n int32[B] (entries per row; the
+  rest is padding), tokens int32[B]. ok[b] is True exactly where
+  `wire.validate_q_row(values[b, :n[b]], ids[b, :n[b]], vocab_size=vocab,
+  token=tokens[b])` would return; counts[b, :n[b]] are its counts there.
+  The caller asks `validate_q_row` for the code of a row that is not ok.
+  """
+  k = values.shape[-1]
+  live = np.arange(k) < n[:, None]
+  ok = (n >= 1) & (tokens >= 0) & (tokens < vocab)
+  ok &= ~np.any(live & ((ids < 0) | (ids >= vocab)), axis=-1)
+  ok &= ~np.any(live[:, 1:] & (ids[:, 1:] <= ids[:, :-1]), axis=-1)
+  v = np.where(live, values, np.float32(0))
+  with np.errstate(invalid="ignore"):
+    ok &= np.all((v >= 0) & (v <= 1), axis=-1)     # NaN fails both
+    s = v * np.float32(M)                          # exact: a power of two
+    ok &= np.all(np.floor(s) == s, axis=-1)
+  counts = np.where(ok[:, None], s, 0).astype(np.int32)
+  ok &= counts.sum(axis=-1, dtype=np.int64) == M
+  ok &= np.where(live & (ids == tokens[:, None]), counts, 0).sum(axis=-1) > 0
+  return counts, ok

@@ -35,7 +35,6 @@ import time
 import typing
 
 from absl import logging
-import crc32c
 import numpy as np
 
 import dyadic_jax as dj
@@ -368,8 +367,8 @@ class Verifier:
     if int(done.body["reply_bytes"]) != sum(len(r) for r in raw[:-1]):
       raise ProtocolError(Code.UNEXPECTED_SIZE, "reply bytes")
     crc = 0
-    for r in raw[:-1]:
-      crc = crc32c.crc32c(r, crc)
+    for r in raw[:-1]:       # decode checked each frame's CRC: combine them
+      crc = codec.frame_crc(r, crc)
     if crc != int(done.body["replies_crc"]):
       raise ProtocolError(Code.CHECKSUM_MISMATCH, "rows vs COMPLETION")
     for pos, row in enumerate(rows):
@@ -383,23 +382,36 @@ class Verifier:
         if n != self.caps.vocab:   # checked before the copy, as the bounds
           raise ProtocolError(Code.LENGTH_MISMATCH, f"dense row of {n}")
         slot.values[i, pos] = row.values    # validated below, with the batch
-      else:
-        slot.counts[i, pos, :n] = validate_q_row(
-            row.values, row.ids, vocab_size=self.caps.vocab, token=token)
+      else:                                 # the same, one numpy batch
+        slot.values[i, pos, :n] = row.values
         slot.ids[i, pos, :n] = row.ids
 
   def _validate_dense(self, slot, reqs, depth, outcome):
     """Validates the staged dense rows of every request still OK."""
     live = [i for i, req in enumerate(reqs) if outcome[req.rid] is None]
-    if not live or self.caps.representation != Representation.DENSE:
+    if not live or self.caps.greedy:
       return None
-    counts, ok = staging.dense_rows(slot.values, slot.tokens)
-    ok = np.asarray(ok)
+    r = len(reqs)
+    dense = self.caps.representation == Representation.DENSE
+    if dense:      # only this exchange's requests are read
+      counts, ok = staging.dense_rows(slot.device_values, slot.tokens,
+                                      requests=r)
+      ok = np.asarray(ok)
+    else:          # every sparse row of the batch in one numpy pass
+      k = slot.values.shape[-1]
+      counts, ok = staging.sparse_rows(
+          slot.values[:r, :depth].reshape(-1, k),
+          slot.ids[:r, :depth].reshape(-1, k), slot.n[:r, :depth].reshape(-1),
+          slot.tokens[:r, :depth].reshape(-1), self.caps.vocab)
+      slot.counts[:r, :depth] = counts.reshape(r, depth, k)
+      ok = ok.reshape(r, depth)
     for i in live:
       for pos in range(depth):
         if not ok[i, pos]:
+          n = int(slot.n[i, pos])
           try:  # the exact code of the row (it raises: the rows agree)
-            validate_q_row(slot.values[i, pos], None,
+            validate_q_row(slot.values[i, pos, :n],
+                           None if dense else slot.ids[i, pos, :n],
                            vocab_size=self.caps.vocab,
                            token=int(slot.tokens[i, pos]))
             code = Code.WRONG_MASS   # unreachable if the two agree
@@ -408,7 +420,7 @@ class Verifier:
           self.counters.reject(code, f"request {reqs[i].rid} row {pos}")
           outcome[reqs[i].rid] = code
           break
-    return counts
+    return counts if dense else None
 
   def _finish(self, slot, reqs, tags, depth, outcome):
     rids = [req.rid for req in reqs]

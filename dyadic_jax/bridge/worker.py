@@ -25,7 +25,6 @@ import threading
 import time
 
 from absl import logging
-import crc32c
 import numpy as np
 
 from dyadic_jax.bridge import digest as digest_lib
@@ -238,8 +237,8 @@ class Worker:
         frames.append(frame)
         offset += len(frame)
     crc = 0
-    for frame in frames:
-      crc = crc32c.crc32c(frame, crc)
+    for frame in frames:     # from each frame's own CRC: no second pass
+      crc = codec.frame_crc(frame, crc)
     frames.append(codec.encode(
         Kind.COMPLETION, body={
             "request": r, "depth": depth, "status": int(status),

@@ -8,6 +8,7 @@ arrays are views into the received buffer (no per-element Python loop, no
 copy); encode writes the row's bytes once into the frame.
 """
 
+import functools
 import typing
 
 import crc32c
@@ -35,10 +36,16 @@ class Bounds(typing.NamedTuple):
 
   @property
   def max_frame(self):
-    return max(layouts.frame_bytes(Kind.REPLY, self.vocab),
-               layouts.frame_bytes(Kind.REPLY, self.max_support,
-                                   Representation.SPARSE),
-               max(layouts.frame_bytes(k) for k in Kind if k != Kind.REPLY))
+    return _max_frame(self.vocab, self.max_support)
+
+
+@functools.lru_cache(maxsize=64)
+def _max_frame(vocab, max_support):
+  # Read on every decode: computed once per session's bounds.
+  return max(layouts.frame_bytes(Kind.REPLY, vocab),
+             layouts.frame_bytes(Kind.REPLY, max_support,
+                                 Representation.SPARSE),
+             max(layouts.frame_bytes(k) for k in Kind if k != Kind.REPLY))
 
 
 class Frame(typing.NamedTuple):
@@ -53,6 +60,58 @@ class Frame(typing.NamedTuple):
 def checksum(buf):
   """CRC32C (Castagnoli) of a bytes-like object."""
   return crc32c.crc32c(buf)
+
+
+_POLY = 0x82F63B78       # CRC32C, reflected
+_COMBINE_FROM = 1 << 16  # smaller frames are cheaper to read than to combine
+
+
+def _mulmod(a, b):
+  """a * b modulo the CRC32C polynomial over GF(2), reflected bits."""
+  m, p = 1 << 31, 0
+  while True:
+    if a & m:
+      p ^= b
+      if not a & (m - 1):
+        return p
+    m >>= 1
+    b = (b >> 1) ^ _POLY if b & 1 else b >> 1
+
+
+_X2N = [1 << 30]         # x^(2^n) mod P, n = 0..63
+for _ in range(63):
+  _X2N.append(_mulmod(_X2N[-1], _X2N[-1]))
+
+
+@functools.lru_cache(maxsize=256)
+def _x8n(n):
+  """x^(8 n) mod P: shifts a CRC over n zero bytes."""
+  p, k = 1 << 31, 3
+  while n:
+    if n & 1:
+      p = _mulmod(_X2N[k & 63], p)
+    n, k = n >> 1, k + 1
+  return p
+
+
+def crc_combine(crc_a, crc_b, len_b):
+  """CRC32C of A + B from crc(A), crc(B) and len(B), without reading B."""
+  return _mulmod(_x8n(len_b), crc_a) ^ crc_b
+
+
+def frame_crc(frame, crc=0):
+  """crc32c.crc32c(frame, crc) of a frame whose header CRC is known good.
+
+  For a frame just encoded, or one `decode` accepted: the header's CRC
+  covers bytes [16, length), so only the first 16 bytes are read and the
+  rest is combined in (large frames; small ones are read, which is faster).
+  """
+  n = len(frame)
+  if n < _COMBINE_FROM:
+    return crc32c.crc32c(frame, crc)
+  head = crc32c.crc32c(memoryview(frame)[:CRC_COVERS_FROM], crc)
+  stored = int.from_bytes(memoryview(frame)[12:16], "little")
+  return crc_combine(head, stored, n - CRC_COVERS_FROM)
 
 
 def encode(kind, *, session, generation, round_id, body=None, values=None,

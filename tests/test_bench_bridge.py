@@ -1,0 +1,115 @@
+"""experiments/bench_bridge runs (--quick) and records every figure.
+
+Speed is never asserted: only that each stage, ratio, round trip and target
+is present as a positive finite number (or a boolean verdict).
+"""
+
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+_STAGES = ("encode", "completion", "checksum", "send_tcp", "send_ipc",
+           "decode", "stage", "stage_copy", "validate", "naive",
+           "host_objects", "memcpy", "memcpy_hot", "read")
+_STAGE_KEYS = ("median_ms", "p90_ms", "min_ms", "mean_ms", "x_memcpy",
+               "x_read", "x_ideal", "gb_per_s")
+_HEADLINE_KEYS = ("ms", "x_memcpy", "x_memcpy_hot", "x_read", "x_ideal",
+                  "ideal_ms", "memcpy_ms", "objects_ms", "objects_x_memcpy")
+_HEADLINE_PARTS = ("encode", "completion", "decode", "stage", "validate")
+_ROUND_TRIPS = ("pyzmq_floor", "transport", "host", "exchange", "round")
+_ROUND_TRIP_KEYS = ("p50_us", "p90_us", "p99_us", "min_us", "mean_us",
+                    "x_floor_p50")
+
+
+def _positive(value, where):
+  assert isinstance(value, (int, float)) and not isinstance(value, bool), (
+      f"{where}: {value!r} is not a number")
+  assert math.isfinite(value) and value > 0, f"{where}: {value!r}"
+
+
+@pytest.fixture(scope="module")
+def record(tmp_path_factory):
+  out = tmp_path_factory.mktemp("bench_bridge") / "bench.json"
+  env = dict(os.environ, PYTHONPATH=_ROOT + os.pathsep +
+             os.environ.get("PYTHONPATH", ""))
+  run = subprocess.run(
+      [sys.executable, "-m", "experiments.bench_bridge", "--quick",
+       "--json_out", str(out)], cwd=_ROOT, env=env, capture_output=True,
+      text=True, timeout=120)
+  assert run.returncode == 0, run.stdout + run.stderr
+  for word in ("host work (all but the socket)", "pyzmq_floor", "exchange"):
+    assert word in run.stdout, run.stdout
+  assert run.stdout.count("[PASS]") + run.stdout.count("[MISS]") == 3
+  return json.loads(out.read_text())
+
+
+def test_config(record):
+  config = record["config"]
+  assert config["quick"] is True
+  assert (config["requests"], config["depth"], config["k"]) == (4, 5, 32)
+  _positive(record["wall_s"], "wall_s")
+
+
+@pytest.mark.parametrize("scale,requests", [("request", 1), ("batch", 4)])
+def test_dense_stages_and_ratios(record, scale, requests):
+  rec = record["dense"][scale]
+  vocab, depth = record["config"]["vocab"], record["config"]["depth"]
+  assert rec["requests"] == requests and rec["rows"] == requests * depth
+  assert rec["q_bytes"] == requests * depth * vocab * 4
+  # Every REPLY frame is 48 bytes of header and body plus its row; one
+  # 72-byte COMPLETION per request.
+  assert rec["frame_bytes"] == rec["q_bytes"] + requests * (depth * 48 + 72)
+  assert rec["frames"] == requests * (depth + 1)
+  _positive(rec["ideal_ms"], f"{scale} ideal_ms")
+  assert set(_STAGES) <= set(rec["stages"]), sorted(rec["stages"])
+  for stage in _STAGES:
+    for key in _STAGE_KEYS:
+      _positive(rec["stages"][stage][key], f"{scale} {stage} {key}")
+    s = rec["stages"][stage]
+    assert s["min_ms"] <= s["median_ms"] <= s["p90_ms"]
+  for key in ("naive_over_validate", "naive_over_copy_and_validate"):
+    _positive(rec["stages"]["validate"][key], f"{scale} validate {key}")
+  head = rec["headline"]
+  for key in _HEADLINE_KEYS:
+    _positive(head[key], f"{scale} headline {key}")
+  assert tuple(head["parts"]) == _HEADLINE_PARTS
+  parts = sum(rec["stages"][p]["median_ms"] for p in _HEADLINE_PARTS)
+  assert math.isclose(head["ms"], parts, rel_tol=1e-9)
+  assert math.isclose(sum(head["share"].values()), 1.0, rel_tol=1e-9)
+  for part in _HEADLINE_PARTS:
+    _positive(head["share"][part], f"{scale} share {part}")
+
+
+def test_headline_and_targets(record):
+  head = record["headline"]
+  assert head["name"].startswith("host-side bridge work (all but the socket)")
+  assert head == dict(record["dense"]["batch"]["headline"], name=head["name"])
+  vocab = record["config"]["vocab"]
+  # The seed's 40 Gb/s ideal of the batch's q bytes (2.068 ms at V=129280).
+  assert math.isclose(head["ideal_ms"], 20 * vocab * 4 / 5e9 * 1e3,
+                      rel_tol=1e-9)
+  targets = record["targets"]
+  assert len(targets) == 3
+  for t in targets:
+    assert isinstance(t["pass"], bool) and t["target"] and t["detail"]
+
+
+def test_sparse_round_trips(record):
+  sparse = record["sparse"]
+  assert sparse["k"] == 32 and sparse["target_p50_us"] == 250.0
+  assert sparse["floor_bytes"] == 1280
+  assert sparse["reply_frames"] == 4 * (5 + 1)
+  # 4 x 5 sparse k=32 REPLY frames (48 + 8k bytes) + 4 COMPLETIONs (72).
+  assert sparse["reply_bytes"] == 20 * (48 + 8 * 32) + 4 * 72
+  for name in _ROUND_TRIPS:
+    rt = sparse["round_trips"][name]
+    for key in _ROUND_TRIP_KEYS:
+      _positive(rt[key], f"sparse {name} {key}")
+    assert rt["min_us"] <= rt["p50_us"] <= rt["p90_us"] <= rt["p99_us"]
+    assert rt["n"] >= 1
