@@ -199,8 +199,9 @@ def dense_rows(values, tokens, requests=None):
   int32[R, ...]; requests: validate only values[:requests] (default all R;
   each value compiles once). ok[...] is True exactly where
   `wire.validate_q_row(values[...], None, vocab_size=V, token=...)` would
-  return instead of raising (tests/test_bridge.py and test_bridge_fastpaths.py check this on
-  every rejection class); counts int32[..., V] are the counts there. The
+  return instead of raising (tests/test_bridge.py and
+  tests/test_bridge_fastpaths.py check this on every rejection class);
+  counts int32[..., V] are the counts there. The
   caller asks `validate_q_row` for the code of a row that is not ok.
   """
   values = jnp.asarray(values) if not isinstance(values, np.ndarray) else (
