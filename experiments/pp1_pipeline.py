@@ -106,6 +106,11 @@ _JSON_OUT = flags.DEFINE_string(
 _PLOT_OUT = flags.DEFINE_string(
     "plot_out", "pp1_pipeline.png", "Where to write the PNG plot ('' for "
     "none).")
+_KILL_AT = flags.DEFINE_integer(
+    "kill_worker_at", 0, "Fault drill: kill the worker process after this "
+    "many rounds and start a new one on the same address, as a supervisor "
+    "would (0: never). The verifier falls back while it is gone and "
+    "negotiates a new session with the new process.")
 # Internal: the follower rank of --multiprocess.
 _RANK = flags.DEFINE_integer("rank", 0, "Internal: jax.distributed rank.")
 _COORDINATOR = flags.DEFINE_string("coordinator", "",
@@ -149,9 +154,9 @@ def _child_env(devices=None):
   return env
 
 
-def _start_worker(vocab, tmp):
-  address = ("tcp://127.0.0.1:0" if _TRANSPORT.value == "tcp"
-             else f"ipc://{tmp}/pp1-worker-{os.getpid()}.sock")
+def _start_worker(vocab, tmp, address=None):
+  address = address or ("tcp://127.0.0.1:0" if _TRANSPORT.value == "tcp"
+                        else f"ipc://{tmp}/pp1-worker-{os.getpid()}.sock")
   cmd = [sys.executable, "-m", "experiments.bridge_worker",
          f"--address={address}", f"--vocab={vocab}",
          f"--depth={_DEPTH.value}", f"--requests={_REQUESTS.value}",
@@ -294,7 +299,7 @@ class _Progress:
     sys.stderr.write("\n")
 
 
-def _generate(verifier, caps, progress):
+def _generate(verifier, caps, progress, on_round=None):
   """Rounds over all requests until each has --tokens new tokens."""
   rids = list(range(caps.max_requests))
   for rid in rids:
@@ -306,6 +311,8 @@ def _generate(verifier, caps, progress):
                      goal[r] + _TOKENS.value for r in rids)
   while any(len(verifier.requests[r].tokens) < goal[r] for r in rids):
     results += verifier.round(rids)
+    if on_round:   # a fault drill may run rounds of its own
+      results += on_round(len(results) // len(rids))
     progress.update(done(), f"fallbacks {verifier.counters.events('fallbacks')}")
   progress.close()
   return results
@@ -575,8 +582,23 @@ def main(argv):
           _CHECK_SAMPLES.value, "check"))
       check = _distribution_check(first, caps, mesh, _SEED.value)
     else:
+      workers = [worker]
+
+      def drill(rounds):
+        if rounds != _KILL_AT.value:
+          return []
+        workers[0].kill()
+        workers[0].wait()
+        # One round runs against nobody, then the supervisor restarts it.
+        lost = verifier.round(list(range(caps.max_requests)))
+        workers[0], _ = _start_worker(vocab, tmp, worker_address)
+        logging.info("fault drill: worker killed and restarted")
+        return lost
+
       results = _generate(verifier, caps, _Progress(
-          _TOKENS.value * caps.max_requests, "tokens"))
+          _TOKENS.value * caps.max_requests, "tokens"),
+                          on_round=drill if _KILL_AT.value else None)
+      worker = workers[0]
     verifier.stop_followers()
     verifier.close()
   finally:

@@ -159,12 +159,13 @@ class Verifier:
           break
         reply = got[1][0]
         peeked = codec.peek(reply)
-        if peeked and peeked[0] == Kind.RESET and peeked[1] == self.session:
+        if peeked and peeked[0] == Kind.RESET and peeked[1] == self.session \
+            and peeked[2:] == (0, 0):   # a refusal of this HELLO
           reason = codec.decode(reply, hello.HELLO_BOUNDS).body["reason"]
           self.counters.reject(int(reason), "worker refused HELLO")
           raise ProtocolError(int(reason), "the worker refused the session")
         if not peeked or peeked[0] != Kind.HELLO:
-          continue           # a late frame of an earlier session
+          continue           # a late answer to an earlier exchange
         theirs, session = hello.decode_hello(reply)
         if session != self.session:
           continue
@@ -271,6 +272,15 @@ class Verifier:
         self._message(got[1], slot, reqs, tags, depth, index, outcome)
     return outcome
 
+  def _late(self, tag, tags, index):
+    """STALE_GENERATION / DUPLICATE_ROUND if `tag` is no request's current
+    tag but an older one of some request; else None."""
+    codes = [self._classify(rid, tag, tags) for rid in index]
+    if None in codes:
+      return None
+    older = [c for c in codes if c != Code.BAD_SEQUENCE]
+    return older[0] if older else None
+
   def _classify(self, rid, tag, tags):
     """None if `tag` is the exchange's tag of `rid`, else the refusal code."""
     want = tags.get(rid)
@@ -282,12 +292,19 @@ class Verifier:
 
   def _message(self, frames, slot, reqs, tags, depth, index, outcome):
     peeked = codec.peek(frames[0]) if frames else None
+    late = peeked is not None and self._late(peeked[2:], tags, index)
+    if peeked and peeked[0] == Kind.HELLO:
+      self.counters.event("late_hellos")   # an answer to an earlier HELLO
+      return
     if peeked and peeked[0] == Kind.RESET and len(frames) == 1:
       try:
         reason = Code(int(codec.decode(frames[0], self.caps.bounds
                                        ).body["reason"]))
       except (ProtocolError, ValueError):
         reason = Code.BAD_SEQUENCE
+      if late:      # the answer to an exchange that is already over
+        self.counters.reject(late, f"late RESET ({reason.name})")
+        return
       self.counters.reject(reason, "worker RESET")
       if reason == Code.UNKNOWN_SESSION:
         self._open = False        # the worker restarted: HELLO again
@@ -300,11 +317,8 @@ class Verifier:
     except ProtocolError as e:
       # Which exchange a broken message belonged to is unknowable for sure:
       # if it claims an older one, drop it; otherwise discard the batch.
-      stale = peeked and any(
-          self._classify(rid, peeked[2:], tags) in (
-              Code.STALE_GENERATION, Code.DUPLICATE_ROUND) for rid in index)
       self.counters.reject(e.code, "reply message")
-      if not stale:
+      if not late:
         for rid in index:
           outcome.setdefault(rid, e.code)
       return

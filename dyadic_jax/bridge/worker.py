@@ -113,8 +113,9 @@ class Worker:
       self.counters.reject(Code.UNKNOWN_SESSION, str(peeked))
       if not peeked or peeked[0] != Kind.STEP:
         return None        # only a STEP waits for an answer
-      return [codec.encode(Kind.RESET, session=peeked[1] if peeked else 0,
-                           generation=0, round_id=0,
+      # Tagged like the STEP, so that a late one is recognized as stale.
+      return [codec.encode(Kind.RESET, session=peeked[1], generation=peeked[2],
+                           round_id=peeked[3],
                            body={"request": layouts.ALL_REQUESTS,
                                  "reason": Code.UNKNOWN_SESSION},
                            version=self.caps.mode)]
