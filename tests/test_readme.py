@@ -15,4 +15,7 @@ def test_api_tour_runs():
     exec(compile(block, "README.md", "exec"), namespace)  # pylint: disable=exec-used
   assert 0 <= int(namespace["accepted"]) <= 3
   assert 0 <= int(namespace["next_token"]) < 1000
-  assert len(blocks) >= 2 and "mesh" in namespace  # the sharded example ran
+  assert len(blocks) >= 3 and "mesh" in namespace  # the sharded example ran
+  results = namespace["results"]                   # and the bridge example
+  assert [r.rid for r in results] == [0, 1]
+  assert not any(r.fallback for r in results)
