@@ -284,7 +284,12 @@ class Verifier:
   def _classify(self, rid, tag, tags):
     """None if `tag` is the exchange's tag of `rid`, else the refusal code."""
     want = tags.get(rid)
-    if want is None or tag > want:
+    if want is None:      # a request of no exchange in flight: late if older
+      req = self.requests.get(rid)
+      want = None if req is None else (req.generation, req.round + 1)
+      if want is None or tag >= want:
+        return Code.BAD_SEQUENCE
+    elif tag > want:
       return Code.BAD_SEQUENCE
     if tag[0] < want[0]:
       return Code.STALE_GENERATION
@@ -293,7 +298,7 @@ class Verifier:
   def _message(self, frames, slot, reqs, tags, depth, index, outcome):
     peeked = codec.peek(frames[0]) if frames else None
     late = peeked is not None and self._late(peeked[2:], tags, index)
-    if peeked and peeked[0] == Kind.HELLO:
+    if peeked and peeked[0] == Kind.HELLO and len(frames) == 1:
       self.counters.event("late_hellos")   # an answer to an earlier HELLO
       return
     if peeked and peeked[0] == Kind.RESET and len(frames) == 1:

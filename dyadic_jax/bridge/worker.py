@@ -194,7 +194,8 @@ class Worker:
       view.cached = view.proposal = None   # a new generation: drop it all
     view.generation, view.round = gen, rnd
     anchor, last = int(step.body["anchor"]), int(step.body["last_token"])
-    prefix = bytes(step.body["prefix_digest"])
+    # numpy drops an S32 field's trailing NUL bytes: the digest has 32.
+    prefix = bytes(step.body["prefix_digest"]).ljust(32, b"\0")
     depth = int(step.body["depth"])
     if (view.anchor, view.last_token, view.digest) != (anchor, last, prefix):
       if view.anchor is not None:
@@ -285,7 +286,8 @@ class Worker:
     for key in targets:
       view = self.views.setdefault(key, _View())
       view.cached = view.proposal = None
-      view.generation = max(view.generation, gen)
+      if gen > view.generation:   # a new generation: no round served in it
+        view.generation, view.round = gen, -1
     self.counters.event("resets")
 
   # -- the loop --------------------------------------------------------------
