@@ -1,6 +1,7 @@
 """The seed's q size table, by shape arithmetic, beside measured frames.
 
     python -m experiments.wire_sizes [--json_out /tmp/wire_sizes.json]
+        [--fleet=1,4,16,64,256 --round_ms=20]
 
 Expected runtime: about 2 s (no JAX computation; it encodes one frame of
 each layout with dyadic_jax.wire).
@@ -13,8 +14,20 @@ Measured sizes are the wire v2 frames actually encoded (32-byte header
 with CRC32C + 16-byte REPLY body + payload), one REPLY frame per position.
 The script fails (exit 1) if the arithmetic does not reproduce the seed's
 figures.
+
+Fleet table (JSON key "fleet"): the worker -> verifier link when N requests
+(--fleet) each ship one round of depth D every --round_ms (the verification
+round time), for dense and each sparse k. Bytes per request per round are
+the seed's estimate (q payload only) and the measured frames (D REPLY
+frames + the request's COMPLETION frame, headers included); the link load
+is bytes per request per round x N / round time, as a percentage of
+--link_gbps (over 100%: the link cannot carry it within a round), and one
+link sustains floor(link bytes per round / bytes per request per round)
+concurrent requests (link bytes per round = link_gbps 10^9 / 8 x round_ms
+10^-3, exact decimal arithmetic, floored to whole bytes).
 """
 
+from fractions import Fraction
 import json
 
 from absl import app
@@ -33,6 +46,12 @@ _LINK_GBPS = flags.DEFINE_float("link_gbps", 40.0,
                                 "Nominal link rate for the ideal bounds.")
 _JSON_OUT = flags.DEFINE_string("json_out", None,
                                 "Optional path for a JSON record.")
+_FLEET = flags.DEFINE_list(
+    "fleet", ["1", "4", "16", "64", "256"], "Concurrent requests N on one "
+    "worker -> verifier link for the fleet table.")
+_ROUND_MS = flags.DEFINE_float(
+    "round_ms", 20.0, "Verification round time in ms: every request ships "
+    "one round of q (depth rows) per round time.")
 
 # The seed's table (V=129280, depth 5, four requests), bytes.
 _SEED = {"dense": (2_585_600, 10_342_400), "k16": (640, 2_560),
@@ -55,6 +74,76 @@ def _reply_frame(vocab, k=None):
   return codec.encode(layouts.Kind.REPLY, session=1, generation=0, round_id=0,
                       body={"position": 0, "token": 0, "mass": dj.M},
                       values=values, ids=ids)
+
+
+def link_bytes_per_round(link_gbps, round_ms):
+  """Whole bytes the link carries in one round (exact decimal arithmetic)."""
+  exact = (Fraction(repr(link_gbps)) * 10 ** 9 / 8
+           * Fraction(repr(round_ms)) / 1000)
+  return exact.numerator // exact.denominator
+
+
+def fleet_table(rows, *, depth, fleet, round_ms, link_gbps):
+  """Link load of N concurrent requests, and requests one link sustains.
+
+  Args:
+    rows: the size records of `main` (its dense and sparse layouts are
+      used; the TP2 shard is one half of a split link, not a request).
+    depth: draft depth D (REPLY frames per request and round).
+    fleet: the concurrent request counts N.
+    round_ms: verification round time in ms.
+    link_gbps: nominal link rate in Gb/s.
+
+  Returns:
+    The JSON record of the table (also printed).
+  """
+  if round_ms <= 0 or not fleet or min(fleet) < 1:
+    raise app.UsageError("--round_ms must be > 0 and --fleet values >= 1")
+  link_round = link_bytes_per_round(link_gbps, round_ms)
+  completion = layouts.frame_bytes(layouts.Kind.COMPLETION)
+  out = {"round_ms": round_ms, "link_gbps": link_gbps, "depth": depth,
+         "link_bytes_per_round": link_round, "completion_frame": completion,
+         "requests": fleet, "layouts": []}
+  for r in rows:
+    if r["layout"] == "tp2_shard":
+      continue  # one shard of a split link, not a whole request's q
+    per_request = {"estimate": r["estimate_request"],
+                   "measured": r["frames_request"] + completion}
+    entry = {"layout": r["layout"]}
+    for kind, size in per_request.items():
+      entry[f"{kind}_bytes_request_round"] = size
+      entry[f"{kind}_sustained"] = link_round // size
+    entry["by_requests"] = []
+    for n in fleet:
+      load = {"requests": n}
+      for kind, size in per_request.items():
+        load[f"{kind}_bytes_per_s"] = size * n / (round_ms / 1e3)
+        # Against the same whole bytes per round as `sustained`: N fits
+        # exactly when the load is at most 100%.
+        load[f"{kind}_link_pct"] = 100 * size * n / link_round
+      entry["by_requests"].append(load)
+    out["layouts"].append(entry)
+
+  print(f"\nfleet: one {link_gbps:g} Gb/s worker -> verifier link, one round "
+        f"of depth {depth} per request every {round_ms:g} ms "
+        f"({link_round:,} link bytes per round)")
+  print("  bytes per request per round: estimate = q payload only (seed); "
+        f"measured = {depth} REPLY frames + 1 COMPLETION frame "
+        f"({completion} B)")
+  print(f"  {'layout':>8} {'est B/req':>11} {'meas B/req':>11} "
+        f"{'sustained est':>14} {'sustained meas':>15}")
+  for e in out["layouts"]:
+    print(f"  {e['layout']:>8} {e['estimate_bytes_request_round']:>11,} "
+          f"{e['measured_bytes_request_round']:>11,} "
+          f"{e['estimate_sustained']:>14,} {e['measured_sustained']:>15,}")
+  print("  link load, % of the link (estimate / measured); > 100% does not "
+        "fit in a round")
+  print(f"  {'layout':>8} " + " ".join(f"{'N=' + str(n):>17}" for n in fleet))
+  for e in out["layouts"]:
+    cells = [f"{b['estimate_link_pct']:.3g}/{b['measured_link_pct']:.3g}"
+             for b in e["by_requests"]]
+    print(f"  {e['layout']:>8} " + " ".join(f"{c:>17}" for c in cells))
+  return out
 
 
 def main(argv):
@@ -115,6 +204,9 @@ def main(argv):
       problems.append(f"dense ideal {dense_ms} ms != seed {_SEED_DENSE_MS}")
     print("seed table reproduced" if not problems else
           "MISMATCH: " + "; ".join(problems))
+  record["fleet"] = fleet_table(
+      record["rows"], depth=depth, fleet=[int(n) for n in _FLEET.value],
+      round_ms=_ROUND_MS.value, link_gbps=_LINK_GBPS.value)
   if _JSON_OUT.value:
     with open(_JSON_OUT.value, "w") as f:
       json.dump(record, f, indent=2)
