@@ -37,7 +37,9 @@ import typing
 from absl import logging
 import numpy as np
 
-import dyadic_jax as dj
+from dyadic_jax import rng, verification
+from dyadic_jax.constants import Status
+from dyadic_jax.errors import DyadicError, raise_for_status
 from dyadic_jax.bridge import digest as digest_lib
 from dyadic_jax.bridge import hello, staging
 from dyadic_jax.bridge.counters import Counters
@@ -121,8 +123,8 @@ def greedy_verify(target_logits, draft_tokens):
 class Verifier:
   """Drives rounds against one worker; owns the requests' committed state."""
 
-  def __init__(self, caps, address, *, target_fn, verify_fn=dj.verify_chain,
-               sample_fn=dj.sample_target, timeout_s=2.0, session=None,
+  def __init__(self, caps, address, *, target_fn, verify_fn=verification.verify_chain,
+               sample_fn=verification.sample_target, timeout_s=2.0, session=None,
                counters=None, clock=time.monotonic, share_fn=None,
                request_factory=None):
     self.caps = caps
@@ -527,16 +529,16 @@ class Verifier:
       accepted, token = greedy_verify(logits, draft)
     else:
       if self.caps.representation == Representation.DENSE:
-        q = dj.DenseQ(plan.counts[i])
+        q = verification.DenseQ(plan.counts[i])
       else:
-        q = dj.SparseQ(plan.ids[i], plan.counts[i], plan.n[i])
-      key = dj.round_key(req.seed, tag[0], tag[1])
+        q = verification.SparseQ(plan.ids[i], plan.counts[i], plan.n[i])
+      key = rng.round_key(req.seed, tag[0], tag[1])
       accepted, token = self.verify_fn(logits, q, draft, key,
                                        anchor=req.anchor)
       accepted, token = int(accepted), int(token)
       if token < 0:
-        raise dj.DyadicError("verify_fn", int(dj.Status.NAN), [req.rid],
-                             [int(dj.Status.NAN)])
+        raise DyadicError("verify_fn", int(Status.NAN), [req.rid],
+                             [int(Status.NAN)])
     committed = tuple(int(t) for t in draft[:accepted]) + (token,)
     return self._apply(req, tag, committed, accepted, None)
 
@@ -544,10 +546,10 @@ class Verifier:
     """The fallback: one token from the target alone, then a new generation."""
     logits = self.target_fn(np.asarray(req.tokens, np.int32),
                             np.zeros(0, np.int32))
-    key = dj.draw_key(dj.round_key(req.seed, tag[0], tag[1]), req.anchor,
-                      dj.Domain.TARGET_ONLY)
+    key = rng.draw_key(rng.round_key(req.seed, tag[0], tag[1]), req.anchor,
+                      rng.Domain.TARGET_ONLY)
     token, status = self.sample_fn(logits[0], key)
-    dj.raise_for_status("sample_fn", status)
+    raise_for_status("sample_fn", status)
     result = self._apply(req, tag, (int(token),), 0, code)
     req.generation, req.round = tag[0] + 1, 0
     self.counters.event("fallbacks")

@@ -61,15 +61,34 @@ KNOWN_THIRD_PARTY = {
 #   "multidevice": pytest.mark.multidevice anywhere in the file, or a file
 #                  that imports the `sharding` package or jax.sharding, or
 #                  calls jax.device_count()/jax.devices()/Mesh(...).
-EXTRA_TAGS = {}
+# The subprocess-driven end-to-end tests (the pipeline, the soak, the fuzz
+# run, the experiments' smoke runs) are in the README's pytest command; in
+# Bazel they run under //:slow only, so that CI's //:fast pass does not run
+# the heaviest minutes twice.
+EXTRA_TAGS = {name: ["slow"] for name in (
+    "test_pipeline", "test_bridge_soak", "test_wire_fuzz", "test_experiments",
+    "test_bench_bridge")}
 
 # Deps and data that a file's import statements do not show, by target name:
 # test_readme execs the README's code blocks (dyadic_jax and sharding);
 # test_multiprocess starts tests/multiprocess_worker.py as a subprocess.
-EXTRA_DEPS = {"test_readme": ["dyadic_jax", "sharding"],
+EXTRA_DEPS = {"test_readme": ["dyadic_jax", "sharding", "dyadic_jax_bridge",
+                              "experiments_pipeline_models"],
               "test_multiprocess": ["tests_multiprocess_worker"],
-              "test_wire_sizes": ["experiments_wire_sizes"]}
+              "test_wire_sizes": ["experiments_wire_sizes"],
+              "test_pipeline": ["experiments_pp1_pipeline",
+                                "experiments_bridge_worker"],
+              "test_bridge_process": ["experiments_bridge_worker"],
+              "test_experiments": ["experiments_acceptance",
+                                   "experiments_selection_bias",
+                                   "experiments_wire_sizes"],
+              "test_bench_bridge": ["experiments_bench_bridge"],
+              "test_wire_fuzz": ["tests_fuzz_wire"]}
+_CORPUS = "tests/fuzz_corpus/wire"
 EXTRA_DATA = {"test_readme": ["README.md"],
+              "test_wire_fuzz": sorted(
+                  f"{_CORPUS}/{f}" for f in os.listdir(os.path.join(
+                      ROOT, _CORPUS)) if f.endswith(".bin")),
               "test_wire_codec": ["docs/wire.md"]}
 
 # Test files that must NOT be tagged "multidevice" despite the heuristics.
