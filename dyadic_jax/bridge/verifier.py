@@ -452,8 +452,10 @@ class Verifier:
       self.pool.expire()
       if slot.state != staging.SlotState.FREE:
         self.pool.discard(slot)
-      for rid, code in outcome.items():
-        if code == Code.TIMEOUT:
+      # Counted for every request whose proposal the timeout discards
+      # (answered or not); the others were counted with their own code.
+      for rid in rids:
+        if outcome[rid] in (None, Code.TIMEOUT):
           self.counters.reject(Code.TIMEOUT, f"request {rid}")
       return self.execute(empty_plan(
           self.caps, rids, tag_rows,
@@ -467,9 +469,9 @@ class Verifier:
       ok = plan.codes == 0
       plan.draft[ok] = slot.tokens[:len(rids), :depth][ok]
       plan.n[ok] = slot.n[:len(rids), :depth][ok]
-      if self.caps.greedy:
+      if self.caps.greedy or not ok.any():
         pass
-      elif dense is not None:
+      elif self.caps.representation == Representation.DENSE:
         plan.counts[ok] = np.asarray(dense)[:len(rids), :depth][ok]
       else:
         plan.ids[ok] = slot.ids[:len(rids), :depth][ok]
