@@ -16,6 +16,7 @@ from dyadic_jax import bridge
 from dyadic_jax.wire import codec, layouts
 from dyadic_jax.wire.layouts import Kind, Representation
 from experiments import toy_models
+from tests import wire_edits
 
 V = 16
 DEPTH = 3
@@ -70,12 +71,7 @@ class Tampering(bridge.Worker):
     return out
 
 
-def reseal(frame):
-  """Recomputes a frame's CRC (a defect made before checksumming)."""
-  buf = bytearray(frame)
-  crc = codec.checksum(memoryview(buf)[layouts.CRC_COVERS_FROM:])
-  buf[layouts.CRC_OFFSET:layouts.CRC_OFFSET + 4] = crc.to_bytes(4, "little")
-  return bytes(buf)
+reseal = wire_edits.reseal
 
 
 def reframe(frames):

@@ -12,6 +12,7 @@ import pytest
 from dyadic_jax import wire
 from dyadic_jax.wire import codec, layouts
 from dyadic_jax.wire.layouts import Kind
+from tests import wire_edits
 
 C = wire.Code
 M = 1 << 24
@@ -28,19 +29,11 @@ def _reply(**overrides):
   return codec.encode(Kind.REPLY, **kw)
 
 
-def _reseal(buf):
-  """Recomputes the CRC: corruption that happened before checksumming."""
-  buf = bytearray(buf)
-  crc = codec.checksum(memoryview(buf)[layouts.CRC_COVERS_FROM:])
-  buf[layouts.CRC_OFFSET:layouts.CRC_OFFSET + 4] = crc.to_bytes(4, "little")
-  return bytes(buf)
+_reseal = wire_edits.reseal
 
 
 def _set(buf, offset, value, nbytes, reseal=True):
-  buf = bytearray(buf)
-  buf[offset:offset + nbytes] = int(value).to_bytes(nbytes, "little",
-                                                    signed=value < 0)
-  return _reseal(buf) if reseal else bytes(buf)
+  return wire_edits.set_field(buf, offset, value, nbytes, reseal)
 
 
 @pytest.mark.parametrize("kind", [k for k in Kind if k != Kind.REPLY])

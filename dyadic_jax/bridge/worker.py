@@ -25,7 +25,6 @@ import threading
 import time
 
 from absl import logging
-import numpy as np
 
 from dyadic_jax.bridge import digest as digest_lib
 from dyadic_jax.bridge import hello
@@ -33,7 +32,7 @@ from dyadic_jax.bridge.counters import Counters
 from dyadic_jax.bridge.transport import Endpoint
 from dyadic_jax.wire import codec, layouts
 from dyadic_jax.wire.errors import Code, ProtocolError
-from dyadic_jax.wire.layouts import Kind, Representation
+from dyadic_jax.wire.layouts import Kind
 
 POLICY_GREEDY = 0
 POLICY_SAMPLED = 1

@@ -37,6 +37,7 @@ import numpy as np
 from dyadic_jax.wire import codec, layouts
 from dyadic_jax.wire.errors import Code, ProtocolError
 from dyadic_jax.wire.layouts import Kind, Representation
+from tests import wire_edits
 
 M = 1 << 24
 # Small, so that a dense REPLY is 304 bytes and the fuzzer reaches the row
@@ -89,19 +90,11 @@ def _reply(values=_SPARSE_VALUES, ids=_SPARSE_IDS, *, token=5, position=1,
   return _encode(Kind.REPLY, version, body=body, values=values, ids=ids)
 
 
-def _reseal(buf):
-  """Recomputes the CRC, as if the defect came before checksumming."""
-  buf = bytearray(buf)
-  crc = codec.checksum(memoryview(buf)[layouts.CRC_COVERS_FROM:])
-  buf[layouts.CRC_OFFSET:layouts.CRC_OFFSET + 4] = crc.to_bytes(4, "little")
-  return bytes(buf)
+_reseal = wire_edits.reseal
 
 
 def _set(buf, offset, value, nbytes, reseal=True):
-  buf = bytearray(buf)
-  buf[offset:offset + nbytes] = int(value).to_bytes(nbytes, "little",
-                                                    signed=value < 0)
-  return _reseal(buf) if reseal else bytes(buf)
+  return wire_edits.set_field(buf, offset, value, nbytes, reseal)
 
 
 # Offsets of the fields the edits below touch (docs/wire.md, "Layouts").
