@@ -31,6 +31,7 @@ docs/fuzzing.md):
 
 import contextlib
 import pathlib
+import resource
 import shlex
 import subprocess
 import sys
@@ -217,9 +218,14 @@ def run_fuzz(corpus_dirs=(), *, runs=200_000, seed=1, artifact_dir=None,
   Returns:
     The subprocess.CompletedProcess, stdout and stderr merged in `.stdout`.
   """
+  # libFuzzer's memory check reads the peak RSS, which Linux carries over
+  # from this (parent) process through fork and exec: a pytest worker that
+  # already peaked at 2.5 GB would trip the default 2 GB limit at once. The
+  # limit is 2 GB above what this process has already used.
+  peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024
   cmd = [sys.executable, str(pathlib.Path(__file__).resolve()),
          f"-runs={runs}", f"-seed={seed}", f"-max_len={MAX_LEN}",
-         "-print_final_stats=1"]
+         f"-rss_limit_mb={peak_mb + 2048}", "-print_final_stats=1"]
   if artifact_dir is not None:
     cmd.append(f"-artifact_prefix={pathlib.Path(artifact_dir).resolve()}/")
   cmd += [*extra_args, *map(str, corpus_dirs)]
