@@ -220,8 +220,6 @@ def _request_spec(rid, vocab):
 def _build_verifier(jax, caps, address, share_fn, timer):
   """A Verifier over a vocabulary mesh with the toy target."""
   import functools  # pylint: disable=g-import-not-at-top
-  import numpy as np  # pylint: disable=g-import-not-at-top
-  import dyadic_jax as dj  # pylint: disable=g-import-not-at-top
   from dyadic_jax import bridge  # pylint: disable=g-import-not-at-top
   import sharding  # pylint: disable=g-import-not-at-top
   from experiments import pipeline_models  # pylint: disable=g-import-not-at-top
@@ -252,8 +250,7 @@ def _build_verifier(jax, caps, address, share_fn, timer):
       verify_fn=timed("verify", verify), sample_fn=timed("verify", sample),
       timeout_s=_TIMEOUT.value, share_fn=share_fn,
       request_factory=lambda rid: _request_spec(rid, caps.vocab))
-  del np, dj
-  return verifier, mesh
+  return verifier
 
 
 def _uniform_q_verify(verify, caps, logits, q, draft, key, *, anchor):
@@ -336,7 +333,7 @@ def _check(verifier, caps, progress):
   return np.asarray(first), results
 
 
-def _distribution_check(first, caps, mesh, rids_seed):
+def _distribution_check(first, caps, rids_seed):
   """Goodness of fit to the exact P/T and a two-sample test vs target-only."""
   import jax  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
@@ -375,7 +372,6 @@ def _distribution_check(first, caps, mesh, rids_seed):
   two = float(np.sum((table - exp2) ** 2 / exp2))
   two_p = float(scipy.stats.chi2.sf(two, table.shape[1] - 1))
   passed = gof_p >= _ALPHA.value and two_p >= _ALPHA.value
-  del mesh
   return {"samples": int(len(first)), "alpha": _ALPHA.value,
           "bins": int(len(e)), "statistic": gof, "p_value": gof_p,
           "two_sample_statistic": two, "two_sample_p_value": two_p,
@@ -517,7 +513,7 @@ def _follower(argv):
   jax = _setup_jax(True, _RANK.value, _COORDINATOR.value)
   caps = _capabilities(_vocab())
   share = _share_fn(jax, caps, caps.max_requests)
-  verifier, _ = _build_verifier(jax, caps, _WORKER_ADDRESS.value, share, {})
+  verifier = _build_verifier(jax, caps, _WORKER_ADDRESS.value, share, {})
   rounds = verifier.follow()
   logging.info("follower rank %d ran %d rounds", _RANK.value, rounds)
   jax.distributed.shutdown()
@@ -564,7 +560,7 @@ def main(argv):
     share = (_share_fn(jax, caps, caps.max_requests) if _MULTIPROCESS.value
              else None)
     timer = {}
-    verifier, mesh = _build_verifier(jax, caps, address, share, timer)
+    verifier = _build_verifier(jax, caps, address, share, timer)
     verifier.open()
     # Every exchange: STEP out to replies validated (draft + bridge).
     real_collect = verifier._collect  # pylint: disable=protected-access
@@ -580,7 +576,7 @@ def main(argv):
     if _CHECK.value:
       first, results = _check(verifier, caps, _Progress(
           _CHECK_SAMPLES.value, "check"))
-      check = _distribution_check(first, caps, mesh, _SEED.value)
+      check = _distribution_check(first, caps, _SEED.value)
     else:
       workers = [worker]
 
