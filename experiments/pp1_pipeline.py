@@ -337,8 +337,8 @@ def _distribution_check(first, caps, rids_seed):
   """Goodness of fit to the exact P/T and a two-sample test vs target-only."""
   import jax  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
-  import scipy.stats  # pylint: disable=g-import-not-at-top
   import dyadic_jax as dj  # pylint: disable=g-import-not-at-top
+  from experiments import chi2  # pylint: disable=g-import-not-at-top
   from experiments import pipeline_models  # pylint: disable=g-import-not-at-top
 
   target, _ = pipeline_models.make_models(pipeline_models.ModelConfig(
@@ -358,19 +358,10 @@ def _distribution_check(first, caps, rids_seed):
   v = caps.vocab
   spec = np.bincount(first, minlength=v)
   ref = np.bincount(target_only, minlength=v)
-  # Pool bins with expected count < 5 into one.
-  big = expected * len(first) >= 5
-  def pool(h):
-    return np.append(h[big], h[~big].sum()) if (~big).any() else h[big]
-  e = pool(expected) * len(first)
-  s_obs, r_obs = pool(spec), pool(ref)
-  gof = float(np.sum((s_obs - e) ** 2 / e))
-  gof_p = float(scipy.stats.chi2.sf(gof, len(e) - 1))
-  table = np.stack([s_obs, r_obs]).astype(np.float64)
-  table = table[:, table.sum(0) > 0]
-  exp2 = table.sum(1, keepdims=True) * table.sum(0) / table.sum()
-  two = float(np.sum((table - exp2) ** 2 / exp2))
-  two_p = float(scipy.stats.chi2.sf(two, table.shape[1] - 1))
+  # Bins with expected count < 5 pooled into one, for both samples alike.
+  e, s_obs, r_obs = chi2.pool_small(expected * len(first), spec, ref)
+  gof, _, gof_p = chi2.goodness_of_fit(s_obs, e / e.sum())
+  two, _, two_p = chi2.two_sample(s_obs, r_obs)
   passed = gof_p >= _ALPHA.value and two_p >= _ALPHA.value
   return {"samples": int(len(first)), "alpha": _ALPHA.value,
           "bins": int(len(e)), "statistic": gof, "p_value": gof_p,

@@ -29,9 +29,9 @@ from absl import flags
 import jax
 import jax.numpy as jnp
 import numpy as np
-import scipy.stats
 
 import dyadic_jax as dj
+from experiments import chi2
 from experiments import toy_models
 
 _VOCAB = flags.DEFINE_integer(
@@ -112,24 +112,6 @@ def histogram(tokens, top_ids):
   return np.array(hits + [tokens.size - sum(hits)], np.int64)
 
 
-def two_sample_chi2(a, b):
-  """Chi-square homogeneity test of two histograms; returns (stat, dof, p)."""
-  table = np.stack([a, b]).astype(np.float64)
-  table = table[:, table.sum(0) > 0]  # a bin empty in both carries no df
-  expected = table.sum(1, keepdims=True) * table.sum(0) / table.sum()
-  stat = float(np.sum((table - expected) ** 2 / expected))
-  dof = table.shape[1] - 1
-  return stat, dof, float(scipy.stats.chi2.sf(stat, dof))
-
-
-def goodness_of_fit(a, probs):
-  """Chi-square goodness of fit of histogram a to probs; (stat, dof, p)."""
-  expected = a.sum() * np.asarray(probs, np.float64)
-  stat = float(np.sum((a - expected) ** 2 / expected))
-  dof = a.size - 1
-  return stat, dof, float(scipy.stats.chi2.sf(stat, dof))
-
-
 def run_check(toy, prefix_token, *, k, seed, anchor, samples, alpha):
   """Speculative first token vs target-only sampling; prints a table."""
   t0 = toy_models.target_logits(toy, prefix_token)
@@ -175,8 +157,8 @@ def run_check(toy, prefix_token, *, k, seed, anchor, samples, alpha):
           f"{t:7d} {t / samples:7.4f}")
     rows.append({"token": label, "expected": e, "speculative": int(s),
                  "target_only": int(t)})
-  stat2, dof2, p2 = two_sample_chi2(spec_hist, target_hist)
-  stat1, dof1, p1 = goodness_of_fit(spec_hist, expected)
+  stat2, dof2, p2 = chi2.two_sample(spec_hist, target_hist)
+  stat1, dof1, p1 = chi2.goodness_of_fit(spec_hist, expected)
   verdict = lambda p: "consistent" if p >= alpha else "REJECTED"
   print(f"  two-sample chi2 (speculative vs target-only): stat={stat2:.2f} "
         f"dof={dof2} p={p2:.4f} -> {verdict(p2)} at alpha={alpha:g}")

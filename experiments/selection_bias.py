@@ -74,6 +74,7 @@ import scipy.stats
 
 import dyadic_jax as dj
 from dyadic_jax import reference
+from experiments import chi2
 
 F = fractions.Fraction
 
@@ -332,19 +333,6 @@ def depths_of(name, depth_of, rule, x1, x2):
   return depths
 
 
-def chi_square(observed, expected_probs):
-  """(stat, dof, p) of observed counts against probabilities (cells > 0)."""
-  observed = np.asarray(observed, np.float64)
-  probs = np.asarray([float(p) for p in expected_probs])
-  if np.any(observed[probs == 0] > 0):
-    return float("inf"), int((probs > 0).sum() - 1), 0.0
-  live = probs > 0
-  expected = observed.sum() * probs[live]
-  stat = float(np.sum((observed[live] - expected) ** 2 / expected))
-  dof = int(live.sum() - 1)
-  return stat, dof, float(scipy.stats.chi2.sf(stat, dof))
-
-
 def clopper_pearson(k, n, level):
   lo = scipy.stats.beta.ppf((1 - level) / 2, k, n - k + 1) if k else 0.0
   hi = scipy.stats.beta.isf((1 - level) / 2, k + 1, n - k) if k < n else 1.0
@@ -398,8 +386,8 @@ def part_b(samples, seed, threshold, alpha):
     observed = np.bincount(t1 * v + t2, minlength=v * v)
     emp = observed / samples
     flat = [x for row in joint for x in row]
-    _, _, p_exact = chi_square(observed, flat)
-    _, dof, p_target = chi_square(observed, target_flat)
+    _, _, p_exact = chi2.goodness_of_fit(observed, flat)
+    _, dof, p_target = chi2.goodness_of_fit(observed, target_flat)
     tv = total_variation(flat, target_flat)
     tv1 = total_variation(first, t_first)
     tv2 = total_variation(second, t_second)
