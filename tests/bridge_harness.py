@@ -1,25 +1,28 @@
 """A worker and a verifier over real ZeroMQ sockets, for the bridge tests.
 
 The worker runs in a thread and can be told to tamper with its next
-answer (`Tampering.tamper`): the bytes then travel through the real
-transport and the real decoder, as a faulty worker's would.
+answer (`Tampering.tamper`): the edited bytes then travel through the real
+transport and the real decoder, as a faulty worker's would. Edits that
+must look like the worker's own (an honest but buggy worker) are resealed
+with the worker's session key (`reseal`, `reframe`).
 """
 
 import contextlib
 import functools
+import os
 import threading
 
-import crc32c
 import numpy as np
 
 from dyadic_jax import bridge
-from dyadic_jax.wire import codec, layouts
-from dyadic_jax.wire.layouts import Kind, Representation
+from dyadic_jax.bridge.effects import Send
+from dyadic_jax.wire import auth, codec, layouts
+from dyadic_jax.wire.layouts import FIXED_BYTES, Kind, Representation
 from experiments import toy_models
-from tests import wire_edits
 
 V = 16
 DEPTH = 3
+SECRET = bytes(range(32))
 _TOYS = {}
 
 
@@ -54,78 +57,114 @@ def proposer_for(c):
 
 
 class Tampering(bridge.Worker):
-  """A worker whose next answer can be rewritten (once) by `tamper`."""
+  """A worker whose next answer can be rewritten (once) by `tamper`.
+
+  tamper(messages, tagger) -> messages: the answer's messages as bytes, and
+  the worker's session tagger (to reseal edits); None drops the answer.
+  """
 
   def __init__(self, *args, **kwargs):
+    kwargs.setdefault("secret", SECRET)
     super().__init__(*args, **kwargs)
     self.tamper = None
     self.answers = []
 
-  def handle(self, frames):
-    out = super().handle(frames)
-    if out is not None and self.tamper is not None:
+  def handle(self, message):
+    out = super().handle(message)
+    if out and self.tamper is not None:
       tamper, self.tamper = self.tamper, None
-      out = tamper([bytes(f) for f in out])
-    if out is not None:
-      self.answers.append([bytes(f) for f in out])
+      tagger = self.session.established.keys.send
+      edited = tamper([bytes(s.message) for s in out], tagger)
+      for s in out:
+        if s.slot is not None:
+          self.session.released(s.slot)
+      out = [Send(m) for m in (edited or [])]
+    self.answers.append([bytes(s.message) for s in out])
     return out
 
 
-reseal = wire_edits.reseal
+def frames(message):
+  """The frames of a message, as bytes."""
+  return [bytes(f) for f in codec.split(message, max_frames=1 << 20,
+                                        max_bytes=1 << 40)]
 
 
-def reframe(frames):
-  """Recomputes each request's COMPLETION over its (edited) REPLY rows."""
-  out, group = [], []
-  for f in frames:
-    if codec.peek(f)[0] != Kind.COMPLETION:
-      group.append(f)
-      continue
-    buf = bytearray(f)
-    body = np.frombuffer(buf, layouts.BODIES[Kind.COMPLETION], 1,
-                         layouts.HEADER.itemsize)
-    crc = 0
-    for row in group:
-      crc = crc32c.crc32c(row, crc)
-    body["replies_crc"] = crc
-    body["reply_bytes"] = sum(len(r) for r in group)
-    out.extend(group + [reseal(bytes(buf))])
-    group = []
-  return out + group
+def join(frame_list):
+  return b"".join(frame_list)
 
 
-def reply_rows(frame, bounds):
-  """(body dict, values, ids) of a REPLY frame."""
-  got = codec.decode(frame, bounds, validate_rows=False)
-  body = {n: got.body[n].item() for n in got.body.dtype.names}
-  values = None if got.values is None else np.array(got.values)
-  ids = None if got.ids is None else np.array(got.ids)
-  return body, values, ids, got.header
+def reseal(frame, tagger):
+  """The frame with its tag recomputed (as if the defect came first)."""
+  buf = bytearray(frame)
+  auth.seal(buf, tagger)
+  return bytes(buf)
 
 
-def rewrite_reply(frame, bounds, *, values=None, ids=None, token=None,
-                  sparse=None):
-  """A REPLY frame with new q values/ids/token, correctly framed."""
-  body, old_values, old_ids, header = reply_rows(frame, bounds)
-  values = old_values if values is None else values
-  ids = old_ids if ids is None and sparse is not False else ids
-  if token is not None:
-    body["token"] = token
-  body.pop("representation")
-  body.pop("count")
-  return codec.encode(Kind.REPLY, session=int(header["session"]),
-                      generation=int(header["generation"]),
-                      round_id=int(header["round"]), body=body,
-                      values=values, ids=ids,
-                      version=int(header["version"]))
+def set_field(frame, kind, name, value, tagger=None):
+  """A frame with one body field rewritten (resealed when tagger given)."""
+  buf = bytearray(frame)
+  dtype = layouts.BODIES[kind]
+  rec = np.frombuffer(buf, dtype, 1, layouts.HEADER_BYTES)
+  rec[name] = value
+  return reseal(buf, tagger) if tagger is not None else bytes(buf)
+
+
+def reply_rows(frame, c):
+  """(body, Rows copies) of a REPLY frame."""
+  got = codec.decode(frame, c.bounds)
+  rows = got.rows
+  copy = lambda a: None if a is None else np.array(a)
+  return got.body, type(rows)(*(copy(a) for a in rows))
+
+
+def rewrite_reply(frame, c, tagger, *, tokens=None, n=None, ids=None,
+                  values=None):
+  """A REPLY frame with new rows (same shape), resealed."""
+  buf = bytearray(frame)
+  got = codec.decode(buf, c.bounds)
+  rows = got.rows
+  for name, new in (("tokens", tokens), ("n", n), ("ids", ids),
+                    ("values", values)):
+    if new is not None:
+      getattr(rows, name)[...] = new
+  return reseal(buf, tagger)
+
+
+def reframe(frame_list, tagger):
+  """Recomputes each COMPLETION's reply size and tag over its REPLY."""
+  out = list(frame_list)
+  for i, f in enumerate(out):
+    if codec.peek(f)[0] == Kind.COMPLETION and i and codec.peek(
+        out[i - 1])[0] == Kind.REPLY:
+      buf = bytearray(f)
+      body = np.frombuffer(buf, layouts.BODIES[Kind.COMPLETION], 1,
+                           layouts.HEADER_BYTES)
+      body["reply_bytes"] = len(out[i - 1])
+      body["reply_tag"] = auth.tag_of(out[i - 1])
+      out[i] = reseal(buf, tagger)
+  return out
+
+
+def completion_of(frame_list, rid):
+  """Index of request rid's COMPLETION in a message's frames."""
+  for i, f in enumerate(frame_list):
+    if codec.peek(f)[0] == Kind.COMPLETION and codec.decode(
+        f, codec.HELLO_BOUNDS).body.request == rid:
+      return i
+  raise ValueError(f"no COMPLETION of request {rid}")
+
+
+COMPLETION_BYTES = FIXED_BYTES[Kind.COMPLETION]
 
 
 @contextlib.contextmanager
 def running(c, *, worker_cls=Tampering, timeout_s=1.0, address=None,
-            verify_fn=None):
-  """(worker, verifier) over ZeroMQ with 2 requests added; tears down."""
-  endpoint = bridge.Endpoint.bind(address or "tcp://127.0.0.1:0")
-  worker = worker_cls(c, proposer_for(c))
+            verify_fn=None, secret=SECRET, sampling_audit=True,
+            requests=None):
+  """(worker, verifier) over ZeroMQ with `requests` added; tears down."""
+  worker = worker_cls(c, proposer_for(c), secret=secret)
+  endpoint = bridge.Endpoint.bind(address or "tcp://127.0.0.1:0",
+                                  max_message=worker.max_message)
   worker.warmup()
   stop = threading.Event()
   thread = threading.Thread(target=worker.serve, args=(endpoint, stop),
@@ -134,10 +173,12 @@ def running(c, *, worker_cls=Tampering, timeout_s=1.0, address=None,
   kwargs = {} if verify_fn is None else {"verify_fn": verify_fn}
   verifier = bridge.Verifier(c, endpoint.address,
                              target_fn=target_fn_for(toy(c.vocab)),
-                             timeout_s=timeout_s, **kwargs)
+                             timeout_s=timeout_s, secret=secret,
+                             sampling_audit=sampling_audit, **kwargs)
+  worker.address = endpoint.address
   try:
     verifier.open()
-    for rid in range(c.max_requests):
+    for rid in range(c.max_requests if requests is None else requests):
       verifier.add_request(rid, [rid + 1], seed=100 + rid)
     yield worker, verifier
   finally:
@@ -145,3 +186,7 @@ def running(c, *, worker_cls=Tampering, timeout_s=1.0, address=None,
     thread.join()
     verifier.close()
     endpoint.close()
+
+
+def random_secret():
+  return os.urandom(auth.SECRET_BYTES)

@@ -1,22 +1,29 @@
 """dyadic_jax.bridge: the host bridge between the draft worker and the verifier.
 
-Sessions (HELLO negotiation, generations and rounds), preallocated slots
-with a watchdog, the ZeroMQ transport, and the worker and verifier loops.
-The verifier takes its verification function as an argument (single-device
+A sans-I/O protocol core (`WorkerSession`, `VerifierSession`: pure state
+machines, messages and time in, messages and typed effects out), thin
+ZeroMQ drivers around them (`Worker`, `Verifier`), capabilities and HELLO
+negotiation, staging slots, the sampling audit, key files (`keys`) and the
+plan broadcast of a multi-rank verifier (`ranks`, imported on demand). The
+verifier takes its verification function as an argument (single-device
 `dyadic_jax.verify_chain` or the sharded one); this package never imports
-`sharding` (DESIGN.md section 1).
+`sharding` (docs/architecture.md).
 """
 
 from dyadic_jax.bridge.counters import Counters
-from dyadic_jax.bridge.hello import Capabilities, negotiate
+from dyadic_jax.bridge.effects import Plan, Propose, Send, Stage, Verify
+from dyadic_jax.bridge.hello import Capabilities
 from dyadic_jax.bridge.proposer import Proposal, draft_proposer
-from dyadic_jax.bridge.staging import SlotPool, SlotState, dense_rows
-from dyadic_jax.bridge.transport import Endpoint
-from dyadic_jax.bridge.verifier import Request, RoundResult, Verifier
+from dyadic_jax.bridge.transport import Curve, Endpoint
+from dyadic_jax.bridge.verifier import Outcome, Verifier
+from dyadic_jax.bridge.verifier_session import (Request, RoundResult,
+                                                VerifierSession)
 from dyadic_jax.bridge.worker import Worker, serve_forever
+from dyadic_jax.bridge.worker_session import WorkerSession
 
 __all__ = [
-    "Capabilities", "Counters", "Endpoint", "Proposal", "Request",
-    "RoundResult", "SlotPool", "SlotState", "Verifier", "Worker",
-    "dense_rows", "draft_proposer", "negotiate", "serve_forever",
+    "Capabilities", "Counters", "Curve", "Endpoint", "Outcome", "Plan",
+    "Propose", "Proposal", "Request", "RoundResult", "Send", "Stage",
+    "Verifier", "VerifierSession", "Verify", "Worker", "WorkerSession",
+    "draft_proposer", "serve_forever",
 ]

@@ -1,9 +1,11 @@
 """Counters: one per rejection `Code`, plus named events, thread safe.
 
-Every refusal the bridge makes is counted here by code and logged once, so
-that a snapshot accounts for every fault a run saw (DESIGN.md section 5).
-Events count what is not an error: rounds, commits, fallbacks, retries
-served from the reply cache, resyncs, reconnects.
+Every refusal the bridge makes is counted here by code and logged (rate
+limited), so that a snapshot accounts for every fault a run saw
+(docs/wire.md, "Counters"). Events count what is not an error: rounds,
+commits, fallbacks, retries served from the reply cache, resyncs,
+reconnects. Memory is bounded: one entry per `Code` and per event name
+(names are this code's, never a peer's).
 """
 
 import collections
@@ -24,8 +26,16 @@ class Counters:
     self._events = collections.Counter()
 
   def reject(self, code, detail=""):
-    """Counts one refusal of class `code` (a `Code`) and logs it."""
-    code = Code(code)
+    """Counts one refusal of class `code` and logs it.
+
+    Never raises: a value that is not a `Code` (a peer's unknown status or
+    reason) is counted as BAD_STATUS.
+    """
+    parsed = Code.parse(code) if not isinstance(code, Code) else code
+    if parsed is None:
+      detail = f"unknown code {code!r} {detail}"
+      parsed = Code.BAD_STATUS
+    code = parsed
     with self._lock:
       self._errors[code] += 1
     # Rate-limited: a fault storm must not turn into a log storm.
@@ -39,6 +49,10 @@ class Counters:
   def errors(self, code):
     with self._lock:
       return self._errors[Code(code)]
+
+  def total_errors(self):
+    with self._lock:
+      return sum(self._errors.values())
 
   def events(self, name):
     with self._lock:

@@ -1,9 +1,13 @@
 """HELLO: what each side is, and the bounds every buffer is sized from.
 
-Both sides send their `Capabilities`; a session opens only when every
-field is equal (no auto-upgrade, no fallback to a default, nothing enabled
-by an environment variable). Nothing is allocated before that: slots are
-sized from the agreed capabilities afterwards.
+Each side builds its own `Capabilities` from local configuration; they are
+checked against local limits when built (vocab <= MAX_VOCAB, depth <= 255,
+...). A peer's HELLO is compared with them field by field on the raw body
+(`mismatches`): nothing is computed from a peer-chosen number (no id-map
+hash of a peer's vocabulary, no allocation of its sizes), and a session
+opens only when every field is equal (no auto-upgrade, no fallback to a
+default, nothing enabled by an environment variable). Slots are sized from
+the local capabilities after agreement.
 """
 
 import dataclasses
@@ -12,14 +16,21 @@ import hashlib
 
 import numpy as np
 
-from dyadic_jax.constants import DEFAULT_VOCAB, SEMANTIC_ID
-from dyadic_jax.wire import codec, layouts
-from dyadic_jax.wire.errors import Code, ProtocolError
-from dyadic_jax.wire.layouts import Kind, Representation
+from dyadic_jax.constants import DEFAULT_VOCAB, MAX_VOCAB, SEMANTIC_ID
+from dyadic_jax.wire import codec
+from dyadic_jax.wire.layouts import Kind, Mode, Representation
 
 RNG_ABI = 1      # dyadic_jax.rng: seed -> generation -> round -> position ...
 PRECISION = 1    # float32 q on the 2^-24 grid
 VERIFIER_ID = "standard-speculative-v1"
+MAX_DEPTH = 255
+MAX_SLOTS = 16
+MAX_REQUESTS = 1024
+# Positions are folded into RNG keys and held in int64 by the proposer: a
+# STEP whose anchor + depth exceeds this is refused (ABSURD_LENGTH).
+MAX_POSITION = 1 << 62
+_TEXT = ("draft_id", "target_id", "id_map_hash", "semantic_id",
+         "verifier_id")
 
 
 def identity_map_hash(vocab):
@@ -33,23 +44,24 @@ class Capabilities:
   """One side's HELLO. Equal capabilities on both sides open a session.
 
   Attributes:
-    mode: layouts.WIRE_VERSION (sampled, q on the wire) or GREEDY_VERSION
-      (v1: token ids only, point-mass verification, never q).
-    vocab: V; any V in [2, 2^21].
-    max_depth: D, drafted positions per request and round.
-    max_requests: requests per batch slot.
-    max_slots: batch slots in flight.
-    representation: Representation of the q rows (DENSE or SPARSE).
-    max_support: k of sparse rows (V when dense).
-    draft_id, target_id: checkpoint identities.
+    mode: Mode.SAMPLED (q on the wire) or Mode.GREEDY (the v1 greedy mode:
+      token ids only, point-mass verification, never q).
+    vocab: V, in [2, MAX_VOCAB].
+    max_depth: D, drafted positions per request and round, in [1, 255].
+    max_requests: requests per batch slot, in [1, 1024].
+    max_slots: batch slots in flight, in [1, 16].
+    representation: Representation of the q rows (DENSE or SPARSE; TOKEN
+      on a greedy session).
+    max_support: k of sparse rows, in [1, V] (V when dense, 0 greedy).
+    draft_id, target_id: checkpoint identities (<= 32 bytes each).
     id_map_hash: hash of the global token id map (default: identity).
   """
-  mode: int = layouts.WIRE_VERSION
+  mode: int = Mode.SAMPLED
   vocab: int = DEFAULT_VOCAB
   max_depth: int = 5
   max_requests: int = 4
   max_slots: int = 2
-  representation: Representation = Representation.SPARSE
+  representation: int = Representation.SPARSE
   max_support: int = 32
   draft_id: str = "toy-draft"
   target_id: str = "toy-target"
@@ -60,26 +72,43 @@ class Capabilities:
   precision: int = PRECISION
 
   def __post_init__(self):
+    if self.mode not in tuple(Mode):
+      raise ValueError(f"Capabilities: unknown mode {self.mode}")
+    if not 2 <= self.vocab <= MAX_VOCAB:
+      raise ValueError(f"Capabilities: vocab {self.vocab} not in [2, "
+                       f"{MAX_VOCAB}]")
+    if not (1 <= self.max_depth <= MAX_DEPTH
+            and 1 <= self.max_requests <= MAX_REQUESTS
+            and 1 <= self.max_slots <= MAX_SLOTS):
+      raise ValueError(f"Capabilities: depth {self.max_depth} not in [1, "
+                       f"{MAX_DEPTH}], requests {self.max_requests} not in "
+                       f"[1, {MAX_REQUESTS}] or slots {self.max_slots} not in "
+                       f"[1, {MAX_SLOTS}]")
+    set_ = functools.partial(object.__setattr__, self)
+    set_("mode", Mode(self.mode))
+    if self.mode == Mode.GREEDY:
+      set_("representation", Representation.TOKEN)
+      set_("max_support", 0)
+    elif self.representation == Representation.DENSE:
+      set_("representation", Representation.DENSE)
+      set_("max_support", self.vocab)
+    elif self.representation == Representation.SPARSE:
+      set_("representation", Representation.SPARSE)
+      if not 1 <= self.max_support <= self.vocab:
+        raise ValueError(f"Capabilities: max_support {self.max_support} not "
+                         f"in [1, {self.vocab}]")
+    else:
+      raise ValueError(f"Capabilities: representation {self.representation} "
+                       "on a sampled session")
     if not self.id_map_hash:
-      object.__setattr__(self, "id_map_hash", identity_map_hash(self.vocab))
-    if self.representation == Representation.DENSE:
-      object.__setattr__(self, "max_support", self.vocab)
-    if self.mode == layouts.GREEDY_VERSION:
-      object.__setattr__(self, "representation", Representation.TOKEN)
-      object.__setattr__(self, "max_support", 0)
-    for name in ("draft_id", "target_id", "id_map_hash", "semantic_id",
-                 "verifier_id"):
+      set_("id_map_hash", identity_map_hash(self.vocab))
+    for name in _TEXT:
       if len(getattr(self, name).encode()) > 32:
         raise ValueError(f"Capabilities: {name} longer than 32 bytes")
-    if self.mode not in (layouts.WIRE_VERSION, layouts.GREEDY_VERSION):
-      raise ValueError(f"Capabilities: unknown mode {self.mode}")
-    if not 1 <= self.max_depth <= 255 or not 1 <= self.max_requests < (
-        layouts.ALL_REQUESTS) or not 1 <= self.max_slots:
-      raise ValueError(f"Capabilities: bad bounds {self}")
 
   @property
   def greedy(self):
-    return self.mode == layouts.GREEDY_VERSION
+    return self.mode == Mode.GREEDY
 
   @property
   def width(self):
@@ -89,73 +118,50 @@ class Capabilities:
   @functools.cached_property
   def bounds(self):
     # Read for every decoded frame: built once (frozen: it cannot change).
-    return codec.Bounds(vocab=self.vocab, max_support=max(self.max_support, 1),
-                        max_depth=self.max_depth, versions=(self.mode,),
-                        greedy=self.greedy)
+    return codec.Bounds(vocab=self.vocab, depth=self.max_depth,
+                        width=self.width, representation=self.representation,
+                        max_requests=self.max_requests)
+
+  @property
+  def format(self):
+    return self.bounds.format
 
   @property
   def max_reply_bytes(self):
-    """Bytes of one batch's replies: rows of every request and position."""
-    row = layouts.frame_bytes(Kind.REPLY, self.width, self.representation)
-    per_request = (self.max_depth * row
-                   + layouts.frame_bytes(Kind.COMPLETION))
-    return self.max_requests * per_request
+    """Bytes of one batch's reply message: R x (REPLY + COMPLETION)."""
+    return self.bounds.max_reply_message
 
-  def body(self):
+  def body(self, nonce=b""):
+    """The HELLO body fields (a dict for `codec.encode`)."""
     fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
     fields = {k: (v.encode() if isinstance(v, str) else int(v))
               for k, v in fields.items()}
     fields["max_reply_bytes"] = self.max_reply_bytes
+    fields["nonce"] = bytes(nonce)
     return fields
 
-  @classmethod
-  def from_body(cls, body):
-    """Capabilities from a decoded HELLO body (raises on a bad field)."""
-    get = lambda name: body[name]
-    text = lambda name: bytes(get(name)).rstrip(b"\0").decode("ascii",
-                                                              "replace")
-    try:
-      return cls(mode=int(get("mode")), vocab=int(get("vocab")),
-                 max_depth=int(get("max_depth")),
-                 max_requests=int(get("max_requests")),
-                 max_slots=int(get("max_slots")),
-                 representation=Representation(int(get("representation"))),
-                 max_support=int(get("max_support")),
-                 draft_id=text("draft_id"), target_id=text("target_id"),
-                 id_map_hash=text("id_map_hash"),
-                 semantic_id=text("semantic_id"),
-                 verifier_id=text("verifier_id"),
-                 rng_abi=int(get("rng_abi")), precision=int(get("precision")))
-    except ValueError as e:
-      raise ProtocolError(Code.IDENTITY_MISMATCH, str(e)) from None
+  @functools.cached_property
+  def _expected(self):
+    body = codec.decode(hello_frame(self, 0, bytes(32)),
+                        codec.HELLO_BOUNDS).body
+    return body._replace(nonce=b"")
 
 
-def hello_frame(caps, session):
+def mismatches(mine, body):
+  """The fields of a received HELLO body that differ from `mine`.
+
+  Plain comparisons of fixed-size fields: nothing proportional to a
+  peer-chosen value is computed or allocated. Empty: the sides agree.
+  """
+  theirs = body._replace(nonce=b"")
+  want = mine._expected
+  return [f"{name}: {getattr(want, name)!r} != {getattr(theirs, name)!r}"
+          for name in want._fields if getattr(want, name) != getattr(
+              theirs, name)]
+
+
+def hello_frame(caps, session, nonce, send=None):
+  """A HELLO frame of `caps` for `session` with `nonce`, sealed by `send`."""
   return codec.encode(Kind.HELLO, session=session, generation=0, round_id=0,
-                      body=caps.body(), version=caps.mode)
+                      body=caps.body(nonce), send=send)
 
-
-def negotiate(mine, theirs):
-  """Raises ProtocolError(IDENTITY_MISMATCH) unless the two sides agree."""
-  differ = [f.name for f in dataclasses.fields(mine)
-            if getattr(mine, f.name) != getattr(theirs, f.name)]
-  if differ:
-    raise ProtocolError(Code.IDENTITY_MISMATCH, ", ".join(
-        f"{n}: {getattr(mine, n)!r} != {getattr(theirs, n)!r}"
-        for n in differ))
-  return mine
-
-
-# The HELLO decoder: any version and the largest bounds, before a session
-# knows its own (the body is fixed-size; REPLY frames are refused here).
-HELLO_BOUNDS = codec.Bounds(vocab=1, max_support=1, max_depth=1,
-                            versions=(layouts.GREEDY_VERSION,
-                                      layouts.WIRE_VERSION))
-
-
-def decode_hello(buf):
-  """Capabilities and session id of a HELLO frame; ProtocolError if not."""
-  frame = codec.decode(buf, HELLO_BOUNDS)
-  if int(frame.header["kind"]) != Kind.HELLO:
-    raise ProtocolError(Code.BAD_SEQUENCE, "expected HELLO")
-  return Capabilities.from_body(frame.body), int(frame.header["session"])

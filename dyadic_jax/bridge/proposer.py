@@ -4,10 +4,15 @@
 ops: for i = 0..D-1, logits of the position after x_{i-1} (x_{-1} is the
 committed token before the anchor), `draft_weights`, `allocate_sparse`
 (top-k) or `allocate_dense`, and x_i drawn from the counts with the
-PROPOSAL key of (seed, generation, round, anchor + i). The worker leader is
-the only owner of these keys; a retry resends the cached bytes instead of
-drawing again. Any callable with the same signature can replace it (a
-model-specific draft, e.g. a parallel backbone with a Markov head).
+PROPOSAL key of (seed, generation, round, anchor + i) (`audit.
+proposal_draw`, what the verifier's sampling audit recomputes). The worker
+leader is the only owner of these keys; a retry resends the cached bytes
+instead of drawing again. Any callable with the same signature can replace
+it (a model-specific draft, e.g. a parallel backbone with a Markov head).
+
+With `out` (the `Rows` views of a REPLY frame, from `Propose.rows`) the
+proposer writes tokens, n and q straight into the frame: one copy from
+the draft's output to the wire.
 """
 
 import functools
@@ -17,9 +22,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from dyadic_jax import allocation, codec, draws, rng, weights
+from dyadic_jax import allocation, codec, draws, weights
+from dyadic_jax.bridge import audit
+from dyadic_jax.bridge.hello import MAX_POSITION
 from dyadic_jax.errors import raise_for_status
 from dyadic_jax.wire.layouts import Representation
+
+_U32, _U64 = (1 << 32) - 1, (1 << 64) - 1
 
 
 class Proposal(typing.NamedTuple):
@@ -27,9 +36,9 @@ class Proposal(typing.NamedTuple):
 
   tokens: int32[D], x_1..x_D.
   values: float32[D, n] q rows (dense n = V; sparse: the first n_i entries
-    of row i are meaningful), or None on a greedy (v1) session.
+    of row i are meaningful), or None on a greedy session.
   ids: int32[D, k] ascending global ids of sparse rows (padding -1), or None.
-  n: int32[D] entries per row (V for dense rows).
+  n: int32[D] entries per row (V for dense rows, 0 greedy).
   """
   tokens: np.ndarray
   values: np.ndarray | None = None
@@ -37,8 +46,31 @@ class Proposal(typing.NamedTuple):
   n: np.ndarray | None = None
 
 
+def check_step(caps, seed, generation, round_id, anchor, last_token, depth):
+  """Raises ValueError unless the draw's inputs are within local bounds."""
+  if not (0 <= seed <= _U64 and 0 <= generation <= _U32
+          and 0 <= round_id <= _U32 and 1 <= depth <= caps.max_depth
+          and 0 <= anchor and anchor + depth <= MAX_POSITION
+          and 0 <= last_token < caps.vocab):
+    raise ValueError(f"proposer: seed {seed}, generation {generation}, round "
+                     f"{round_id}, anchor {anchor}, last token {last_token}, "
+                     f"depth {depth} out of bounds")
+
+
+def write(out, proposal):
+  """Copies a Proposal into the Rows views of a REPLY frame."""
+  depth = len(proposal.tokens)
+  out.tokens[:] = proposal.tokens
+  out.n[:] = 0 if proposal.n is None else proposal.n
+  if out.values is not None:
+    np.copyto(out.values[:depth], proposal.values)
+  if out.ids is not None:
+    np.copyto(out.ids[:depth], proposal.ids)
+
+
 def draft_proposer(logits_fn, caps, *, backbone_fn=None):
-  """A proposer `(seed, generation, round_id, anchor, last_token, depth)`.
+  """A proposer `(seed, generation, round_id, anchor, last_token, depth,
+  out=None) -> Proposal`.
 
   logits_fn: jax-traceable `prev_token int32[] -> float32[V]`: the
     sequential part of the draft logits of the position after prev_token
@@ -47,12 +79,14 @@ def draft_proposer(logits_fn, caps, *, backbone_fn=None):
     depth) -> float32[depth, V]`: a parallel backbone that produces base
     logits for all D positions at once from the committed context; row i
     is added to logits_fn(x_{i-1}) (a DSpark-style draft).
+  Raises ValueError on inputs out of bounds (`check_step`) and DyadicError
+  when a draft row is refused (e.g. NaN draft logits).
   """
   k = caps.max_support
 
   @functools.partial(jax.jit, static_argnums=(5,))
   def chain(seed, generation, round_id, anchor, last_token, depth):
-    key = rng.round_key(seed, generation, round_id)
+    key = audit.round_key(seed, generation, round_id)
     base = None if backbone_fn is None else backbone_fn(last_token, anchor,
                                                         depth)
     prev = last_token
@@ -71,8 +105,8 @@ def draft_proposer(logits_fn, caps, *, backbone_fn=None):
       else:
         counts, a_status = allocation.allocate_dense(w)
         ids, n = None, jnp.int32(counts.shape[-1])
-      u = rng.draw24(rng.draw_key(key, anchor + i, rng.Domain.PROPOSAL))
-      index = draws.sample_counts(counts, u)
+      index = draws.sample_counts(counts, audit.proposal_draw(key,
+                                                              anchor + i))
       prev = index if ids is None else ids[index]
       status = jnp.where(w_status != 0, w_status, a_status)
       out.append((prev, status, codec.counts_to_q(counts), ids, n))
@@ -80,16 +114,25 @@ def draft_proposer(logits_fn, caps, *, backbone_fn=None):
                for parts in zip(*out)]
     return tuple(stacked)
 
-  def propose(seed, generation, round_id, anchor, last_token, depth):
+  def propose(seed, generation, round_id, anchor, last_token, depth,
+              out=None):
+    check_step(caps, int(seed), int(generation), int(round_id), int(anchor),
+               int(last_token), int(depth))
     with jax.enable_x64(True):
       parts = chain(np.uint64(seed).view(np.int64), np.uint32(generation),
                     np.uint32(round_id), np.int64(anchor),
                     np.int32(last_token), int(depth))
     parts = [None if p is None else np.asarray(p) for p in parts]
     if caps.greedy:
-      return Proposal(parts[0].astype(np.int32))
-    tokens, status, values, ids, n = parts
-    raise_for_status("draft_proposer", status)
-    return Proposal(tokens.astype(np.int32), values, ids, n)
+      proposal = Proposal(parts[0].astype(np.int32), None, None,
+                          np.zeros(depth, np.int32))
+    else:
+      tokens, status, values, ids, n = parts
+      raise_for_status("draft_proposer", status)
+      proposal = Proposal(tokens.astype(np.int32), values, ids,
+                          np.asarray(n, np.int32))
+    if out is not None:
+      write(out, proposal)
+    return proposal
 
   return propose

@@ -1,78 +1,197 @@
-"""ZeroMQ transport: one multipart message per exchange, frames zero-copy.
+"""ZeroMQ transport: one message part per bridge message, bounded, no waits.
 
 The worker binds a ROUTER socket, the verifier connects a DEALER, over TCP
 on loopback (`tcp://127.0.0.1:PORT`, port 0 picks a free one) or over ipc
-(`ipc:///path`). One message is a list of wire frames; large frames travel
-without a copy in either direction (`copy=False`): a sender's buffer is
-handed to ZeroMQ, and `send` returns a tracker that says when ZeroMQ let go
-of it, so a slot is not rewritten while its bytes are still queued. A
-receiver gets the frames as `zmq.Frame` buffers that decode reads in place.
+(`ipc:///path`). A bridge message (frames back to back, `wire.codec`)
+travels as ONE ZeroMQ message part, so that ZMQ_MAXMSGSIZE bounds a whole
+message: libzmq disconnects a peer whose message part is larger, before
+allocating it (the bound comes from the local capabilities: the worker
+receives at most one STEP/COMMIT/RESET frame per request, the verifier at
+most one reply message; before its session opens, the verifier's socket
+takes HELLO-sized messages only). A message with the wrong number of parts
+is refused (counted as ABSURD_LENGTH) without being read.
+
+Nothing waits without a deadline: `recv` polls with a timeout, `send`
+never blocks (ZMQ_DONTWAIT; a full queue or an unroutable peer is a
+dropped message, counted as `send_dropped`, and the exchange falls back or
+the peer retries). High-water marks bound what ZeroMQ queues for a peer in
+each direction. Large parts (64 KiB and more) are sent without a copy and
+tracked (`send` returns the tracker): the worker reuses a slot buffer only
+once ZeroMQ let go of it, and takes a new one instead of waiting.
+
+Confidentiality (`curve=`): ZeroMQ CURVE (CurveZMQ): the verifier
+authenticates the worker's public key and encrypts; the worker accepts
+only the verifier key it was given (a ZAP handler of its own). Keys come
+from `bridge.keys`. It costs about 28 ms one way for a 10.3 MB dense batch
+on this project's CPUs (4 ms in the clear), nothing visible for sparse
+rounds (experiments/bench_bridge.py measures it).
 """
+
+import threading
 
 import zmq
 
-COPY_THRESHOLD = 64 * 1024   # smaller frames are cheaper to copy than to track
+from dyadic_jax.wire.errors import Code
+
+COPY_THRESHOLD = 64 * 1024   # smaller parts are cheaper to copy than to track
+HWM = 8                      # messages queued per peer and direction
+HELLO_MESSAGE = 4096         # the verifier's bound before its session opens
 
 
 def _context():
   return zmq.Context.instance()
 
 
+class _Zap(threading.Thread):
+  """A ZAP handler (RFC 27) that admits one CURVE client key, no other."""
+
+  def __init__(self, context, client_public):
+    super().__init__(daemon=True, name="bridge-zap")
+    self._key = zmq.utils.z85.decode(client_public)
+    self._socket = context.socket(zmq.REP)
+    self._socket.setsockopt(zmq.LINGER, 0)
+    self._socket.bind("inproc://zeromq.zap.01")
+    self._stop = threading.Event()
+    self.start()
+
+  def run(self):
+    while not self._stop.is_set():
+      if not self._socket.poll(50):
+        continue
+      parts = self._socket.recv_multipart()
+      version, request_id = parts[0], parts[1]
+      mechanism = parts[5] if len(parts) > 5 else b""
+      key = parts[6] if len(parts) > 6 else b""
+      ok = mechanism == b"CURVE" and key == self._key
+      self._socket.send_multipart([
+          version, request_id, b"200" if ok else b"400",
+          b"OK" if ok else b"unknown key", b"", b""])
+    self._socket.close(linger=0)
+
+  def stop(self):
+    self._stop.set()
+    self.join(1.0)
+
+
+class Curve:
+  """CURVE key material of one side (z85 text keys, from `bridge.keys`).
+
+  server_public: the worker's public key (both sides);
+  secret_key/public_key: this side's pair; client_public: the verifier's
+  public key (the worker admits it alone).
+  """
+
+  def __init__(self, *, public_key, secret_key, server_public,
+               client_public=None):
+    self.public_key = public_key
+    self.secret_key = secret_key
+    self.server_public = server_public
+    self.client_public = client_public
+
+
 class Endpoint:
   """One socket: `bind` (worker, ROUTER) or `connect` (verifier, DEALER)."""
 
-  def __init__(self, socket, address, routed):
+  def __init__(self, socket, address, routed, counters=None, zap=None,
+               context=None):
     self.socket = socket
     self.address = address
     self._routed = routed
+    self.counters = counters
+    self._zap = zap
+    self._context = context     # a CURVE endpoint's own (its ZAP handler)
+
+  @staticmethod
+  def _options(socket, max_message):
+    socket.setsockopt(zmq.LINGER, 0)
+    socket.setsockopt(zmq.SNDHWM, HWM)
+    socket.setsockopt(zmq.RCVHWM, HWM)
+    socket.setsockopt(zmq.MAXMSGSIZE, int(max_message))
 
   @classmethod
-  def bind(cls, address):
-    """A ROUTER bound at `address`; tcp port 0 picks a free port."""
-    socket = _context().socket(zmq.ROUTER)
-    socket.setsockopt(zmq.LINGER, 0)
+  def bind(cls, address, *, max_message, curve=None, counters=None):
+    """A ROUTER bound at `address`; tcp port 0 picks a free port.
+
+    max_message: the largest message part accepted (ZMQ_MAXMSGSIZE).
+    """
+    # One ZAP handler per context: a CURVE endpoint gets a context of its own.
+    context = None if curve is None else zmq.Context()
+    socket = (context or _context()).socket(zmq.ROUTER)
+    cls._options(socket, max_message)
+    socket.setsockopt(zmq.ROUTER_MANDATORY, 1)
+    zap = None
+    if curve is not None:
+      zap = _Zap(context, curve.client_public)
+      socket.setsockopt(zmq.ZAP_DOMAIN, b"dyadic-bridge")
+      socket.curve_secretkey = curve.secret_key
+      socket.curve_publickey = curve.public_key
+      socket.curve_server = True
     if address.startswith("tcp://") and address.endswith(":0"):
       port = socket.bind_to_random_port(address[:-2])
       address = f"{address[:-2]}:{port}"
     else:
       socket.bind(address)
-    return cls(socket, address, routed=True)
+    return cls(socket, address, True, counters, zap, context)
 
   @classmethod
-  def connect(cls, address):
+  def connect(cls, address, *, max_message, curve=None, counters=None):
     """A DEALER connected to `address` (reconnects by itself)."""
     socket = _context().socket(zmq.DEALER)
-    socket.setsockopt(zmq.LINGER, 0)
+    cls._options(socket, max_message)
     socket.setsockopt(zmq.RECONNECT_IVL, 20)
+    if curve is not None:
+      socket.curve_secretkey = curve.secret_key
+      socket.curve_publickey = curve.public_key
+      socket.curve_serverkey = curve.server_public
     socket.connect(address)
-    return cls(socket, address, routed=False)
+    return cls(socket, address, False, counters)
 
-  def send(self, frames, peer=None):
-    """Sends `frames` (buffers) as one message; returns a MessageTracker.
+  def _event(self, name):
+    if self.counters is not None:
+      self.counters.event(name)
 
-    peer: the routing id a ROUTER answers (from `recv`).
+  def send(self, message, peer=None):
+    """Sends one message (one part) without blocking.
+
+    Returns (sent, tracker): sent is False when ZeroMQ could not take it
+    (a full queue, a peer that is gone: counted as `send_dropped`);
+    tracker says when ZeroMQ let go of a zero-copy buffer (None: copied).
     """
-    parts = ([peer] if self._routed else []) + list(frames)
-    copy = [len(memoryview(p)) < COPY_THRESHOLD for p in parts]
-    tracker = None
-    for i, part in enumerate(parts):
-      flags = zmq.SNDMORE if i + 1 < len(parts) else 0
-      if copy[i]:
-        self.socket.send(part, flags, copy=True)
-      else:
-        tracker = self.socket.send(part, flags, copy=False, track=True)
-    return tracker
+    big = len(memoryview(message)) >= COPY_THRESHOLD
+    try:
+      if self._routed:
+        self.socket.send(peer, zmq.SNDMORE | zmq.DONTWAIT)
+      tracker = self.socket.send(message, zmq.DONTWAIT, copy=not big,
+                                 track=big)
+    except zmq.ZMQError:
+      self._event("send_dropped")
+      return False, None
+    return True, (tracker if big else None)
 
   def recv(self, timeout_s):
-    """(peer, frames) of the next message, or None after `timeout_s`.
+    """(peer, message) of the next message, or None after `timeout_s`.
 
-    frames: memoryviews onto ZeroMQ's buffers (valid while referenced).
+    message: a memoryview onto ZeroMQ's buffer (valid while referenced).
+    A message with the wrong number of parts is refused unread (None).
     """
     if not self.socket.poll(max(0, int(timeout_s * 1000))):
       return None
-    parts = self.socket.recv_multipart(copy=False)
-    peer = parts.pop(0).bytes if self._routed else None
-    return peer, [p.buffer for p in parts]
+    try:
+      parts = self.socket.recv_multipart(copy=False, flags=zmq.DONTWAIT)
+    except zmq.Again:
+      return None
+    want = 2 if self._routed else 1
+    if len(parts) != want:
+      if self.counters is not None:
+        self.counters.reject(Code.ABSURD_LENGTH,
+                             f"message of {len(parts)} parts")
+      return None
+    peer = parts[0].bytes if self._routed else None
+    return peer, parts[-1].buffer
 
   def close(self):
     self.socket.close(linger=0)
+    if self._zap is not None:
+      self._zap.stop()
+    if self._context is not None:
+      self._context.term()

@@ -1,8 +1,11 @@
-"""dyadic_jax.wire: the v2 wire format, numpy only (no sockets).
+"""dyadic_jax.wire: the v3 wire format (no sockets).
 
-This layer refuses bad bytes before any use: one exception type,
-`ProtocolError`, whose `.code` names the rejection class. So far it holds
-the row validator; the message layouts build on it (docs/wire.md).
+Frames and messages (`codec`), their layouts (`layouts`), frame tags
+(`auth`: keyed BLAKE3 MAC, or CRC32C when insecure), one object per q
+representation (`qformats`), the row validator (`validate_q_row`) and the
+rejection classes: one exception type, `ProtocolError`, whose `.code` is a
+`Code`. This layer refuses bad bytes before any use; docs/wire.md has the
+layouts and the decoding order.
 """
 
 from dyadic_jax.wire.errors import Code, ProtocolError

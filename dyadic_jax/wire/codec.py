@@ -1,274 +1,302 @@
-"""Encode and decode wire v2 frames through numpy views, bounds first.
+"""Encode and decode wire v3 frames and messages, bounds first.
 
-`decode` reads nothing beyond what the header and the negotiated `Bounds`
-allow, in this order: header size, magic, version, kind, declared length
-against the bounds and the buffer, CRC32C, then the body and (REPLY) the q
-row, which `validate_q_row` checks before anything can use it. Payload
-arrays are views into the received buffer (no per-element Python loop, no
-copy); encode writes the row's bytes once into the frame.
+A message (one ZeroMQ message part) is a sequence of frames back to back;
+`split` cuts it into frames by their `length` fields, refusing more frames
+or bytes than the receiver's local bounds allow before anything else is
+read. `decode` then reads one frame in this order, stopping at the first
+failure (docs/wire.md, "Decoding order"):
+
+  1. header size, magic, version, kind, declared length = frame size;
+  2. the tag (`auth.check`): nothing of an unauthenticated frame's body is
+     read;
+  3. the body size of the kind; for a REPLY its representation, depth,
+     width, declared mass and payload size against the session's `Bounds`,
+     then views of its rows (no copy). The rows' values are validated by
+     their q format (`qformats`), by the caller, before any use
+     (`decode(..., validate_rows=True)` does it here, for tests and fuzz).
+
+Fields are read with `struct` (no numpy record per frame): the hot path
+reads a header in about a microsecond.
 """
 
-import functools
+import struct
 import typing
 
-import crc32c
 import numpy as np
 
-from dyadic_jax.wire import layouts
+from dyadic_jax.constants import M
+from dyadic_jax.wire import auth, layouts, qformats
 from dyadic_jax.wire.errors import Code, ProtocolError
-from dyadic_jax.wire.layouts import (CRC_COVERS_FROM, HEADER, Kind,
+from dyadic_jax.wire.layouts import (FIXED_BYTES, HEADER_BYTES, Kind, Mode,
                                      Representation)
-from dyadic_jax.wire.validate import validate_q_row
+
+_LENGTH = struct.Struct("<I")
+_LENGTH_OFFSET = 8
+_FIXED_KINDS = frozenset(k for k in Kind if k != Kind.REPLY)
+_KINDS = {int(k): k for k in Kind}
+_REPRESENTATIONS = {int(r): r for r in Representation}
+_MAX_FIXED = max(FIXED_BYTES[k] for k in _FIXED_KINDS)
 
 
 class Bounds(typing.NamedTuple):
   """What a session negotiated (HELLO); checked before any allocation.
 
-  greedy: a v1 session: REPLY rows carry the token alone (TOKEN), and any
-  row with q is refused as SAMPLED_ON_GREEDY; on a sampled (v2) session a
-  TOKEN row is refused as MISSING_Q (never sampled ids without their q).
+  width: entries per q row (V dense, k sparse, 0 greedy).
   """
   vocab: int
-  max_support: int        # largest sparse n (== vocab when dense rows)
-  max_depth: int
-  versions: tuple = (layouts.WIRE_VERSION,)
-  greedy: bool = False
+  depth: int
+  width: int
+  representation: int = Representation.SPARSE
+  max_requests: int = 1
+
+  @property
+  def mode(self):
+    return (Mode.GREEDY if self.representation == Representation.TOKEN
+            else Mode.SAMPLED)
+
+  @property
+  def format(self):
+    return qformats.get(self.representation)
+
+  def reply_bytes(self, depth=None):
+    """Exact size of a REPLY frame of `depth` rows (default: the bound)."""
+    depth = self.depth if depth is None else depth
+    return FIXED_BYTES[Kind.REPLY] + self.format.payload_bytes(depth,
+                                                               self.width)
 
   @property
   def max_frame(self):
-    return _max_frame(self.vocab, self.max_support)
+    return max(self.reply_bytes(), _MAX_FIXED)
+
+  @property
+  def max_reply_message(self):
+    """Largest worker -> verifier message: R (REPLY + COMPLETION)."""
+    return self.max_requests * (self.reply_bytes()
+                                + FIXED_BYTES[Kind.COMPLETION])
+
+  @property
+  def max_request_message(self):
+    """Largest verifier -> worker message: R fixed frames (or one HELLO)."""
+    return max(FIXED_BYTES[Kind.HELLO], self.max_requests * max(
+        FIXED_BYTES[k] for k in (Kind.STEP, Kind.COMMIT, Kind.RESET)))
 
 
-@functools.lru_cache(maxsize=64)
-def _max_frame(vocab, max_support):
-  # Read on every decode: computed once per session's bounds.
-  return max(layouts.frame_bytes(Kind.REPLY, vocab),
-             layouts.frame_bytes(Kind.REPLY, max_support,
-                                 Representation.SPARSE),
-             max(layouts.frame_bytes(k) for k in Kind if k != Kind.REPLY))
+# Fixed-size frames only (HELLO, RESET, ...): what a side reads before any
+# session exists. A REPLY is refused under them (width and depth 0).
+HELLO_BOUNDS = Bounds(vocab=1, depth=0, width=0,
+                      representation=Representation.TOKEN)
 
 
 class Frame(typing.NamedTuple):
-  """A decoded frame: header and body as numpy records, and the q row."""
-  header: np.void
-  body: np.void
-  values: np.ndarray | None = None   # float32 q (REPLY only)
-  ids: np.ndarray | None = None      # int32 ids (sparse REPLY only)
-  counts: np.ndarray | None = None   # validated int32 counts (REPLY only)
+  """A decoded frame: header and body fields, and a REPLY's rows (views)."""
+  header: layouts.Header
+  body: typing.Any                     # layouts.BODY_TYPES[kind]
+  raw: memoryview                      # the frame's bytes
+  rows: qformats.Rows | None = None    # REPLY only
+  counts: typing.Any = None            # validate_rows=True only
+
+  @property
+  def kind(self):
+    return Kind(self.header.kind)
+
+  @property
+  def tag(self):
+    return (self.header.generation, self.header.round)
 
 
-def checksum(buf):
-  """CRC32C (Castagnoli) of a bytes-like object."""
-  return crc32c.crc32c(buf)
+def split(message, *, max_frames, max_bytes):
+  """The frames of one message (memoryviews), sizes checked first.
 
-
-_POLY = 0x82F63B78       # CRC32C, reflected
-_COMBINE_FROM = 1 << 16  # smaller frames are cheaper to read than to combine
-
-
-def _mulmod(a, b):
-  """a * b modulo the CRC32C polynomial over GF(2), reflected bits."""
-  m, p = 1 << 31, 0
-  while True:
-    if a & m:
-      p ^= b
-      if not a & (m - 1):
-        return p
-    m >>= 1
-    b = (b >> 1) ^ _POLY if b & 1 else b >> 1
-
-
-_X2N = [1 << 30]         # x^(2^n) mod P, n = 0..63
-for _ in range(63):
-  _X2N.append(_mulmod(_X2N[-1], _X2N[-1]))
-
-
-@functools.lru_cache(maxsize=256)
-def _x8n(n):
-  """x^(8 n) mod P: shifts a CRC over n zero bytes."""
-  p, k = 1 << 31, 3
-  while n:
-    if n & 1:
-      p = _mulmod(_X2N[k & 63], p)
-    n, k = n >> 1, k + 1
-  return p
-
-
-def crc_combine(crc_a, crc_b, len_b):
-  """CRC32C of A + B from crc(A), crc(B) and len(B), without reading B."""
-  return _mulmod(_x8n(len_b), crc_a) ^ crc_b
-
-
-def frame_crc(frame, crc=0):
-  """crc32c.crc32c(frame, crc) of a frame whose header CRC is known good.
-
-  For a frame just encoded, or one `decode` accepted: the header's CRC
-  covers bytes [16, length), so only the first 16 bytes are read and the
-  rest is combined in (large frames; small ones are read, which is faster).
+  Refuses a message of more than `max_bytes` bytes (ABSURD_LENGTH), an
+  empty one (TRUNCATED), a frame whose declared length is below the header
+  size (UNEXPECTED_SIZE) or beyond the message (TRUNCATED), and more than
+  `max_frames` frames (ABSURD_LENGTH), without reading any frame body.
   """
-  n = len(frame)
-  if n < _COMBINE_FROM:
-    return crc32c.crc32c(frame, crc)
-  head = crc32c.crc32c(memoryview(frame)[:CRC_COVERS_FROM], crc)
-  stored = int.from_bytes(memoryview(frame)[12:16], "little")
-  return crc_combine(head, stored, n - CRC_COVERS_FROM)
+  buf = memoryview(message).cast("B")
+  size = len(buf)
+  if size > max_bytes:
+    raise ProtocolError(Code.ABSURD_LENGTH, f"message of {size} bytes, bound "
+                        f"{max_bytes}")
+  if size == 0:
+    raise ProtocolError(Code.TRUNCATED, "empty message")
+  frames, offset = [], 0
+  while offset < size:
+    if size - offset < HEADER_BYTES:
+      raise ProtocolError(Code.TRUNCATED, f"{size - offset} bytes after "
+                          f"frame {len(frames)}")
+    if len(frames) == max_frames:
+      raise ProtocolError(Code.ABSURD_LENGTH, f"more than {max_frames} frames")
+    (length,) = _LENGTH.unpack_from(buf, offset + _LENGTH_OFFSET)
+    if length < HEADER_BYTES:
+      raise ProtocolError(Code.UNEXPECTED_SIZE, f"declared length {length}")
+    if length > size - offset:
+      raise ProtocolError(Code.TRUNCATED, f"frame of {length} bytes, "
+                          f"{size - offset} left")
+    frames.append(buf[offset:offset + length])
+    offset += length
+  return frames
 
 
-def encode(kind, *, session, generation, round_id, body=None, values=None,
-           ids=None, version=layouts.WIRE_VERSION, out=None):
-  """One frame. body: dict of body fields; REPLY: values (+ ids), or neither
-  for a v1 TOKEN row.
+def header(frame):
+  """The header of one frame (memoryview): magic, version, kind, length."""
+  if len(frame) < HEADER_BYTES:
+    raise ProtocolError(Code.TRUNCATED, f"{len(frame)} bytes, header needs "
+                        f"{HEADER_BYTES}")
+  h = layouts.Header._make(layouts.HEADER_STRUCT.unpack_from(frame))
+  if h.magic != layouts.MAGIC:
+    raise ProtocolError(Code.BAD_MAGIC, repr(h.magic))
+  if h.version != layouts.WIRE_VERSION:
+    raise ProtocolError(Code.UNSUPPORTED_VERSION, str(h.version))
+  if h.kind not in _KINDS:
+    raise ProtocolError(Code.UNKNOWN_KIND, str(h.kind))
+  if h.length != len(frame):
+    code = Code.TRUNCATED if h.length > len(frame) else Code.UNEXPECTED_SIZE
+    raise ProtocolError(code, f"{len(frame)} bytes, header says {h.length}")
+  return h
 
-  Returns bytes, or, with `out` (a writable buffer of at least the frame's
-  size, e.g. a preallocated staging buffer), a memoryview of the frame
-  written at its start: the payload is copied exactly once.
+
+def decode(frame, bounds, recv=None, *, validate_rows=False):
+  """Decodes one frame; raises ProtocolError on any defect.
+
+  bounds: the session's `Bounds` (HELLO_BOUNDS before a session).
+  recv: the `auth.Tagger` the frame must verify with (None: not checked;
+    tests and tools only). A frame that fails it is AUTH_FAILED and nothing
+    after the header is read.
+  validate_rows: validate a REPLY's rows with its q format (numpy) and
+    raise the first refused row's code; `counts` is then set.
+  """
+  frame = memoryview(frame).cast("B")
+  h = header(frame)
+  if recv is not None and not auth.check(frame, recv):
+    raise ProtocolError(Code.AUTH_FAILED, f"{Kind(h.kind).name} frame")
+  kind = _KINDS[h.kind]
+  fixed = FIXED_BYTES[kind]
+  if kind in _FIXED_KINDS:
+    if h.length != fixed:
+      raise ProtocolError(Code.UNEXPECTED_SIZE, f"{kind.name} of {h.length} "
+                          "bytes")
+    return Frame(h, _body(kind, frame), frame)
+  if h.length < fixed:
+    raise ProtocolError(Code.TRUNCATED, "REPLY body cut short")
+  body = _body(kind, frame)
+  fmt = _reply_format(body, bounds)
+  if not 1 <= body.depth <= bounds.depth:
+    raise ProtocolError(Code.ABSURD_LENGTH, f"REPLY of {body.depth} rows, "
+                        f"bound {bounds.depth}")
+  if body.width != bounds.width:
+    code = (Code.ABSURD_LENGTH if body.width > bounds.width
+            else Code.UNEXPECTED_SIZE)
+    raise ProtocolError(code, f"rows of {body.width} entries, session "
+                        f"{bounds.width}")
+  if h.length != fixed + fmt.payload_bytes(body.depth, body.width):
+    raise ProtocolError(Code.UNEXPECTED_SIZE, f"REPLY of {body.depth} x "
+                        f"{body.width} in {h.length} bytes")
+  mass = 0 if fmt.representation == Representation.TOKEN else M
+  if body.mass != mass:
+    raise ProtocolError(Code.WRONG_MASS, f"declared mass {body.mass}")
+  rows = fmt.rows(frame, fixed, body.depth, body.width)
+  counts = None
+  if validate_rows:
+    verdict = fmt.validate(rows, vocab=bounds.vocab)
+    bad = np.flatnonzero(verdict.codes)
+    if bad.size:
+      raise ProtocolError(int(verdict.codes[bad[0]]), f"row {bad[0]}")
+    counts = verdict.counts
+  return Frame(h, body, frame, rows, counts)
+
+
+def _body(kind, frame):
+  return layouts.BODY_TYPES[kind]._make(
+      layouts.BODY_STRUCTS[kind].unpack_from(frame, HEADER_BYTES))
+
+
+def _reply_format(body, bounds):
+  rep = _REPRESENTATIONS.get(body.representation)
+  if rep is None or qformats.get(rep) is None:
+    raise ProtocolError(Code.UNKNOWN_KIND, f"representation "
+                        f"{body.representation}")
+  if rep != bounds.representation:
+    if bounds.representation == Representation.TOKEN:
+      raise ProtocolError(Code.SAMPLED_ON_GREEDY, "q rows on a greedy "
+                          "session")
+    if rep == Representation.TOKEN:
+      raise ProtocolError(Code.MISSING_Q, "tokens without their q")
+    raise ProtocolError(Code.UNKNOWN_KIND, f"{rep.name} rows on a "
+                        f"{Representation(bounds.representation).name} "
+                        "session")
+  return qformats.get(rep)
+
+
+def _write_header(buf, kind, length, session, generation, round_id):
+  layouts.HEADER_STRUCT.pack_into(
+      buf, 0, layouts.MAGIC, layouts.WIRE_VERSION, int(kind), length, 0,
+      int(session), int(generation), int(round_id), bytes(layouts.TAG_BYTES))
+
+
+def _body_values(kind, fields):
+  body_type = layouts.BODY_TYPES[kind]
+  unknown = set(fields) - set(body_type._fields)
+  if unknown:
+    raise ValueError(f"encode: {kind.name} has no fields {sorted(unknown)}")
+  return [fields.get(name, b"" if typ is bytes else 0) for name, typ in
+          body_type.__annotations__.items()]
+
+
+def encode(kind, *, session, generation, round_id, body=None, send=None,
+           out=None):
+  """One fixed-size frame (any kind but REPLY), sealed with `send`.
+
+  body: dict of body fields (missing ones are zero). send: the
+  `auth.Tagger` that seals it (None: tag left zero, tests only). out: a
+  writable buffer to write into (its start); returns bytes without it.
   """
   kind = Kind(kind)
-  body_dtype = layouts.BODIES[kind]
-  payload = []
-  fields = dict(body or {})
   if kind == Kind.REPLY:
-    if values is None:
-      representation = Representation.TOKEN
-    else:
-      values = np.ascontiguousarray(values, np.float32)
-      representation = (Representation.DENSE if ids is None
-                        else Representation.SPARSE)
-      if ids is not None:
-        payload.append(np.ascontiguousarray(ids, np.int32))
-      payload.append(values)
-    fields.setdefault("representation", representation)
-    fields.setdefault("count", 0 if values is None else len(values))
-  length = HEADER.itemsize + body_dtype.itemsize + sum(p.nbytes for p in
-                                                      payload)
-  if out is None:
-    buf = bytearray(length)
-  else:
-    buf = memoryview(out).cast("B")
-    if len(buf) < length:
-      raise ValueError(f"encode: out holds {len(buf)} bytes, frame needs "
-                       f"{length}")
-    buf = buf[:length]
-  header = np.frombuffer(buf, HEADER, count=1)
-  header["magic"], header["version"], header["kind"] = (layouts.MAGIC,
-                                                        version, kind)
-  header["length"], header["session"] = length, session
-  header["generation"], header["round"] = generation, round_id
-  rec = np.frombuffer(buf, body_dtype, count=1, offset=HEADER.itemsize)
-  for name, value in fields.items():
-    rec[name] = value
-  offset = HEADER.itemsize + body_dtype.itemsize
-  for p in payload:
-    np.frombuffer(buf, np.uint8, p.nbytes, offset)[:] = p.reshape(-1).view(
-        np.uint8)
-    offset += p.nbytes
-  header["crc"] = checksum(memoryview(buf)[CRC_COVERS_FROM:])
+    raise ValueError("encode: a REPLY is built with begin_reply")
+  length = FIXED_BYTES[kind]
+  buf = bytearray(length) if out is None else memoryview(out).cast("B")[
+      :length]
+  if len(buf) < length:
+    raise ValueError(f"encode: out holds {len(buf)} bytes, need {length}")
+  _write_header(buf, kind, length, session, generation, round_id)
+  layouts.BODY_STRUCTS[kind].pack_into(buf, HEADER_BYTES,
+                                       *_body_values(kind, body or {}))
+  if send is not None:
+    auth.seal(buf, send)
   return bytes(buf) if out is None else buf
 
 
-def _header(buf, bounds):
-  if len(buf) < HEADER.itemsize:
-    raise ProtocolError(Code.TRUNCATED, f"{len(buf)} bytes, header needs "
-                        f"{HEADER.itemsize}")
-  header = np.frombuffer(buf, HEADER, count=1)[0]
-  if header["magic"] != layouts.MAGIC:
-    raise ProtocolError(Code.BAD_MAGIC, repr(bytes(header["magic"])))
-  if int(header["version"]) not in bounds.versions:
-    raise ProtocolError(Code.UNSUPPORTED_VERSION, str(int(header["version"])))
-  try:
-    kind = Kind(int(header["kind"]))
-  except ValueError:
-    raise ProtocolError(Code.UNKNOWN_KIND, str(int(header["kind"]))) from None
-  length = int(header["length"])
-  if length > bounds.max_frame:
-    raise ProtocolError(Code.ABSURD_LENGTH, f"declared {length} bytes, bound "
-                        f"{bounds.max_frame}")
+def begin_reply(out, *, bounds, session, generation, round_id, request,
+                depth):
+  """Lays out a REPLY frame at the start of `out`; returns (frame, rows).
+
+  The header and body are written; `rows` are writable views of the
+  payload (tokens, n, ids, values) for the proposer to fill in place.
+  Seal the frame with `auth.seal(frame, tagger)` once the rows are in.
+  """
+  fmt = bounds.format
+  length = bounds.reply_bytes(depth)
+  buf = memoryview(out).cast("B")
   if len(buf) < length:
-    raise ProtocolError(Code.TRUNCATED, f"{len(buf)} of {length} bytes")
-  if len(buf) != length:
-    raise ProtocolError(Code.UNEXPECTED_SIZE, f"{len(buf)} bytes, header "
-                        f"says {length}")
-  if checksum(memoryview(buf)[CRC_COVERS_FROM:]) != int(header["crc"]):
-    raise ProtocolError(Code.CHECKSUM_MISMATCH, "CRC32C")
-  return header, kind, length
+    raise ValueError(f"begin_reply: out holds {len(buf)} bytes, need "
+                     f"{length}")
+  buf = buf[:length]
+  _write_header(buf, Kind.REPLY, length, session, generation, round_id)
+  mass = 0 if fmt.representation == Representation.TOKEN else M
+  layouts.BODY_STRUCTS[Kind.REPLY].pack_into(
+      buf, HEADER_BYTES, int(request), int(depth), int(fmt.representation),
+      0, int(bounds.width), mass)
+  return buf, fmt.rows(buf, FIXED_BYTES[Kind.REPLY], depth, bounds.width)
 
 
-def peek(buf):
+def peek(frame):
   """(kind, session, generation, round) of a frame, unchecked, or None.
 
-  For routing only (which exchange a frame claims to belong to); nothing
-  read here may be used before `decode` accepts the frame.
+  For routing and records only (tools, the test proxy); nothing read here
+  may be used before `decode` accepts the frame.
   """
-  buf = memoryview(buf).cast("B")
-  if len(buf) < HEADER.itemsize:
+  buf = memoryview(frame).cast("B")
+  if len(buf) < HEADER_BYTES:
     return None
-  h = np.frombuffer(buf, HEADER, count=1)[0]
-  return (int(h["kind"]), int(h["session"]), int(h["generation"]),
-          int(h["round"]))
-
-
-def decode(buf, bounds, *, validate_rows=True):
-  """Decodes and validates one frame; raises ProtocolError on any defect.
-
-  A REPLY's q row is validated (`validate_q_row`) against the session's
-  vocabulary and the frame's token; its declared mass must be 2^24. With
-  validate_rows=False the row's framing is checked but not its values:
-  `counts` is None and the caller must validate the row (the bridge does
-  it for a whole dense batch at once) before any use.
-  """
-  buf = memoryview(buf).cast("B")
-  header, kind, length = _header(buf, bounds)
-  body_dtype = layouts.BODIES[kind]
-  start = HEADER.itemsize
-  if kind != Kind.REPLY and length != start + body_dtype.itemsize:
-    raise ProtocolError(Code.UNEXPECTED_SIZE, f"{kind.name} of {length} "
-                        "bytes")
-  if length < start + body_dtype.itemsize:
-    raise ProtocolError(Code.TRUNCATED, f"{kind.name} body cut short")
-  body = np.frombuffer(buf, body_dtype, count=1, offset=start)[0]
-  if kind != Kind.REPLY:
-    return Frame(header, body)
-  return _reply(buf, header, body, start + body_dtype.itemsize, length,
-                bounds, validate_rows)
-
-
-def _reply(buf, header, body, offset, length, bounds, validate_rows):
-  try:
-    representation = Representation(int(body["representation"]))
-  except ValueError:
-    raise ProtocolError(Code.UNKNOWN_KIND, "representation "
-                        f"{int(body['representation'])}") from None
-  if bounds.greedy != (representation == Representation.TOKEN):
-    if bounds.greedy:
-      raise ProtocolError(Code.SAMPLED_ON_GREEDY, "a q row on a v1 session")
-    raise ProtocolError(Code.MISSING_Q, "a token without its q")
-  if int(body["position"]) >= bounds.max_depth:
-    raise ProtocolError(Code.ABSURD_LENGTH, f"position "
-                        f"{int(body['position'])} of depth {bounds.max_depth}")
-  if representation == Representation.TOKEN:
-    token = int(body["token"])
-    if int(body["count"]) or length != offset:
-      raise ProtocolError(Code.UNEXPECTED_SIZE, "v1 row with a payload")
-    if not 0 <= token < bounds.vocab:
-      raise ProtocolError(Code.TOKEN_OUT_OF_RANGE, str(token))
-    return Frame(header, body)
-  count = int(body["count"])
-  limit = bounds.vocab if representation == Representation.DENSE else (
-      bounds.max_support)
-  if count > limit:
-    raise ProtocolError(Code.ABSURD_LENGTH, f"{count} entries, bound {limit}")
-  if length != offset + layouts.reply_payload_bytes(representation, count):
-    raise ProtocolError(Code.UNEXPECTED_SIZE, f"REPLY of {count} entries in "
-                        f"{length} bytes")
-  ids = None
-  if representation == Representation.SPARSE:
-    ids = np.frombuffer(buf, np.dtype("<i4"), count=count, offset=offset)
-    offset += 4 * count
-  values = np.frombuffer(buf, np.dtype("<f4"), count=count, offset=offset)
-  if int(body["mass"]) != 1 << 24:
-    raise ProtocolError(Code.WRONG_MASS, f"declared mass {int(body['mass'])}")
-  if not validate_rows:
-    return Frame(header, body, values, ids)
-  counts = validate_q_row(values, ids, vocab_size=bounds.vocab,
-                          token=int(body["token"]))
-  return Frame(header, body, values, ids, counts)
+  h = layouts.HEADER_STRUCT.unpack_from(buf)
+  return h[2], h[5], h[6], h[7]

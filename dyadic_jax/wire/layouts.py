@@ -1,29 +1,47 @@
-"""Wire v2 byte layouts: fixed little-endian structs, numpy dtypes.
+"""Wire v3 byte layouts: fixed little-endian structs.
 
-Every frame starts with the same 32-byte header; the kind fixes the body
-struct; a REPLY carries one q row after its body. All offsets and sizes
-are in docs/wire.md (generated from these dtypes by its test).
+Every frame starts with the same 48-byte header; the kind fixes the body
+struct; a REPLY carries the D rows of one request after its body, laid out
+by its q format (`dyadic_jax.wire.qformats`). All offsets and sizes are in
+docs/wire.md (generated from these dtypes by `describe`, checked by a test).
 
     offset  field        type   meaning
     0       magic        4s     b"DQ24"
-    4       version      u16    wire version (2; 1 = greedy, never carries q)
+    4       version      u16    wire version (3)
     6       kind         u16    Kind
     8       length       u32    total frame bytes, header included
-    12      crc          u32    CRC32C of bytes [16, length)
+    12      reserved     u32    zero (covered by the tag)
     16      session      u64    session id
     24      generation   u32    generation (reset / reconnect bump it)
     28      round        u32    round id within the generation
+    32      tag          16s    keyed BLAKE3 MAC of the frame (or CRC32C)
+
+The tag covers every byte of the frame but itself: bytes [0, 32) and
+[48, length) (`dyadic_jax.wire.auth`). Version 3 keeps the v2 message set
+and semantics; the v1 greedy mode is a HELLO mode (`Mode.GREEDY`), not a
+header version.
+
+The numpy dtypes below are the layout's one definition; the `struct`
+formats the codec reads and writes with are derived from them.
 """
 
 import enum
+import struct
+import typing
 
 import numpy as np
 
 MAGIC = b"DQ24"
-WIRE_VERSION = 2
-GREEDY_VERSION = 1
-CRC_OFFSET = 12
-CRC_COVERS_FROM = 16
+WIRE_VERSION = 3
+TAG_OFFSET = 32
+TAG_BYTES = 16
+NONCE_BYTES = 32
+
+
+class Mode(enum.IntEnum):
+  """What a session carries (HELLO `mode`)."""
+  GREEDY = 1     # the v1 greedy mode: token ids only, never q
+  SAMPLED = 2    # the v2 sampled mode: every drafted token with its q
 
 
 class Kind(enum.IntEnum):
@@ -36,31 +54,45 @@ class Kind(enum.IntEnum):
 
 
 class Representation(enum.IntEnum):
-  TOKEN = 0    # v1 greedy: the token alone, no q (never on a sampled session)
-  DENSE = 1    # float32 q[V]
-  SPARSE = 2   # int32 ids[n], then float32 q[n]
+  TOKEN = 0    # greedy: the tokens alone, no q
+  DENSE = 1    # float32 q[D, V]
+  SPARSE = 2   # int32 ids[D, k], then float32 q[D, k]
+
+
+class Reason(enum.IntEnum):
+  """RESET `reason`."""
+  CANCEL = 1     # the verifier dropped the request's speculative state
+  REMOVE = 2     # the verifier removed the request: forget it
+  REFUSED = 3    # the worker refused (`code` says why: a `Code`)
+
+
+class Policy(enum.IntEnum):
+  """STEP `policy`: how the worker proposes."""
+  GREEDY = 0     # argmax tokens (Mode.GREEDY sessions only)
+  SAMPLED = 1    # dyadic q rows and PROPOSAL-key draws
 
 
 HEADER = np.dtype([
     ("magic", "S4"), ("version", "<u2"), ("kind", "<u2"), ("length", "<u4"),
-    ("crc", "<u4"), ("session", "<u8"), ("generation", "<u4"),
-    ("round", "<u4")])
+    ("reserved", "<u4"), ("session", "<u8"), ("generation", "<u4"),
+    ("round", "<u4"), ("tag", "S16")])
 
 ALL_REQUESTS = 0xFFFF  # RESET `request` value: every request of the session
 
 BODIES = {
     Kind.HELLO: np.dtype([
-        ("mode", "<u2"),             # WIRE_VERSION (sampled) or GREEDY
+        ("mode", "<u2"),             # Mode
         ("precision", "<u2"),        # 1: float32 q on the 2^-24 grid
         ("rng_abi", "<u2"),          # key schedule version (dyadic_jax.rng)
         ("max_slots", "<u2"),
         ("vocab", "<u4"),
         ("max_depth", "<u2"),
         ("representation", "<u2"),   # Representation the worker sends
-        ("max_support", "<u4"),      # k for sparse rows, V for dense
+        ("max_support", "<u4"),      # k for sparse rows, V dense, 0 greedy
         ("max_requests", "<u2"),     # requests per batch slot
         ("reserved", "<u2"),
-        ("max_reply_bytes", "<u8"),  # bound on one round's reply bytes
+        ("max_reply_bytes", "<u8"),  # bound on one round's reply message
+        ("nonce", "S32"),            # fresh per HELLO (session key input)
         ("semantic_id", "S32"),      # "dyadic24-standard-v1"
         ("verifier_id", "S32"),
         ("id_map_hash", "S32"),      # hash of the global token id map
@@ -68,7 +100,7 @@ BODIES = {
         ("target_id", "S32")]),      # target identity
     Kind.STEP: np.dtype([
         ("slot", "<u2"), ("request", "<u2"), ("depth", "<u2"),
-        ("policy", "<u2"),           # proposal temperature/support policy
+        ("policy", "<u2"),           # Policy
         ("last_token", "<i4"),       # committed token before the anchor
         ("reserved", "<u4"),
         ("seed", "<u8"),             # request seed of the RNG schedule
@@ -77,19 +109,18 @@ BODIES = {
         ("prefix_digest", "S32")]),  # digest of the committed prefix
     Kind.REPLY: np.dtype([
         ("request", "<u2"),
-        ("position", "u1"),          # i in [0, depth)
-        ("representation", "u1"),
-        ("count", "<u4"),            # entries: V (dense) or n (sparse)
-        ("token", "<i4"),            # the sampled global id
-        ("mass", "<u4")]),           # probability checksum: sum of counts
+        ("depth", "<u2"),            # rows D
+        ("representation", "<u2"),
+        ("reserved", "<u2"),
+        ("width", "<u4"),            # entries per row: V, k or 0
+        ("mass", "<u4")]),           # probability checksum: 2^24 (0 greedy)
     Kind.COMPLETION: np.dtype([
         ("request", "<u2"), ("depth", "<u2"),
         ("status", "<u2"),           # 0 OK, else the worker's refusal Code
         ("reserved", "<u2"),
-        ("replies_crc", "<u4"),      # CRC32C of the D reply frames, in order
-        ("reserved2", "<u4"),
-        ("reply_bytes", "<u8"),      # exact total bytes of those frames
-        ("anchor", "<u8"), ("context_version", "<u8")]),
+        ("reply_bytes", "<u8"),      # exact size of the REPLY frame (0: none)
+        ("anchor", "<u8"), ("context_version", "<u8"),
+        ("reply_tag", "S16")]),      # the REPLY frame's tag
     Kind.COMMIT: np.dtype([
         ("request", "<u2"), ("accepted", "<u2"),
         ("status", "<u2"),           # 0 verified, else the Code that failed
@@ -98,24 +129,50 @@ BODIES = {
         ("reserved", "<u4"),
         ("new_position", "<u8")]),
     Kind.RESET: np.dtype([("request", "<u2"), ("reason", "<u2"),
-                          ("reserved", "<u4")]),
+                          ("code", "<u2"), ("reserved", "<u2")]),
 }
 
-
-def reply_payload_bytes(representation, count):
-  """Bytes after a REPLY body: q values (and ids when sparse)."""
-  if representation == Representation.TOKEN:
-    return 0
-  per = 8 if representation == Representation.SPARSE else 4
-  return per * int(count)
+HEADER_BYTES = HEADER.itemsize
+assert HEADER_BYTES == TAG_OFFSET + TAG_BYTES
 
 
-def frame_bytes(kind, count=0, representation=Representation.DENSE):
-  """Exact size of a frame of `kind` (REPLY: with `count` entries)."""
-  size = HEADER.itemsize + BODIES[Kind(kind)].itemsize
-  if kind == Kind.REPLY:
-    size += reply_payload_bytes(representation, count)
-  return size
+def _struct_of(dtype):
+  codes = {"u1": "B", "u2": "H", "u4": "I", "u8": "Q", "i4": "i"}
+  parts = []
+  for name in dtype.names:
+    sub = dtype.fields[name][0]
+    if sub.kind == "S":
+      parts.append(f"{sub.itemsize}s")
+    else:
+      parts.append(codes[sub.str.lstrip("<|")])
+  fmt = struct.Struct("<" + "".join(parts))
+  assert fmt.size == dtype.itemsize, dtype
+  return fmt
+
+
+HEADER_STRUCT = _struct_of(HEADER)
+BODY_STRUCTS = {kind: _struct_of(dtype) for kind, dtype in BODIES.items()}
+
+
+class Header(typing.NamedTuple):
+  magic: bytes
+  version: int
+  kind: int
+  length: int
+  reserved: int
+  session: int
+  generation: int
+  round: int
+  tag: bytes
+
+
+BODY_TYPES = {kind: typing.NamedTuple(
+    f"{kind.name.title()}Body",
+    [(name, bytes if dtype.fields[name][0].kind == "S" else int)
+     for name in dtype.names]) for kind, dtype in BODIES.items()}
+
+FIXED_BYTES = {kind: HEADER_BYTES + dtype.itemsize
+               for kind, dtype in BODIES.items()}
 
 
 def describe():
@@ -130,5 +187,5 @@ def describe():
 
   parts = [table("Header", HEADER, 0)]
   for kind, dtype in BODIES.items():
-    parts.append(table(f"{kind.name} body", dtype, HEADER.itemsize))
+    parts.append(table(f"{kind.name} body", dtype, HEADER_BYTES))
   return "\n\n".join(parts) + "\n"

@@ -1,17 +1,19 @@
 """Validation of one q row as it arrives: dyadic, canonical, complete.
 
-numpy only, no Python loop over entries; every check reads the row once
-with a vectorized comparison. The order of the checks is part of the
-contract (the first failing class is the one reported), so that a row with
-several defects always gets the same code.
+The checks on the values are the core's one kernel per q format
+(`dyadic_jax.qrows`, on float32 bit patterns, so no backend's
+flush-to-zero can change a verdict); this module adds what only a loose
+row needs (types, lengths) and raises the row's `Code` (mapped by
+`dyadic_jax.wire.status`). The order of the checks is part of the contract
+(the first failing class is reported), so a row with several defects always
+gets the same code.
 """
 
 import numpy as np
 
-from dyadic_jax.constants import LOG2_M, M
+from dyadic_jax import qrows
+from dyadic_jax.wire import status
 from dyadic_jax.wire.errors import Code, ProtocolError
-
-_SCALE = np.float32(1 << LOG2_M)
 
 
 def _check_token(token, vocab_size):
@@ -35,14 +37,6 @@ def _check_ids(ids, n_values, vocab_size):
   if len(ids) > vocab_size:
     raise ProtocolError(Code.ABSURD_LENGTH, f"{len(ids)} ids for a "
                         f"vocabulary of {vocab_size}")
-  if np.any(ids < 0) or np.any(ids >= vocab_size):
-    raise ProtocolError(Code.ID_OUT_OF_RANGE, f"ids outside [0, {vocab_size})")
-  step = np.diff(ids)
-  if np.any(step <= 0):
-    # Any duplicate is reported as such, sorted or not.
-    if len(np.unique(ids)) != len(ids):
-      raise ProtocolError(Code.DUPLICATE_ID, "a sparse id appears twice")
-    raise ProtocolError(Code.UNSORTED_IDS, "ids not strictly ascending")
 
 
 def validate_q_row(values, ids, *, vocab_size, token):
@@ -62,11 +56,14 @@ def validate_q_row(values, ids, *, vocab_size, token):
   Raises:
     ProtocolError, with the first failing class in this order:
     TOKEN_OUT_OF_RANGE; MISSING_Q (no values, or an empty sparse row);
-    WRONG_DTYPE; LENGTH_MISMATCH; ABSURD_LENGTH; ID_OUT_OF_RANGE; DUPLICATE_ID (even with
-    zero q); UNSORTED_IDS; NON_FINITE; NEGATIVE; WRONG_MASS (a value above
-    1); NON_DYADIC (q * 2^24 not an integer); WRONG_MASS (a uint64 count sum
-    other than 2^24); ZERO_Q_AT_TOKEN (zero q at the token, or the token absent from a
-    sparse support). -0.0 is accepted as zero. Nothing is renormalized.
+    WRONG_DTYPE; LENGTH_MISMATCH; ABSURD_LENGTH (more ids than V); then the
+    kernel's order (`dyadic_jax.qrows`): sparse ID_OUT_OF_RANGE,
+    DUPLICATE_ID (even with zero q, sorted or not), UNSORTED_IDS; then
+    NON_FINITE (NaN, inf); NEGATIVE (any sign bit on a nonzero magnitude,
+    subnormals too); WRONG_MASS (a value above 1); NON_DYADIC (q * 2^24 not
+    an integer; every subnormal); WRONG_MASS (the exact count sum is not
+    2^24); ZERO_Q_AT_TOKEN (zero q at the token, or the token absent from a
+    sparse support). -0.0 is zero. Nothing is renormalized.
   """
   vocab_size = int(vocab_size)
   token = _check_token(token, vocab_size)
@@ -76,35 +73,22 @@ def validate_q_row(values, ids, *, vocab_size, token):
   if values.dtype != np.float32 or values.ndim != 1:
     raise ProtocolError(Code.WRONG_DTYPE, f"values must be float32[n], got "
                         f"{values.dtype}{list(values.shape)}")
+  bits = np.ascontiguousarray(values).view(np.uint32)[None]
   if ids is None:
     if len(values) != vocab_size:
       raise ProtocolError(Code.LENGTH_MISMATCH, f"dense row of {len(values)} "
                           f"values for a vocabulary of {vocab_size}")
+    counts, row_status = qrows.dense(bits, np.array([token], np.int32),
+                                     vocab=vocab_size, xp=np)
   else:
     ids = np.asarray(ids)
     if len(values) == 0 and ids.size == 0:
       raise ProtocolError(Code.MISSING_Q, "empty sparse row")
     _check_ids(ids, len(values), vocab_size)
-
-  if not np.all(np.isfinite(values)):
-    raise ProtocolError(Code.NON_FINITE, "NaN or inf in q")
-  if np.any(values < 0):
-    raise ProtocolError(Code.NEGATIVE, "negative q")
-  if np.any(values > 1):  # before scaling, which could overflow
-    raise ProtocolError(Code.WRONG_MASS, "a q value above 1")
-  scaled = values * _SCALE  # exact: scaling by a power of two
-  if np.any(np.floor(scaled) != scaled):
-    raise ProtocolError(Code.NON_DYADIC, "q * 2^24 is not an integer")
-  counts = scaled.astype(np.int32)
-  total = int(counts.sum(dtype=np.uint64))
-  if total != M:
-    raise ProtocolError(Code.WRONG_MASS, f"counts sum to {total}, not 2^24")
-
-  if ids is None:
-    at_token = counts[token]
-  else:
-    pos = int(np.searchsorted(ids, token))
-    at_token = counts[pos] if pos < len(ids) and ids[pos] == token else 0
-  if at_token == 0:
-    raise ProtocolError(Code.ZERO_Q_AT_TOKEN, f"q = 0 at token {token}")
-  return counts
+    counts, row_status = qrows.sparse(
+        bits, ids[None], np.array([len(ids)], np.int32),
+        np.array([token], np.int32), vocab=vocab_size, xp=np)
+  code = int(status.codes(row_status)[0])
+  if code:
+    raise ProtocolError(code, f"q row for token {token}")
+  return counts[0]

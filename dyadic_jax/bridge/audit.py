@@ -1,0 +1,59 @@
+"""The PROPOSAL draws of a round: what the sampling audit checks tokens by.
+
+The worker leader draws x_i from its q row i with the 24-bit draw of the
+PROPOSAL key of (seed, generation, round, anchor + i) (`proposal_draw`,
+the same function the proposer calls). The verifier knows all four, so it
+recomputes the draws (`proposal_draws`, one jitted call per round, made
+while the worker is drafting) and the q format's audit checks, on the
+received counts, that each drafted token is the first index whose
+cumulative count exceeds its draw (`qformats.base.audit`). A mismatch is
+SAMPLING_MISMATCH: the whole proposal is discarded. This catches an honest
+but buggy worker (tokens not drawn from the q it sent); a worker that
+holds the key and knows the seed is trusted (docs/security.md).
+"""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from dyadic_jax import rng
+
+
+def proposal_draw(key, position):
+  """The 24-bit draw of position `position` in a round of key `key`."""
+  return rng.draw24(rng.draw_key(key, position, rng.Domain.PROPOSAL))
+
+
+def round_key(seed, generation, round_id):
+  """The proposer's round key (seed as the int64 view of a uint64)."""
+  return rng.round_key(seed, generation, round_id)
+
+
+@functools.partial(jax.jit, static_argnums=4)
+def _draws(seeds, generations, rounds, anchors, depth):
+  def one(seed, generation, round_id, anchor):
+    key = round_key(seed, generation, round_id)
+    return jax.vmap(lambda i: proposal_draw(key, anchor + i))(
+        jnp.arange(depth, dtype=anchor.dtype))
+  return jax.vmap(one)(seeds, generations, rounds, anchors)
+
+
+def proposal_draws(seeds, generations, rounds, anchors, depth, *,
+                   pad_to=None):
+  """uint32[R, depth] PROPOSAL draws of R requests (numpy in and out).
+
+  seeds uint64[R], generations and rounds [R] (uint32 range), anchors
+  int64[R]: exactly the values and dtypes the proposer uses. pad_to: pad
+  the batch to this many requests (one compile for every batch size).
+  """
+  r = len(seeds)
+  pad = max(0, (pad_to or r) - r)
+  arrays = [np.pad(np.asarray(a, dtype), (0, pad)) for a, dtype in (
+      (seeds, np.uint64), (generations, np.uint32), (rounds, np.uint32),
+      (anchors, np.int64))]
+  arrays[0] = arrays[0].view(np.int64)
+  with jax.enable_x64(True):
+    out = _draws(*arrays, int(depth))
+    return np.asarray(out)[:r]

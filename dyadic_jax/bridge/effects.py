@@ -1,0 +1,81 @@
+"""The typed records the protocol sessions hand to their drivers.
+
+The sessions (`worker_session.WorkerSession`,
+`verifier_session.VerifierSession`) never touch a socket, a thread, a
+clock or JAX: they take messages (and the time, as an argument) and return
+these records; a driver performs them and reports back.
+
+    Send     bytes to put on the transport as one message
+    Propose  the worker must draw one request's proposal into `rows`
+    Stage    the verifier must validate (and audit) the staged rows
+    Verify   the verifier must run a round's `Plan` (verify or fall back)
+"""
+
+import typing
+
+import numpy as np
+
+from dyadic_jax.wire import qformats
+
+
+class Send(typing.NamedTuple):
+  """One message to send. slot: the worker slot buffer it lives in (the
+  driver calls `WorkerSession.released(slot)` once the transport let go of
+  it), or None."""
+  message: typing.Any
+  slot: int | None = None
+
+
+class Propose(typing.NamedTuple):
+  """Draw request `request`'s proposal with the PROPOSAL keys of (seed,
+  generation, round, anchor + i) into `rows` (writable views of the REPLY
+  frame: tokens, n and the q rows), then call `WorkerSession.finish`."""
+  index: int
+  request: int
+  seed: int
+  generation: int
+  round: int
+  anchor: int
+  last_token: int
+  depth: int
+  rows: qformats.Rows
+
+
+class Plan(typing.NamedTuple):
+  """What every verifier rank does in one round (fixed shapes, R requests).
+
+  The leader builds it after validation; a multi-rank verifier broadcasts
+  it (`bridge.ranks`), so all ranks run exactly the same verification or
+  fallback calls (the verdict travels with q: no rank can commit while
+  another falls back). codes[r] is 0 for a request whose q validated, else
+  the `Code` that discarded its proposal; only the rows of requests whose
+  code is 0 are meaningful (the others are never read).
+  """
+  rids: np.ndarray       # int32[R]
+  tags: np.ndarray       # int64[R, 2]  (generation, round)
+  codes: np.ndarray      # int32[R]
+  draft: np.ndarray      # int32[R, D]
+  ids: np.ndarray        # int32[R, D, k] sparse ids ([R, D, 0] otherwise)
+  counts: typing.Any     # int32[R, D, w] counts (sparse, dense) or [R, D, 0]
+  n: np.ndarray          # int32[R, D] live entries per row
+  stop: np.ndarray       # int32[]: 1 tells follower ranks to return
+
+
+class Stage(typing.NamedTuple):
+  """Validate the staged rows of an exchange, then call
+  `VerifierSession.staged(verdict)`.
+
+  rows: the staging slot's Rows [R, D, ...] (tokens, n, ids, values);
+  pending: bool[R], the requests whose rows arrived framed correctly (the
+  others already failed, with `codes`); draws: uint32[R, D] PROPOSAL draws
+  of the sampling audit, or None (audit off, or a greedy session).
+  """
+  rows: qformats.Rows
+  pending: np.ndarray
+  codes: np.ndarray
+  draws: typing.Any = None
+
+
+class Verify(typing.NamedTuple):
+  """Run `plan` on every rank, then call `VerifierSession.commit`."""
+  plan: Plan

@@ -1,0 +1,145 @@
+"""Key material of a bridge deployment, made by one command.
+
+    python -m dyadic_jax.bridge.keys DIR
+
+writes, in DIR (created with mode 0700 if missing):
+
+    secret.key            the deployment secret: 32 random bytes, hex
+                          (mode 0600). Both sides load it: every frame's
+                          MAC is keyed from it (docs/security.md).
+    worker.curve          the worker's CURVE public key (z85), and
+    worker.curve_secret   its secret key (0600), for `--encrypt`;
+    verifier.curve        the verifier's CURVE pair, likewise.
+    verifier.curve_secret
+
+It refuses to overwrite existing files (`--force` to replace them). A
+side refuses to load a secret file that other users can read or write
+(like ssh with its keys). The worker's host needs secret.key,
+worker.curve_secret, worker.curve and verifier.curve; the verifier's host
+secret.key, verifier.curve_secret, verifier.curve and worker.curve.
+`temporary()` makes a throwaway directory (the pipeline's default, so its
+one-command run stays one command).
+"""
+
+import os
+import pathlib
+import secrets
+import shutil
+import stat
+import sys
+import tempfile
+import typing
+
+from dyadic_jax.bridge import transport
+from dyadic_jax.wire import auth
+
+SECRET = "secret.key"
+_CURVE = ("worker", "verifier")
+
+
+class Keys(typing.NamedTuple):
+  """What one side loads: the MAC secret, and its CURVE material (or None)."""
+  secret: bytes
+  curve: transport.Curve | None
+
+
+def _write(path, data, mode):
+  fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+  with os.fdopen(fd, "w") as f:
+    f.write(data + "\n")
+  os.chmod(path, mode)
+
+
+def make(directory, *, force=False):
+  """Writes a fresh key set into `directory`; returns its path."""
+  import zmq  # pylint: disable=g-import-not-at-top
+  directory = pathlib.Path(directory)
+  directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+  names = [SECRET] + [f"{side}.curve{tail}" for side in _CURVE
+                      for tail in ("", "_secret")]
+  existing = [n for n in names if (directory / n).exists()]
+  if existing and not force:
+    raise FileExistsError(f"keys: {directory} already holds {existing} "
+                          "(--force replaces them)")
+  _write(directory / SECRET, secrets.token_bytes(auth.SECRET_BYTES).hex(),
+         0o600)
+  for side in _CURVE:
+    public, secret = zmq.curve_keypair()
+    _write(directory / f"{side}.curve", public.decode(), 0o644)
+    _write(directory / f"{side}.curve_secret", secret.decode(), 0o600)
+  return directory
+
+
+def _read_private(path):
+  mode = path.stat().st_mode
+  if mode & (stat.S_IRWXG | stat.S_IRWXO):
+    raise PermissionError(f"keys: {path} is accessible by other users "
+                          f"(mode {stat.filemode(mode)}); chmod 600 it")
+  return path.read_text().strip()
+
+
+def load_secret(directory):
+  """The deployment secret (32 bytes) of `directory`."""
+  text = _read_private(pathlib.Path(directory) / SECRET)
+  try:
+    secret = bytes.fromhex(text)
+  except ValueError:
+    secret = b""
+  if len(secret) != auth.SECRET_BYTES:
+    raise ValueError(f"keys: {directory}/{SECRET} must hold "
+                     f"{auth.SECRET_BYTES} bytes in hex")
+  return secret
+
+
+def load(directory, role, *, encrypt=False):
+  """Keys of `role` ("worker" or "verifier") from `directory`."""
+  if role not in _CURVE:
+    raise ValueError(f"keys: role {role!r} is not one of {_CURVE}")
+  directory = pathlib.Path(directory)
+  curve = None
+  if encrypt:
+    read = lambda name: (directory / name).read_text().strip().encode()
+    curve = transport.Curve(
+        public_key=read(f"{role}.curve"),
+        secret_key=_read_private(directory / f"{role}.curve_secret").encode(),
+        server_public=read("worker.curve"),
+        client_public=read("verifier.curve"))
+  return Keys(load_secret(directory), curve)
+
+
+class temporary:  # pylint: disable=invalid-name
+  """A throwaway key directory (a context manager; removed on exit)."""
+
+  def __init__(self):
+    self.path = pathlib.Path(tempfile.mkdtemp(prefix="dyadic-keys-"))
+    make(self.path, force=True)
+
+  def __enter__(self):
+    return self.path
+
+  def __exit__(self, *exc):
+    self.cleanup()
+
+  def cleanup(self):
+    shutil.rmtree(self.path, ignore_errors=True)
+
+
+def main(argv=None):
+  argv = sys.argv[1:] if argv is None else argv
+  force = "--force" in argv
+  args = [a for a in argv if a != "--force"]
+  if len(args) != 1 or args[0].startswith("-"):
+    print("usage: python -m dyadic_jax.bridge.keys DIR [--force]",
+          file=sys.stderr)
+    return 2
+  try:
+    path = make(args[0], force=force)
+  except (FileExistsError, OSError) as e:
+    print(f"keys: {e}", file=sys.stderr)
+    return 1
+  print(f"wrote the bridge keys to {path} (secret.key: mode 0600)")
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

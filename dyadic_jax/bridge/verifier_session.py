@@ -1,0 +1,630 @@
+"""The verifier's side of the protocol, sans I/O: rounds as a state machine.
+
+`VerifierSession` never touches a socket, a thread, a clock or JAX; the
+driver (`bridge.verifier.Verifier`) passes the time in and performs the
+records it gets back (`bridge.effects`). It owns the requests' committed
+state, the session (HELLO, keys), the exchange in flight and the staging
+slots, and counts every refusal. Every failure path is a counted refusal,
+never an exception (tests/fuzz_sessions.py holds it to that).
+
+One round of a batch (generation g, round n of each request):
+
+    hello(now) -> Send(HELLO)          until `is_open` (receive the answer)
+    begin(rids, depth, now) -> Send(STEP message)
+    receive(message, now) -> [] | [Stage] | [Verify]   (until done)
+    poll(now) -> [] | [Verify]         the deadline: the batch falls back
+    staged(verdict) -> Verify(plan)    after validating the Stage's rows
+    commit(plan, outcomes) -> (results, Send(COMMIT) or None)
+
+Receiving. A message is split under local bounds (frames, bytes); every
+frame must carry this session's id and a valid tag before anything of it
+is read (UNKNOWN_SESSION, AUTH_FAILED: the message is dropped, counted,
+and changes nothing: a peer without the key cannot steer which requests
+fall back). A worker's refusal (RESET REFUSED) is tagged with the hello
+key. Frames of older rounds or generations (late, duplicated) are counted
+as STALE_GENERATION / DUPLICATE_ROUND and dropped before anything is
+copied. For this exchange, per request: its COMPLETION's status (a known
+Code or BAD_STATUS), anchor and context (STATE_MISMATCH), its REPLY
+(depth, rows of this request and tag: BAD_SEQUENCE; size: UNEXPECTED_SIZE;
+the REPLY's tag: CHECKSUM_MISMATCH); then its rows are copied into the
+staging slot. Once every request is answered, `Stage` asks the driver to
+validate the rows (the q format's kernel) and audit the tokens against
+the PROPOSAL draws; only `staged` turns the verdicts into a `Plan`.
+
+A request whose q is missing, corrupt, late or refused is never verified:
+its whole proposal is discarded, one token comes from the target alone
+(TARGET_ONLY key of that round) and the request moves to generation g + 1,
+round 0, so no key of the failed exchange can be drawn again.
+
+Memory is bounded by the live requests: `remove_request` forgets one (a
+removed id that comes back continues after its last generation), and the
+exchange in flight is the only per-round state.
+"""
+
+import dataclasses
+import os
+import typing
+
+import numpy as np
+
+from dyadic_jax.bridge import digest as digest_lib
+from dyadic_jax.bridge import hello, staging
+from dyadic_jax.bridge.counters import Counters
+from dyadic_jax.bridge.effects import Plan, Send, Stage, Verify
+from dyadic_jax.wire import auth, codec, layouts
+from dyadic_jax.wire.errors import Code, ProtocolError
+from dyadic_jax.wire.layouts import ALL_REQUESTS, Kind, Policy, Reason
+
+_U32 = (1 << 32) - 1
+_U64 = (1 << 64) - 1
+CLOSED, OPENING, OPEN = "closed", "opening", "open"
+
+
+@dataclasses.dataclass
+class Request:
+  """One request's committed state on the verifier (the source of truth)."""
+  rid: int
+  seed: int
+  tokens: list                 # committed tokens, prompt first
+  generation: int = 0
+  round: int = 0
+  context_version: int = 0
+  digest: bytes = b""
+
+  @property
+  def anchor(self):
+    return len(self.tokens)
+
+
+@dataclasses.dataclass(frozen=True)
+class RoundResult:
+  """What one round committed for one request."""
+  rid: int
+  generation: int
+  round: int
+  anchor: int
+  committed: tuple             # tokens appended to the request, in order
+  accepted: int                # drafted tokens among them
+  fallback: bool               # True: proposal discarded, target-only token
+  code: Code | None            # why it was discarded
+
+
+class _Exchange:
+  """The round in flight: its tags, deadline and per-request outcome."""
+
+  def __init__(self, rids, tags, depth, deadline, slot):
+    self.rids = list(rids)
+    self.index = {rid: i for i, rid in enumerate(rids)}
+    self.tags = tags              # rid -> (generation, round)
+    self.depth = depth
+    self.deadline = deadline
+    self.slot = slot
+    r = len(rids)
+    self.answered = np.zeros(r, bool)
+    self.codes = np.zeros(r, np.int32)
+    self.rows = slot.rows(r, depth)
+    self.staging = False          # a Stage was handed out: await `staged`
+
+  @property
+  def complete(self):
+    return bool(self.answered.all())
+
+
+def empty_plan(caps, rids, tags, codes, depth):
+  """A Plan of R requests with zero drafts and q (codes say what to do)."""
+  r = len(rids)
+  w = caps.width
+  ids_w = w if caps.format.has_ids else 0
+  counts_w = w if caps.format.has_values else 0
+  return Plan(np.asarray(rids, np.int32),
+              np.asarray(tags, np.int64).reshape(r, 2),
+              np.asarray(codes, np.int32), np.zeros((r, depth), np.int32),
+              np.zeros((r, depth, ids_w), np.int32),
+              np.zeros((r, depth, counts_w), np.int32),
+              np.zeros((r, depth), np.int32), np.zeros((), np.int32))
+
+
+class VerifierSession:
+  """The verifier's protocol state machine (see the module docstring)."""
+
+  def __init__(self, caps, *, secret, timeout_s=2.0, audit=True,
+               entropy=os.urandom, counters=None):
+    """caps: this side's Capabilities; secret: the deployment secret (32
+    bytes) or None (`--insecure`); timeout_s: an exchange's deadline;
+    audit: ask for the sampling audit in every Stage; entropy(n): n fresh
+    random bytes (session ids and HELLO nonces)."""
+    self.caps = caps
+    self.bounds = caps.bounds
+    self.timeout_s = float(timeout_s)
+    self.audit = bool(audit) and not caps.greedy
+    self.counters = counters or Counters("verifier")
+    self._secret = secret
+    self._entropy = entropy
+    self._hello_keys = auth.hello_keys(secret, auth.VERIFIER)
+    self.keys = None
+    self.state = CLOSED
+    self.session = None
+    self._nonce = None
+    self.refused = None           # the Code of a refused HELLO
+    self.requests = {}
+    self._retired = {}            # removed rid -> next generation
+    self.exchange = None
+    self.slots = None             # allocated once the first HELLO agrees
+    self._next_slot = 0
+    self.max_message = self.bounds.max_reply_message
+    self.max_frames = 2 * caps.max_requests
+
+  @property
+  def is_open(self):
+    return self.state == OPEN
+
+  # -- requests --------------------------------------------------------------
+
+  def add_request(self, rid, prompt, seed):
+    """A new request: its prompt (committed tokens) and RNG seed."""
+    if rid in self.requests or not 0 <= rid < ALL_REQUESTS:
+      raise ValueError(f"add_request: bad or duplicate request id {rid}")
+    prompt = [int(t) for t in prompt]
+    if not prompt or min(prompt) < 0 or max(prompt) >= self.caps.vocab:
+      raise ValueError("add_request: prompt needs tokens in [0, V)")
+    if not 0 <= int(seed) <= _U64:
+      raise ValueError(f"add_request: seed {seed} is not a uint64")
+    generation = self._retired.pop(rid, 0)
+    self.requests[rid] = Request(rid, int(seed), prompt,
+                                 generation=generation,
+                                 digest=digest_lib.of(prompt))
+
+  def remove_request(self, rid):
+    """Forgets request `rid` here and (RESET REMOVE) on the worker."""
+    req = self.requests.pop(rid)
+    self._retired[rid] = req.generation + 1
+    self.counters.event("removes")
+    return self._reset_message([rid], Reason.REMOVE)
+
+  def reset(self, rid=None):
+    """Cancels request `rid` (all when None): a new generation, RESET."""
+    targets = list(self.requests) if rid is None else [rid]
+    for r in targets:
+      req = self.requests[r]
+      self._bump(req)
+    self.counters.event("resets")
+    return self._reset_message(targets, Reason.CANCEL)
+
+  def _bump(self, req):
+    if req.generation >= _U32:
+      raise RuntimeError(f"request {req.rid}: generations exhausted")
+    req.generation, req.round = req.generation + 1, 0
+
+  def _reset_message(self, rids, reason):
+    if not self.is_open or not rids:
+      return None
+    frames = []
+    for r in rids:
+      generation = (self.requests[r].generation if r in self.requests
+                    else self._retired.get(r, 0))
+      frames.append(codec.encode(
+          Kind.RESET, session=self.session, generation=generation,
+          round_id=0, send=self.keys.send,
+          body={"request": r, "reason": reason}))
+    return Send(b"".join(frames))
+
+  # -- the session -----------------------------------------------------------
+
+  def hello(self, now=0.0):
+    """The HELLO to send (again): a new session when none is opening."""
+    del now
+    if self.state != OPENING:
+      self.session = int.from_bytes(self._entropy(8), "little")
+      self._nonce = bytes(self._entropy(layouts.NONCE_BYTES))
+      self.state, self.keys, self.refused = OPENING, None, None
+    return Send(hello.hello_frame(self.caps, self.session, self._nonce,
+                                  self._hello_keys.send))
+
+  def reconnect(self):
+    """A new session: every request moves to a new generation (in-flight
+    keys are void); send `hello()` next."""
+    self.state, self.keys, self.exchange = CLOSED, None, None
+    for req in self.requests.values():
+      self._bump(req)
+    self.counters.event("reconnects")
+
+  def close(self):
+    """The transport is gone: the next round opens a new session."""
+    self.state, self.keys = CLOSED, None
+
+  def _opening(self, frames):
+    if len(frames) != 1:
+      self.counters.reject(Code.BAD_SEQUENCE, "answer to HELLO")
+      return
+    frame = frames[0]
+    try:
+      h = codec.header(frame)
+      if h.session != self.session:
+        raise ProtocolError(Code.UNKNOWN_SESSION, f"session {h.session}")
+      f = codec.decode(frame, codec.HELLO_BOUNDS)
+    except ProtocolError as e:
+      self.counters.reject(e.code, "answer to HELLO")
+      return
+    if f.kind == Kind.RESET:
+      if not auth.check(frame, self._hello_keys.recv):
+        self.counters.reject(Code.AUTH_FAILED, "RESET to HELLO")
+      elif f.body.reason != Reason.REFUSED or f.tag != (0, 0):
+        self.counters.reject(Code.BAD_SEQUENCE, "RESET to HELLO")
+      else:
+        code = Code.parse(f.body.code) or Code.BAD_STATUS
+        self.counters.reject(code, "the worker refused the HELLO")
+        self.state, self.refused = CLOSED, code
+      return
+    if f.kind != Kind.HELLO:
+      self.counters.reject(Code.BAD_SEQUENCE, f"{f.kind.name} to HELLO")
+      return
+    keys = auth.session_keys(self._secret, self.session, self._nonce,
+                             f.body.nonce, auth.VERIFIER)
+    if not auth.check(frame, keys.recv):
+      self.counters.reject(Code.AUTH_FAILED, "HELLO answer")
+      return
+    differ = hello.mismatches(self.caps, f.body)
+    if differ:
+      self.counters.reject(Code.IDENTITY_MISMATCH, "; ".join(differ))
+      self.state, self.refused = CLOSED, Code.IDENTITY_MISMATCH
+      return
+    self.keys, self.state = keys, OPEN
+    if self.slots is None:        # nothing is allocated before agreement
+      self.slots = staging.slots_for(self.caps)
+    self.counters.event("hellos")
+
+  # -- one round -------------------------------------------------------------
+
+  def begin(self, rids, depth, now):
+    """Starts the round of requests `rids`; returns the STEP message."""
+    if not self.is_open:
+      raise RuntimeError("begin: the session is not open (send hello())")
+    if self.exchange is not None:
+      raise RuntimeError("begin: a round is in flight")
+    rids = [int(r) for r in rids]
+    if not 1 <= len(rids) <= self.caps.max_requests or len(set(rids)) != len(
+        rids) or not 1 <= depth <= self.caps.max_depth:
+      raise ValueError(f"begin: {len(rids)} distinct requests in [1, "
+                       f"{self.caps.max_requests}] and depth {depth} in "
+                       f"[1, {self.caps.max_depth}] needed")
+    reqs = [self.requests[r] for r in rids]
+    tags = {}
+    for req in reqs:
+      if req.round >= _U32:
+        self._bump(req)
+      req.round += 1
+      tags[req.rid] = (req.generation, req.round)
+    slot = self.slots[self._next_slot]
+    self._next_slot = (self._next_slot + 1) % len(self.slots)
+    self.exchange = _Exchange(rids, tags, depth, now + self.timeout_s, slot)
+    policy = Policy.GREEDY if self.caps.greedy else Policy.SAMPLED
+    message = b"".join(codec.encode(
+        Kind.STEP, session=self.session, generation=req.generation,
+        round_id=req.round, send=self.keys.send, body={
+            "request": req.rid, "depth": depth, "policy": policy,
+            "last_token": req.tokens[-1], "seed": req.seed,
+            "anchor": req.anchor, "context_version": req.context_version,
+            "prefix_digest": req.digest}) for req in reqs)
+    self.counters.event("bytes_out", len(message))
+    return Send(message)
+
+  def draw_inputs(self):
+    """(seeds, generations, rounds, anchors) of the exchange's requests:
+    what the PROPOSAL draws of the sampling audit are computed from."""
+    ex = self.exchange
+    reqs = [self.requests[r] for r in ex.rids]
+    return (np.array([q.seed for q in reqs], np.uint64),
+            np.array([ex.tags[q.rid][0] for q in reqs], np.int64),
+            np.array([ex.tags[q.rid][1] for q in reqs], np.int64),
+            np.array([q.anchor for q in reqs], np.int64))
+
+  def fallback(self, rids, code):
+    """A round with no exchange (no session): every request falls back."""
+    reqs = [self.requests[int(r)] for r in rids]
+    tags = []
+    for req in reqs:
+      if req.round >= _U32:
+        self._bump(req)
+      req.round += 1
+      tags.append((req.generation, req.round))
+    return Verify(empty_plan(self.caps, [q.rid for q in reqs], tags,
+                             [int(code)] * len(reqs), self.caps.max_depth))
+
+  def receive(self, message, now=0.0):
+    """Handles one received message; returns [], [Stage] or [Verify]."""
+    self.counters.event("bytes_in", len(message))
+    try:
+      frames = codec.split(message, max_frames=self.max_frames,
+                           max_bytes=self.max_message)
+    except ProtocolError as e:
+      self.counters.reject(e.code, "worker message")
+      return []
+    if self.state == OPENING:
+      self._opening(frames)
+      return []
+    if self.state != OPEN:
+      self.counters.reject(Code.UNKNOWN_SESSION, "message without a session")
+      return []
+    try:
+      headers = [codec.header(f) for f in frames]
+    except ProtocolError as e:
+      self.counters.reject(e.code, "worker message")
+      return []
+    if any(h.session != self.session for h in headers):
+      self.counters.reject(Code.UNKNOWN_SESSION, "frame of another session")
+      return []
+    if not all(auth.check(f, self.keys.recv) for f in frames):
+      if len(frames) == 1 and headers[0].kind == Kind.RESET and auth.check(
+          frames[0], self._hello_keys.recv):
+        return self._refusal(frames[0], headers[0], now)
+      self.counters.reject(Code.AUTH_FAILED, "worker message")
+      return []
+    if headers[0].kind == Kind.HELLO and len(frames) == 1:
+      self.counters.event("late_hellos")   # a retried HELLO's answer
+      return []
+    self._frames(frames, headers)
+    return self._progress(now)
+
+  def _refusal(self, frame, header, now):
+    try:
+      body = codec.decode(frame, codec.HELLO_BOUNDS).body
+    except ProtocolError as e:
+      self.counters.reject(e.code, "worker RESET")
+      return []
+    code = Code.parse(body.code) if body.reason == Reason.REFUSED else None
+    if code is None:
+      self.counters.reject(Code.BAD_STATUS, f"RESET reason {body.reason} "
+                           f"code {body.code}")
+      return []
+    ex = self.exchange
+    tag = (header.generation, header.round)
+    if ex is None or tag != ex.tags[ex.rids[0]]:
+      late = self._late(tag)
+      self.counters.reject(late or Code.BAD_SEQUENCE,
+                           f"late RESET ({code.name})")
+      return []
+    self.counters.reject(code, "worker RESET")
+    if code == Code.UNKNOWN_SESSION:
+      self.close()                # the worker restarted: HELLO again
+    for i in np.flatnonzero(~ex.answered):
+      ex.answered[i], ex.codes[i] = True, code
+    return self._progress(now)
+
+  def _classify(self, rid, tag):
+    """None if `tag` is this exchange's tag of `rid`, else the refusal."""
+    ex = self.exchange
+    want = None if ex is None else ex.tags.get(rid)
+    if want is None:      # a request of no exchange in flight: late if older
+      req = self.requests.get(rid)
+      if req is None:
+        return (Code.STALE_GENERATION if rid in self._retired
+                else Code.BAD_SEQUENCE)
+      want = (req.generation, req.round + 1)
+      if tag >= want:
+        return Code.BAD_SEQUENCE
+    elif tag > want:
+      return Code.BAD_SEQUENCE
+    if tag[0] < want[0]:
+      return Code.STALE_GENERATION
+    return None if tag == want else Code.DUPLICATE_ROUND
+
+  def _late(self, tag):
+    """STALE_GENERATION / DUPLICATE_ROUND if `tag` is no request's current
+    tag but an older one of some request in flight; else None."""
+    ex = self.exchange
+    if ex is None:
+      return None
+    codes = [self._classify(rid, tag) for rid in ex.rids]
+    if None in codes:
+      return None
+    older = [c for c in codes if c != Code.BAD_SEQUENCE]
+    return older[0] if older else None
+
+  def _fail(self, i, code, detail):
+    ex = self.exchange
+    self.counters.reject(code, detail)
+    ex.answered[i], ex.codes[i] = True, code
+
+  def _frames(self, frames, headers):
+    """Groups an authenticated message into (REPLY?, COMPLETION) answers."""
+    decoded = []
+    for frame, h in zip(frames, headers):
+      try:
+        decoded.append((codec.decode(frame, self.bounds), None))
+      except ProtocolError as e:
+        decoded.append((None, e.code))
+    i = 0
+    while i < len(decoded):
+      frame, code = decoded[i]
+      kind = headers[i].kind
+      if kind == Kind.REPLY and i + 1 < len(decoded) and (
+          headers[i + 1].kind == Kind.COMPLETION):
+        reply, reply_code = frame, code
+        done, done_code = decoded[i + 1]
+        i += 2
+      elif kind == Kind.COMPLETION:
+        reply, reply_code = None, None
+        done, done_code = frame, code
+        i += 1
+      else:
+        self._broken(Code.BAD_SEQUENCE, headers[i], "rows without COMPLETION"
+                     if kind == Kind.REPLY else f"{Kind(kind).name} frame")
+        return
+      if done_code is not None:
+        self._broken(done_code, headers[i - 1], "COMPLETION")
+        return
+      self._answer(reply, reply_code, done)
+
+  def _broken(self, code, header, detail):
+    """An authenticated frame that cannot be attributed to one request:
+    it fails every unanswered request of this exchange it claims."""
+    late = self._late((header.generation, header.round))
+    ex = self.exchange
+    if late or ex is None:
+      self.counters.reject(late or code, detail)
+      return
+    self.counters.reject(code, detail)
+    for i in np.flatnonzero(~ex.answered):
+      ex.answered[i], ex.codes[i] = True, code
+
+  def _answer(self, reply, reply_code, done):
+    body = done.body
+    rid, tag = body.request, done.tag
+    code = self._classify(rid, tag)
+    ex = self.exchange
+    if code is not None:
+      self.counters.reject(code, f"reply of request {rid} {tag}")
+      if code == Code.BAD_SEQUENCE and ex is not None and rid in ex.index:
+        i = ex.index[rid]
+        if not ex.answered[i]:
+          ex.answered[i], ex.codes[i] = True, code
+      return
+    i = ex.index[rid]
+    if ex.answered[i]:          # the same exchange answered twice (a retry)
+      self.counters.reject(Code.DUPLICATE_ROUND, f"second reply of {rid}")
+      return
+    req = self.requests[rid]
+    what = f"request {rid} {tag}"
+    if body.status:
+      self._fail(i, Code.parse(body.status) or Code.BAD_STATUS,
+                 f"{what}: the worker refused the STEP (status "
+                 f"{body.status})")
+    elif (body.anchor, body.context_version) != (req.anchor,
+                                                  req.context_version):
+      self._fail(i, Code.STATE_MISMATCH, f"{what}: anchor or context")
+    elif reply_code is not None:
+      self._fail(i, reply_code, f"{what}: REPLY")
+    elif reply is None or body.depth != ex.depth or (
+        reply.body.request, reply.tag, reply.body.depth) != (rid, tag,
+                                                              ex.depth):
+      self._fail(i, Code.BAD_SEQUENCE, f"{what}: rows")
+    elif body.reply_bytes != len(reply.raw):
+      self._fail(i, Code.UNEXPECTED_SIZE, f"{what}: reply bytes")
+    elif body.reply_tag != reply.header.tag:
+      self._fail(i, Code.CHECKSUM_MISMATCH, f"{what}: REPLY vs COMPLETION")
+    else:
+      rows = ex.rows
+      got = reply.rows
+      rows.tokens[i] = got.tokens
+      rows.n[i] = got.n
+      if got.ids is not None:
+        rows.ids[i] = got.ids
+      if got.values is not None:
+        rows.values[i] = got.values
+      ex.answered[i] = True
+
+  def _progress(self, now):
+    ex = self.exchange
+    if ex is None:
+      return []
+    if not ex.complete:
+      return self.poll(now)
+    pending = ex.codes == 0
+    if not pending.any():
+      return [self._verify()]
+    ex.staging = True
+    return [Stage(ex.rows, pending, ex.codes.copy())]
+
+  def poll(self, now):
+    """The watchdog: past the deadline, the whole batch falls back.
+
+    TIMEOUT is counted for every request whose proposal this discards
+    (answered in time or not), except those refused with a code of their
+    own.
+    """
+    ex = self.exchange
+    if ex is None or ex.staging or now < ex.deadline:
+      return []
+    for i, rid in enumerate(ex.rids):
+      if ex.codes[i] == 0:
+        self.counters.reject(Code.TIMEOUT, f"request {rid}")
+        ex.codes[i] = Code.TIMEOUT
+    ex.answered[:] = True
+    return [self._verify()]
+
+  def staged(self, verdict):
+    """The Plan of the exchange, from the verdicts of its staged rows.
+
+    verdict: a `qformats.Verdict` of the Stage's rows (counts [R, D, w],
+    codes [R, D]). A request is verified only if every one of its rows is
+    valid; else its first refused row's code is counted and it falls back.
+    """
+    ex = self.exchange
+    if ex is None:
+      raise RuntimeError("staged: no exchange in flight")
+    codes = np.asarray(verdict.codes)
+    for i, rid in enumerate(ex.rids):
+      if ex.codes[i] == 0:
+        bad = np.flatnonzero(codes[i])
+        if bad.size:
+          self._fail(i, int(codes[i, bad[0]]), f"request {rid} row "
+                     f"{bad[0]}")
+    return self._verify(verdict.counts)
+
+  def _verify(self, counts=None):
+    ex = self.exchange
+    self.exchange = None
+    reqs = [self.requests[r] for r in ex.rids]
+    plan = empty_plan(self.caps, ex.rids, [ex.tags[q.rid] for q in reqs],
+                      ex.codes, ex.depth)
+    ok = plan.codes == 0
+    if ok.any():
+      plan.draft[ok] = ex.rows.tokens[ok]
+      plan.n[ok] = ex.rows.n[ok]
+      if self.caps.format.has_ids:
+        plan.ids[ok] = ex.rows.ids[ok]
+      if counts is not None:
+        if isinstance(counts, np.ndarray) and counts.shape == (
+            plan.counts.shape):
+          plan.counts[ok] = counts[ok]
+        else:
+          plan = plan._replace(counts=counts)
+    return Verify(plan)
+
+  def commit(self, plan, outcomes):
+    """Applies a round's outcomes; returns (results, Send(COMMIT) or None).
+
+    outcomes: per request of the plan, (accepted, next_token[, code]): the
+    drafted tokens accepted and the correction/bonus token (verified), or
+    (0, target-only token) where plan.codes is not 0 or where `code` (the
+    verification's own refusal) is. A follower rank (no session) applies
+    the same and sends nothing.
+    """
+    results, frames = [], []
+    for i, outcome in enumerate(outcomes):
+      accepted, token = outcome[0], outcome[1]
+      refused = int(outcome[2]) if len(outcome) > 2 else 0
+      req = self.requests[int(plan.rids[i])]
+      tag = (int(plan.tags[i, 0]), int(plan.tags[i, 1]))
+      req.generation, req.round = tag          # a follower mirrors them
+      code = int(plan.codes[i])
+      if refused and not code:       # verification itself refused the row
+        self.counters.reject(refused, f"verification of request {req.rid}")
+        code = refused
+      accepted = 0 if code else int(accepted)
+      committed = tuple(int(t) for t in plan.draft[i, :accepted]) + (
+          int(token),)
+      anchor = req.anchor
+      req.tokens.extend(committed)
+      req.digest = digest_lib.extend(req.digest, committed)
+      self.counters.event("rounds")
+      self.counters.event("tokens", len(committed))
+      if code:
+        self._bump(req)
+        self.counters.event("fallbacks")
+      result = RoundResult(req.rid, tag[0], tag[1], anchor, committed,
+                           accepted, bool(code), Code(code) if code else None)
+      results.append(result)
+      if self.is_open:
+        frames.append(codec.encode(
+            Kind.COMMIT, session=self.session, generation=tag[0],
+            round_id=tag[1], send=self.keys.send, body={
+                "request": req.rid, "accepted": accepted, "status": code,
+                "fallback": int(bool(code)), "next_token": committed[-1],
+                "new_position": anchor + len(committed)}))
+    if not frames:
+      return results, None
+    message = b"".join(frames)
+    self.counters.event("bytes_out", len(message))
+    return results, Send(message)
+

@@ -1,0 +1,477 @@
+"""The worker's side of the protocol, sans I/O: messages in, answers out.
+
+`WorkerSession` never touches a socket, a thread, a clock or JAX (the h11 /
+hyper-h2 design). The driver (`bridge.worker.Worker`) feeds it every
+received message with `receive(message, now)` and gets a `WorkerAnswer`:
+messages to send at once (`Send`: HELLO answers, refusals, retried
+replies) and proposals to draw (`Propose`, with writable views of the
+REPLY frames they go into). It draws them, then `finish(answer)` seals the
+frames and returns the message. Every failure path is a counted refusal,
+never an exception (tests/fuzz_sessions.py holds it to that).
+
+Sessions. A HELLO must carry a valid tag under the deployment secret's
+hello key (AUTH_FAILED, silently dropped, otherwise) and capabilities equal
+to this side's, compared field by field on the raw body before anything
+else (IDENTITY_MISMATCH: a RESET(REFUSED) answer). It is answered with this
+side's HELLO and a fresh nonce; both nonces key the session
+(`wire.auth.session_keys`). The new session is *pending* until a frame
+authenticates under its keys: a replayed HELLO (which the replayer cannot
+follow with any valid frame) never displaces the established session. The
+same HELLO again (same session and nonce) gets the same answer.
+
+One STEP message holds one STEP frame per request of a batch; the answer
+is one message with, per request, its REPLY (all D rows) then its
+COMPLETION, written into one of `max_slots` preallocated slot buffers. Per
+request the session keeps its committed view (anchor, last token, prefix
+digest, from COMMITs) and the reply of the latest round it served:
+
+* a STEP of a newer round is drawn (PROPOSAL keys of that seed,
+  generation, round and position); a newer generation first drops every
+  speculative state of the request;
+* a STEP of the round just served, byte for byte the same, is a retry: the
+  cached frames are sent again (no key is ever drawn twice); the same tag
+  with another body is BAD_SEQUENCE;
+* an older round or generation is refused (DUPLICATE_ROUND,
+  STALE_GENERATION), counted, and not answered;
+* a STEP with a field out of local bounds (depth, policy, last token,
+  anchor + depth above MAX_POSITION) is answered by a COMPLETION whose
+  status is the refusal's code (nothing is drawn);
+* a STEP whose anchor or digest disagrees with the committed view (a
+  COMMIT was lost) resyncs the view from the STEP, counted as an event.
+
+Memory is bounded: at most `max_views` request views (least recently used
+first out; RESET(REMOVE) drops one), and `max_slots` slot buffers. A slot
+whose last message the transport still holds when it comes round again is
+replaced, not waited for (`slots_reclaimed`): a peer that never reads
+costs at most what the transport queues for it.
+"""
+
+import collections
+import os
+import typing
+
+import numpy as np
+
+from dyadic_jax.bridge import digest as digest_lib
+from dyadic_jax.bridge import hello
+from dyadic_jax.bridge.counters import Counters
+from dyadic_jax.bridge.effects import Propose, Send
+from dyadic_jax.wire import auth, codec, layouts
+from dyadic_jax.wire.errors import Code, ProtocolError
+from dyadic_jax.wire.layouts import (ALL_REQUESTS, FIXED_BYTES, Kind, Policy,
+                                     Reason)
+
+_COMPLETION = FIXED_BYTES[Kind.COMPLETION]
+
+
+class _Session(typing.NamedTuple):
+  id: int
+  nonce_v: bytes
+  keys: auth.Keys
+  answer: bytes          # the HELLO answer (sent again to a retried HELLO)
+
+
+class _View:
+  """What the worker knows of one request."""
+  __slots__ = ("generation", "round", "step", "cached", "anchor",
+               "last_token", "digest", "proposal", "committed")
+
+  def __init__(self):
+    self.generation = 0       # newest generation seen (older are stale)
+    self.round = -1           # newest round served in that generation
+    self.step = None          # body bytes of the STEP served (retries)
+    self.cached = None        # (slot, epoch, start, end) of its answer
+    self.anchor = None        # committed view: next position
+    self.last_token = None
+    self.digest = None
+    self.proposal = None      # tokens of the served round (for COMMIT)
+    self.committed = (-1, -1)  # (generation, round) of the last COMMIT
+
+
+class _Entry(typing.NamedTuple):
+  """One request's place in a fresh answer (see `finish`)."""
+  request: int
+  tag: tuple
+  start: int                # offset of its REPLY (or lone COMPLETION)
+  reply: memoryview | None  # the REPLY frame, None for a refused STEP
+  rows: typing.Any          # its rows (views), or None
+  depth: int
+  anchor: int
+  context: int
+  status: int
+
+
+class WorkerAnswer(typing.NamedTuple):
+  """What `receive` returns: sends now; proposals to draw, then `finish`."""
+  send: list
+  propose: list
+  slot: int | None = None
+  entries: tuple = ()
+
+
+_NOTHING = WorkerAnswer([], [])
+
+
+class WorkerSession:
+  """The worker's protocol state machine (see the module docstring)."""
+
+  def __init__(self, caps, *, secret, entropy=os.urandom, max_views=4096,
+               counters=None):
+    """caps: this side's Capabilities; secret: the deployment secret (32
+    bytes) or None (`--insecure`: CRC32C tags, nothing authenticated);
+    entropy(n): n fresh random bytes (the HELLO nonces)."""
+    self.caps = caps
+    self.bounds = caps.bounds
+    self.counters = counters or Counters("worker")
+    self._secret = secret
+    self._entropy = entropy
+    self._hello_keys = auth.hello_keys(secret, auth.WORKER)
+    self.max_views = int(max_views)
+    self.established = None
+    self.pending = None
+    self.views = collections.OrderedDict()
+    self.slots = None                  # bytearrays, after the first HELLO
+    self._epoch = [0] * caps.max_slots
+    self._busy = [False] * caps.max_slots
+    self._next = 0
+    # Local bounds of what a verifier may send (one HELLO, or one frame
+    # per request of a batch): checked before any frame is read.
+    self.max_message = self.bounds.max_request_message
+    self.max_frames = caps.max_requests
+
+  @property
+  def session(self):
+    return None if self.established is None else self.established.id
+
+  # -- messages --------------------------------------------------------------
+
+  def receive(self, message, now=0.0):
+    """Handles one received message; returns a WorkerAnswer (never raises)."""
+    del now   # the worker keeps no deadlines of its own
+    try:
+      frames = codec.split(message, max_frames=self.max_frames,
+                           max_bytes=self.max_message)
+      first = codec.header(frames[0])
+    except ProtocolError as e:
+      self.counters.reject(e.code, "verifier message")
+      return _NOTHING
+    if first.kind == Kind.HELLO:
+      if len(frames) != 1:
+        self.counters.reject(Code.BAD_SEQUENCE, "HELLO with other frames")
+        return _NOTHING
+      return self._hello(frames[0], first)
+    candidates = [s for s in (self.established, self.pending)
+                  if s is not None and s.id == first.session]
+    if not candidates:
+      self.counters.reject(Code.UNKNOWN_SESSION, f"session {first.session}")
+      if first.kind != Kind.STEP:
+        return _NOTHING       # only a STEP waits for an answer
+      # Tagged like the STEP, so that a late one is recognized as stale.
+      return WorkerAnswer([Send(self._refusal(
+          Code.UNKNOWN_SESSION, first.session, first.generation,
+          first.round))], [])
+    session = next((s for s in candidates
+                    if auth.check(frames[0], s.keys.recv)), None)
+    if session is None:
+      self.counters.reject(Code.AUTH_FAILED, "verifier frame")
+      return _NOTHING
+    try:
+      decoded = [codec.decode(f, self.bounds, session.keys.recv)
+                 for f in frames]
+    except ProtocolError as e:
+      self.counters.reject(e.code, "in a verifier message")
+      return _NOTHING
+    if session is self.pending:     # first authenticated frame: it is real
+      self.established, self.pending = session, None
+      self.views = collections.OrderedDict()
+      self.counters.event("sessions")
+    kinds = {f.header.kind for f in decoded}
+    sessions = {f.header.session for f in decoded}
+    if len(kinds) != 1 or sessions != {session.id}:
+      self.counters.reject(Code.BAD_SEQUENCE, f"mixed message {kinds}")
+      return _NOTHING
+    kind = kinds.pop()
+    if kind == Kind.STEP:
+      return self._steps(decoded, session)
+    if kind == Kind.COMMIT:
+      for f in decoded:
+        self._commit(f)
+    elif kind == Kind.RESET:
+      for f in decoded:
+        self._reset(f)
+    else:
+      self.counters.reject(Code.BAD_SEQUENCE, f"{Kind(kind).name} to worker")
+    return _NOTHING
+
+  def released(self, slot):
+    """The transport let go of every message sent from `slot`."""
+    self._busy[slot] = False
+
+  # -- HELLO -----------------------------------------------------------------
+
+  def _refusal(self, code, session, generation=0, round_id=0):
+    return codec.encode(Kind.RESET, session=session, generation=generation,
+                        round_id=round_id, body={
+                            "request": ALL_REQUESTS,
+                            "reason": Reason.REFUSED, "code": int(code)},
+                        send=self._hello_keys.send)
+
+  def _hello(self, frame, header):
+    if not auth.check(frame, self._hello_keys.recv):
+      self.counters.reject(Code.AUTH_FAILED, "HELLO")
+      return _NOTHING
+    try:
+      body = codec.decode(frame, codec.HELLO_BOUNDS).body
+    except ProtocolError as e:
+      self.counters.reject(e.code, "HELLO")
+      return _NOTHING
+    for s in (self.pending, self.established):
+      if s is not None and (s.id, s.nonce_v) == (header.session, body.nonce):
+        self.counters.event("hello_retries")
+        return WorkerAnswer([Send(s.answer)], [])
+    differ = hello.mismatches(self.caps, body)
+    if differ:
+      self.counters.reject(Code.IDENTITY_MISMATCH, "; ".join(differ))
+      return WorkerAnswer([Send(self._refusal(Code.IDENTITY_MISMATCH,
+                                              header.session))], [])
+    nonce_w = bytes(self._entropy(layouts.NONCE_BYTES))
+    keys = auth.session_keys(self._secret, header.session, body.nonce,
+                             nonce_w, auth.WORKER)
+    answer = hello.hello_frame(self.caps, header.session, nonce_w, keys.send)
+    self.pending = _Session(header.session, bytes(body.nonce), keys, answer)
+    if self.slots is None:   # sized from the agreed (local) bounds, once
+      self.slots = [bytearray(self.bounds.max_reply_message)
+                    for _ in range(self.caps.max_slots)]
+    self.counters.event("hellos")
+    return WorkerAnswer([Send(answer)], [])
+
+  # -- STEP ------------------------------------------------------------------
+
+  def _view(self, rid):
+    view = self.views.get(rid)
+    if view is None:
+      view = self.views[rid] = _View()
+      if len(self.views) > self.max_views:
+        self.views.popitem(last=False)
+        self.counters.event("views_evicted")
+    else:
+      self.views.move_to_end(rid)
+    return view
+
+  def _check_step(self, body):
+    """0, or the Code refusing a STEP whose fields are out of bounds."""
+    try:
+      policy = Policy(body.policy)
+    except ValueError:
+      return Code.BAD_STATUS
+    if (policy == Policy.SAMPLED) == self.caps.greedy:
+      return (Code.SAMPLED_ON_GREEDY if self.caps.greedy
+              else Code.BAD_SEQUENCE)
+    if not 1 <= body.depth <= self.caps.max_depth:
+      return Code.ABSURD_LENGTH
+    if not 0 <= body.last_token < self.caps.vocab:
+      return Code.TOKEN_OUT_OF_RANGE
+    if body.anchor + body.depth > hello.MAX_POSITION:
+      return Code.ABSURD_LENGTH
+    return 0
+
+  def _take_slot(self):
+    slot = self._next
+    self._next = (slot + 1) % self.caps.max_slots
+    if self._busy[slot]:
+      # The transport still holds its last message (a peer that does not
+      # read): leave that buffer to it, take a new one. No waiting.
+      self.slots[slot] = bytearray(self.bounds.max_reply_message)
+      self._busy[slot] = False
+      self.counters.event("slots_reclaimed")
+    self._epoch[slot] += 1      # every reply cached in it is gone
+    return slot
+
+  def _cached(self, view):
+    if view.cached is None:
+      return None
+    slot, epoch, start, end = view.cached
+    if self._epoch[slot] != epoch:
+      view.cached = None
+      return None
+    self._busy[slot] = True
+    return Send(memoryview(self.slots[slot])[start:end], slot)
+
+  def _steps(self, steps, session):
+    sends, fresh, seen = [], [], set()
+    for f in steps:
+      body, tag = f.body, f.tag
+      rid = body.request
+      if rid == ALL_REQUESTS or rid in seen:
+        self.counters.reject(Code.BAD_SEQUENCE, f"STEP of request {rid}")
+        continue
+      seen.add(rid)
+      view = self._view(rid)
+      if tag[0] < view.generation:
+        self.counters.reject(Code.STALE_GENERATION, f"request {rid} {tag}")
+        continue
+      if tag == (view.generation, view.round):
+        cached = self._cached(view)
+        if cached is not None:
+          if view.step != bytes(f.raw[layouts.HEADER_BYTES:]):
+            self.counters.reject(Code.BAD_SEQUENCE, f"request {rid} {tag}: "
+                                 "another STEP with a served tag")
+            continue
+          self.counters.event("retries_served")
+          sends.append(cached)
+          continue
+      if tag[0] == view.generation and tag[1] <= view.round:
+        self.counters.reject(Code.DUPLICATE_ROUND, f"request {rid} {tag}")
+        continue
+      fresh.append((f, view))
+    if not fresh:
+      return WorkerAnswer(sends, [])
+    slot = self._take_slot()
+    buf = memoryview(self.slots[slot])
+    proposals, entries, offset = [], [], 0
+    for f, view in fresh:
+      body, tag = f.body, f.tag
+      if tag[0] > view.generation:
+        view.cached = view.proposal = None   # a new generation: drop it all
+      view.generation, view.round = tag
+      view.step = bytes(f.raw[layouts.HEADER_BYTES:])
+      view.proposal = None
+      seen_view = (body.anchor, body.last_token, body.prefix_digest)
+      if (view.anchor, view.last_token, view.digest) != seen_view:
+        if view.anchor is not None:
+          self.counters.event("resyncs")
+        view.anchor, view.last_token, view.digest = seen_view
+      status = self._check_step(body)
+      reply = rows = None
+      if status:
+        self.counters.reject(status, f"STEP of request {body.request}")
+      else:
+        reply, rows = codec.begin_reply(
+            buf[offset:], bounds=self.bounds, session=session.id,
+            generation=tag[0], round_id=tag[1], request=body.request,
+            depth=body.depth)
+        proposals.append(Propose(len(entries), body.request, body.seed,
+                                 tag[0], tag[1], body.anchor,
+                                 body.last_token, body.depth, rows))
+      entries.append(_Entry(body.request, tag, offset, reply, rows,
+                            body.depth, body.anchor, body.context_version,
+                            int(status)))
+      offset += (0 if reply is None else len(reply)) + _COMPLETION
+      self.counters.event("proposals")
+    return WorkerAnswer(sends, proposals, slot, tuple(entries))
+
+  def finish(self, answer, failed=None):
+    """Seals a fresh answer once its proposals are drawn; returns its Sends.
+
+    failed: {Propose.index: Code} of proposals the driver could not draw
+    (the proposer raised): each is answered by a COMPLETION with that
+    status instead of its rows.
+    """
+    if answer.slot is None:
+      return list(answer.send)
+    failed = failed or {}
+    session = self.established
+    keys = session.keys
+    slot = answer.slot
+    buf = memoryview(self.slots[slot])
+    epoch = self._epoch[slot]
+    offset = 0
+    for i, e in enumerate(answer.entries):
+      status = e.status or int(failed.get(i, 0))
+      view = self.views.get(e.request)
+      reply = None if status else e.reply
+      tokens = None if reply is None else np.array(e.rows.tokens)
+      if reply is not None:
+        if e.start != offset:      # an earlier request failed: close the gap
+          buf[offset:offset + len(reply)] = bytes(reply)
+          reply = buf[offset:offset + len(reply)]
+        auth.seal(reply, keys.send)
+      elif e.status == 0:
+        self.counters.reject(status, f"proposal of request {e.request}")
+      start = offset
+      offset += 0 if reply is None else len(reply)
+      codec.encode(Kind.COMPLETION, session=session.id, generation=e.tag[0],
+                   round_id=e.tag[1], send=keys.send, out=buf[offset:],
+                   body={"request": e.request,
+                         "depth": 0 if reply is None else e.depth,
+                         "status": status,
+                         "reply_bytes": 0 if reply is None else len(reply),
+                         "anchor": e.anchor, "context_version": e.context,
+                         "reply_tag": b"" if reply is None else auth.tag_of(
+                             reply)})
+      offset += _COMPLETION
+      if view is not None and (view.generation, view.round) == e.tag:
+        view.cached = (slot, epoch, start, offset)
+        view.proposal = tokens
+    self._busy[slot] = True
+    return list(answer.send) + [Send(buf[:offset], slot)]
+
+  # -- COMMIT and RESET ------------------------------------------------------
+
+  def _commit(self, f):
+    body, tag = f.body, f.tag
+    rid = body.request
+    if rid == ALL_REQUESTS:
+      self.counters.reject(Code.BAD_SEQUENCE, "COMMIT of every request")
+      return
+    if (body.status and Code.parse(body.status) is None) or (
+        body.fallback not in (0, 1)):
+      self.counters.reject(Code.BAD_STATUS, f"COMMIT of request {rid}")
+      return
+    if not 0 <= body.next_token < self.caps.vocab:
+      self.counters.reject(Code.TOKEN_OUT_OF_RANGE, f"COMMIT of {rid}")
+      return
+    view = self._view(rid)
+    if tag <= view.committed:
+      code = (Code.STALE_GENERATION if tag[0] < view.committed[0]
+              else Code.DUPLICATE_ROUND)
+      self.counters.reject(code, f"COMMIT of request {rid} {tag}")
+      return
+    fallback = bool(body.fallback)
+    if tag != (view.generation, view.round):
+      # A round this worker never served (its STEP was lost): the verifier
+      # fell back, so the committed token is the target-only one.
+      self.counters.event("commits_unserved")
+      view.generation, view.round, view.proposal = tag[0], tag[1], None
+    proposal = None if fallback else view.proposal
+    if proposal is not None and body.accepted > len(proposal):
+      self.counters.reject(Code.BAD_SEQUENCE, f"COMMIT of {rid}: accepted "
+                           f"{body.accepted} of {len(proposal)}")
+      return
+    committed = [] if proposal is None else [
+        int(t) for t in proposal[:body.accepted]]
+    committed.append(int(body.next_token))
+    view.digest = (None if view.digest is None or (
+        view.proposal is None and not fallback) else
+                   digest_lib.extend(view.digest, committed))
+    view.anchor = int(body.new_position)
+    view.last_token = committed[-1]
+    view.cached = view.proposal = view.step = None
+    view.committed = tag
+    self.counters.event("commits")
+
+  def _reset(self, f):
+    body = f.body
+    try:
+      reason = Reason(body.reason)
+    except ValueError:
+      self.counters.reject(Code.BAD_STATUS, f"RESET reason {body.reason}")
+      return
+    if reason == Reason.REFUSED:
+      self.counters.reject(Code.BAD_SEQUENCE, "a refusal sent to the worker")
+      return
+    rid = body.request
+    targets = list(self.views) if rid == ALL_REQUESTS else [rid]
+    if reason == Reason.REMOVE:
+      for key in targets:
+        self.views.pop(key, None)
+      self.counters.event("removes")
+      return
+    generation = f.header.generation
+    for key in targets:
+      view = self._view(key)
+      view.cached = view.proposal = view.step = None
+      if generation > view.generation:   # a new generation: no round yet
+        view.generation, view.round = generation, -1
+    self.counters.event("resets")
+

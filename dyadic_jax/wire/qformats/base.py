@@ -1,0 +1,140 @@
+"""What every q format provides, and the rows it lays out in a REPLY.
+
+A q format is one representation of the D q rows of one request on the
+wire (dense, sparse, greedy tokens). It owns, in one place:
+
+* the REPLY payload layout after the REPLY body (`payload_bytes`, `rows`):
+
+      tokens int32[D] | n int32[D] | [ids int32[D, w]] | [values float32[D, w]]
+
+  w is the format's row width (V dense, k sparse, 0 greedy); n[i] is the
+  number of live entries of row i (the rest of a sparse row is padding and
+  is never read);
+* validation (`validate`): the core's one kernel per format
+  (`dyadic_jax.qrows`, on bit patterns), statuses mapped to `Code`s by
+  `dyadic_jax.wire.status`, plus the sampling audit when draws are given;
+* the staging buffers of a batch (`staging`);
+* the conversion of validated counts to what verification takes
+  (`to_q`: `DenseQ` or `SparseQ`).
+
+A new representation is one module with a `QFormat` subclass and one line
+in `dyadic_jax/wire/qformats/__init__.py`.
+"""
+
+import typing
+
+import numpy as np
+
+from dyadic_jax.wire.errors import Code
+
+
+class Rows(typing.NamedTuple):
+  """The rows of one request (or a batch: leading axes), as arrays.
+
+  Views into a frame or a staging buffer; writable when that buffer is.
+  """
+  tokens: np.ndarray               # int32[..., D] drafted tokens
+  n: np.ndarray                    # int32[..., D] live entries per row
+  ids: np.ndarray | None = None    # int32[..., D, w] sparse global ids
+  values: np.ndarray | None = None  # float32[..., D, w] q values
+
+
+class Verdict(typing.NamedTuple):
+  """Validated rows: counts where a row is OK, a Code per row."""
+  counts: typing.Any               # int32[..., D, w] (numpy or jax), or None
+  codes: np.ndarray                # int32[..., D]: 0 OK, else a Code value
+
+
+def aligned_empty(shape, dtype, alignment=64):
+  """An uninitialized numpy array whose data starts on `alignment` bytes.
+
+  64-byte alignment lets JAX on CPU read it without a copy (dlpack).
+  """
+  dtype = np.dtype(dtype)
+  nbytes = int(np.prod(shape)) * dtype.itemsize
+  raw = np.empty(nbytes + alignment, np.uint8)
+  start = (-raw.ctypes.data) % alignment
+  return raw[start:start + nbytes].view(dtype).reshape(shape)
+
+
+def audit(counts, position, draws, xp):
+  """Sampling audit: is each drafted token the one its draw selects?
+
+  counts: int[..., w] validated counts; position: int[...] index of the
+  drafted token in the row (its id, or its place in a sparse support);
+  draws: uint32[...] 24-bit PROPOSAL draws. The token a draw u selects is
+  the first index whose inclusive cumulative count exceeds u
+  (`dyadic_jax.sample_counts`), so the drafted one is right exactly when
+  sum(counts[:position]) <= u < sum(counts[:position + 1]). Exact integer
+  arithmetic (float64 sums of counts are exact below 2^53).
+  """
+  index = xp.arange(counts.shape[-1])
+  before = xp.where(index < position[..., None], counts, 0)
+  prefix = xp.sum(before.astype(xp.float64), axis=-1)
+  at = xp.take_along_axis(
+      counts, xp.clip(position, 0, counts.shape[-1] - 1)[..., None],
+      axis=-1)[..., 0].astype(xp.float64)
+  u = draws.astype(xp.float64)
+  return (prefix <= u) & (u < prefix + at)
+
+
+def with_audit(codes, audit_ok):
+  """Codes with SAMPLING_MISMATCH where an otherwise valid row failed."""
+  codes = np.asarray(codes, np.int32)
+  return np.where((codes == 0) & ~np.asarray(audit_ok, bool),
+                  np.int32(Code.SAMPLING_MISMATCH), codes).astype(np.int32)
+
+
+class QFormat:
+  """One representation of q rows (see the module docstring)."""
+  representation: int        # layouts.Representation
+  entry_bytes: int           # bytes per entry on the wire
+  has_ids = False
+  has_values = True
+
+  def width(self, vocab, support):
+    """Entries per row for a session of vocabulary V and sparse support k."""
+    raise NotImplementedError
+
+  def payload_bytes(self, depth, width):
+    return 8 * depth + self.entry_bytes * depth * width
+
+  def rows(self, buf, offset, depth, width):
+    """Views of the payload of one REPLY at `offset` of `buf`."""
+    tokens = np.frombuffer(buf, "<i4", depth, offset)
+    n = np.frombuffer(buf, "<i4", depth, offset + 4 * depth)
+    offset += 8 * depth
+    ids = values = None
+    if self.has_ids:
+      ids = np.frombuffer(buf, "<i4", depth * width, offset).reshape(
+          depth, width)
+      offset += 4 * depth * width
+    if self.has_values:
+      values = np.frombuffer(buf, "<f4", depth * width, offset).reshape(
+          depth, width)
+    return Rows(tokens, n, ids, values)
+
+  def staging(self, requests, depth, width):
+    """Zeroed, aligned staging arrays of a batch: Rows of [R, D, ...]."""
+    shape = (requests, depth, width)
+    ids = aligned_empty(shape, np.int32) if self.has_ids else None
+    values = aligned_empty(shape, np.float32) if self.has_values else None
+    for a in (ids, values):
+      if a is not None:
+        a.fill(0)
+    return Rows(np.zeros((requests, depth), np.int32),
+                np.zeros((requests, depth), np.int32), ids, values)
+
+  def validate(self, rows, *, vocab, draws=None, device=False):
+    """Verdict of rows [..., D, w]: counts and a Code per row.
+
+    draws: uint32[..., D] 24-bit PROPOSAL draws: a valid row whose token is
+    not the one its draw selects gets SAMPLING_MISMATCH (None: no audit).
+    device: run the kernel with jax.numpy (batch staging) instead of numpy;
+    counts are then a JAX array.
+    """
+    raise NotImplementedError
+
+  def to_q(self, counts, rows):
+    """What verification takes for one request's validated rows [D, ...]."""
+    raise NotImplementedError
