@@ -190,3 +190,25 @@ def running(c, *, worker_cls=Tampering, timeout_s=1.0, address=None,
 
 def random_secret():
   return os.urandom(auth.SECRET_BYTES)
+
+
+def worker_main():
+  """A worker process (`python -m tests.bridge_harness`): the SPARSE caps
+  with SECRET on a free port; prints READY <address>, serves until stdin
+  closes."""
+  import sys  # pylint: disable=g-import-not-at-top
+  c = caps()
+  worker = bridge.Worker(c, proposer_for(c), secret=SECRET)
+  endpoint = bridge.Endpoint.bind("tcp://127.0.0.1:0",
+                                  max_message=worker.max_message)
+  worker.warmup()
+  stop = threading.Event()
+  threading.Thread(target=lambda: (sys.stdin.read(), stop.set()),
+                   daemon=True).start()
+  print("READY", endpoint.address, flush=True)
+  worker.serve(endpoint, stop)
+  endpoint.close()
+
+
+if __name__ == "__main__":
+  worker_main()

@@ -19,8 +19,10 @@ from dyadic_jax.wire.errors import Code
 class Counters:
   """Error counts by `Code` and event counts by name."""
 
-  def __init__(self, name="bridge"):
+  def __init__(self, name="bridge", *, log=True):
+    """log: log refusals (rate limited); off for fuzzers and benchmarks."""
     self.name = name
+    self._log = log
     self._lock = threading.Lock()
     self._errors = collections.Counter()
     self._events = collections.Counter()
@@ -38,6 +40,8 @@ class Counters:
     code = parsed
     with self._lock:
       self._errors[code] += 1
+    if not self._log:
+      return
     # Rate-limited: a fault storm must not turn into a log storm.
     logging.log_every_n_seconds(logging.WARNING, "%s: refused %s %s", 1.0,
                                 self.name, code.name, detail)

@@ -30,9 +30,16 @@ class Slot:
     self._values = None if flat.values is None else flat.values.reshape(-1)
     self._tokens = np.zeros(requests * depth, np.int32)
     self._n = np.zeros(requests * depth, np.int32)
+    self._views = {}
 
   def rows(self, requests, depth):
     """Rows [requests, depth, ...] over the start of the buffers."""
+    views = self._views.get((requests, depth))
+    if views is None:
+      views = self._views[requests, depth] = self._rows(requests, depth)
+    return views
+
+  def _rows(self, requests, depth):
     w = self.shape[2]
     rd = requests * depth
 

@@ -233,13 +233,17 @@ def _write_header(buf, kind, length, session, generation, round_id):
       int(session), int(generation), int(round_id), bytes(layouts.TAG_BYTES))
 
 
+_FIELDS = {kind: (t._fields, frozenset(t._fields), tuple(
+    b"" if typ is bytes else 0 for typ in t.__annotations__.values()))
+           for kind, t in layouts.BODY_TYPES.items()}
+
+
 def _body_values(kind, fields):
-  body_type = layouts.BODY_TYPES[kind]
-  unknown = set(fields) - set(body_type._fields)
-  if unknown:
-    raise ValueError(f"encode: {kind.name} has no fields {sorted(unknown)}")
-  return [fields.get(name, b"" if typ is bytes else 0) for name, typ in
-          body_type.__annotations__.items()]
+  names, known, defaults = _FIELDS[kind]
+  if fields.keys() - known:
+    raise ValueError(f"encode: {kind.name} has no fields "
+                     f"{sorted(fields.keys() - known)}")
+  return [fields.get(n, d) for n, d in zip(names, defaults)]
 
 
 def encode(kind, *, session, generation, round_id, body=None, send=None,

@@ -1,9 +1,18 @@
 """Dense q rows: float32 q[D, V], every entry of the vocabulary.
 
-Validation is `dyadic_jax.qrows.dense` on the bit patterns; a batch staged
-in aligned buffers is validated in one jitted pass (`validate(...,
-device=True)`), which also runs the sampling audit, so the 10 MB of a
-4-request batch at V = 129280 are read once for both.
+Validation is `dyadic_jax.qrows` on the bit patterns. A batch staged in
+aligned buffers (`validate(..., device=True)`) is checked in one jitted
+pass built for XLA CPU: `qrows.classify` judges every entry (the kernel's
+own entry classification), and ONE float64 reduction per row decides the
+row: a fine entry adds its count, any other entry adds 2^25 (> 2^24), so a
+row is valid exactly when the sum is 2^24 and its token has a nonzero
+count (float64 sums of at most 2^21 terms below 2^26 are exact in any
+order). That is `qrows.dense`'s OK verdict on a dense wire row (no
+padding: V = N); tests/test_wire_qformats.py checks the two agree on every
+class. A refused row's code is then taken from `qrows.dense` itself, on
+the host, for that row only. The sampling audit is one more reduction
+(the count mass before each drafted token). `qrows.dense` on the whole
+batch reads the rows about six times on XLA CPU; this path twice.
 """
 
 import functools
@@ -14,35 +23,44 @@ import jax.numpy as jnp
 import numpy as np
 
 from dyadic_jax import qrows, verification, x64
+from dyadic_jax.constants import M, Status
 from dyadic_jax.wire import layouts, status
 from dyadic_jax.wire.errors import Code
 from dyadic_jax.wire.qformats import base
 
+_BAD = float(1 << 25)     # what a refused entry adds to its row's sum
+# The class qrows.classify gives a fine entry (that of +0.0).
+_FINE = int(qrows.classify(np.zeros(1, np.uint32), np)[0][0])
 
-@functools.partial(jax.jit, static_argnames=("vocab", "requests", "audit"))
-def _device(values, tokens, draws, *, vocab, requests, audit):
-  # Only the first `requests` rows of the staging slot are read (fused).
-  values, tokens = values[:requests], tokens[:requests]
+
+@functools.partial(jax.jit, static_argnames=("audit",))
+def _device(values, tokens, draws, *, audit):
+  vocab = values.shape[-1]
   bits = lax.bitcast_convert_type(values, jnp.uint32)
-  counts, row_status = qrows.dense(bits, tokens, vocab=vocab, xp=jnp)
+  cls, count = qrows.classify(bits, jnp)
+  fine = cls == _FINE
+  total = jnp.sum(jnp.where(fine, count.astype(jnp.float64), _BAD), -1)
+  counts = jnp.where(fine, count, 0)
+  at = jnp.take_along_axis(counts, jnp.clip(tokens, 0, vocab - 1)[..., None],
+                           axis=-1)[..., 0]
+  ok = (total == M) & (tokens >= 0) & (tokens < vocab) & (at > 0)
   if audit:
-    ok = base.audit(counts, tokens, draws[:requests], jnp)
+    drawn = base.audit(counts, tokens, draws, jnp)
   else:
-    ok = jnp.ones(row_status.shape, bool)
-  return counts, row_status, ok
+    drawn = jnp.ones(ok.shape, bool)
+  return counts, ok, drawn
 
 
 @x64.scoped
-def _device_verdict(values, tokens, draws, vocab, requests):
+def _device_verdict(values, tokens, draws):
   if isinstance(values, np.ndarray):
     values = (jax.dlpack.from_dlpack(values)
               if values.ctypes.data % 64 == 0 and values.flags.c_contiguous
               else jnp.asarray(values))
   audit = draws is not None
-  draws = jnp.asarray(draws if audit else np.zeros(tokens.shape, np.uint32),
-                      jnp.uint32)
-  return _device(values, jnp.asarray(tokens, jnp.int32), draws, vocab=vocab,
-                 requests=requests, audit=audit)
+  draws = jnp.asarray(draws if audit else np.zeros(np.shape(tokens),
+                                                   np.uint32), jnp.uint32)
+  return _device(values, jnp.asarray(tokens, jnp.int32), draws, audit=audit)
 
 
 class DenseFormat(base.QFormat):
@@ -58,11 +76,13 @@ class DenseFormat(base.QFormat):
     tokens = np.asarray(rows.tokens)
     n = np.asarray(rows.n)
     if device:
-      requests = tokens.shape[0]
-      counts, row_status, ok = _device_verdict(rows.values, tokens, draws,
-                                               int(vocab), requests)
-      row_status, ok = np.asarray(row_status), np.asarray(ok)
-      n = n[:requests]
+      counts, valid, ok = _device_verdict(rows.values, tokens, draws)
+      valid, ok = np.asarray(valid), np.asarray(ok)
+      row_status = np.zeros(valid.shape, np.int32)
+      for index in zip(*np.nonzero(~valid)):   # rare: the kernel's code
+        _, one = qrows.dense(rows.values[index].view(np.uint32)[None],
+                             tokens[index][None], vocab=int(vocab), xp=np)
+        row_status[index] = int(one[0]) or int(Status.WRONG_MASS)
     else:
       counts, row_status = qrows.dense(rows.values.view(np.uint32), tokens,
                                        vocab=int(vocab), xp=np)

@@ -1,0 +1,236 @@
+"""The q formats agree with the one kernel (qrows) and with validate_q_row.
+
+The dense batch path (one jitted pass on the staging slot) must accept
+exactly the rows `qrows.dense` accepts, with the same counts, and report
+the kernel's code for the others; the sparse path is the kernel itself.
+The sampling audit must accept exactly the token `dyadic_jax.sample_counts`
+draws. Every rejection class is exercised, subnormals included (XLA CPU
+flushes them to zero in float compares).
+"""
+
+import numpy as np
+import pytest
+
+import dyadic_jax as dj
+from dyadic_jax import qrows, wire
+from dyadic_jax.bridge import audit
+from dyadic_jax.wire import qformats, status
+from dyadic_jax.wire.errors import Code, ProtocolError
+from dyadic_jax.wire.layouts import Representation
+
+M = dj.M
+T = np.float32(2.0 ** -24)
+DENSE = qformats.get(Representation.DENSE)
+SPARSE = qformats.get(Representation.SPARSE)
+
+
+def _put_bits(q, i, bits):
+  q.view(np.uint32)[i] = bits
+  return q
+
+
+def _dense_rows(v, rng):
+  base = np.zeros(v, np.float32)
+  base[[1, 4, 9]] = [0.5, 0.25, 0.25]
+  edits = [
+      lambda q: q,
+      lambda q: _put(q, 0, np.nan), lambda q: _put(q, 2, np.inf),
+      lambda q: _put(q, 2, -np.inf),
+      lambda q: _put(_put(q, 1, 1.0), 4, -0.5),
+      lambda q: _put(q, 0, T / 2), lambda q: _put(q, 0, T),
+      lambda q: _put(q, 1, -0.0),
+      lambda q: _put(_put(q, 1, 0.0), 0, 0.5), lambda q: _put(q, 1, 2.0),
+      lambda q: _put_bits(q, 0, 0x00000001),     # smallest subnormal
+      lambda q: _put_bits(q, 0, 0x007FFFFF),     # largest subnormal
+      lambda q: _put_bits(q, 0, 0x80000001),     # negative subnormal
+      lambda q: _put_bits(q, 0, 0x80000000),     # -0.0: zero, valid
+      lambda q: _put(_put(q, 1, 0.5 - T), 0, T),  # mass moved: valid
+      lambda q: _put(q, 0, 3 * T / 2),           # not on the grid
+  ]
+  rows, tokens = [], []
+  for edit in edits:
+    for token in (1, 0, 4, -1, v):
+      rows.append(edit(base.copy()))
+      tokens.append(token)
+  for _ in range(30):   # random valid rows
+    c = rng.multinomial(M, rng.dirichlet(np.ones(v)))
+    rows.append((c * 2.0 ** -24).astype(np.float32))
+    tokens.append(int(np.argmax(c)))
+  return np.stack(rows), np.array(tokens, np.int32)
+
+
+def _put(q, i, x):
+  q[i] = x
+  return q
+
+
+def _row_code(values, ids, token, vocab):
+  try:
+    wire.validate_q_row(values, ids, vocab_size=vocab, token=int(token))
+    return 0
+  except ProtocolError as e:
+    return int(e.code)
+
+
+def test_dense_batch_path_agrees_with_the_kernel_and_validate_q_row():
+  v = 16
+  rows, tokens = _dense_rows(v, np.random.default_rng(0))
+  r = len(rows)
+  staged = qformats.aligned_empty((r, 1, v), np.float32)
+  staged[:, 0] = rows
+  batch = qformats.Rows(tokens[:, None], np.full((r, 1), v, np.int32), None,
+                        staged)
+  device = DENSE.validate(batch, vocab=v, device=True)
+  host = DENSE.validate(batch, vocab=v)
+  counts, kernel = qrows.dense(rows.view(np.uint32), tokens, vocab=v, xp=np)
+  want = status.codes(kernel)
+  assert np.array_equal(device.codes[:, 0], want)
+  assert np.array_equal(host.codes[:, 0], want)
+  assert np.array_equal(want, [_row_code(rows[i], None, tokens[i], v)
+                               for i in range(r)])
+  ok = want == 0
+  assert 30 < ok.sum() < r - 30     # both outcomes, many classes
+  assert np.array_equal(np.asarray(device.counts)[ok, 0], counts[ok])
+  assert np.array_equal(host.counts[ok, 0], counts[ok])
+  # Every class the edits make is one the kernel reports.
+  assert {int(c) for c in want} >= {
+      0, Code.NON_FINITE, Code.NEGATIVE, Code.NON_DYADIC, Code.WRONG_MASS,
+      Code.TOKEN_OUT_OF_RANGE, Code.ZERO_Q_AT_TOKEN}
+
+
+def test_dense_sums_that_only_an_exact_reduction_tells_apart():
+  v = 512
+  fills = ([1.0, T], [0.5, 0.5, T], [1.0] * 256, [T] * v)
+  rows = []
+  for fill in fills:
+    q = np.zeros(v, np.float32)
+    q[:len(fill)] = fill
+    rows.append(q)
+  exact = np.zeros(v, np.float32)
+  exact[:2] = 0.5
+  rows.append(exact)
+  staged = qformats.aligned_empty((len(rows), 1, v), np.float32)
+  staged[:, 0] = np.stack(rows)
+  batch = qformats.Rows(np.zeros((len(rows), 1), np.int32),
+                        np.full((len(rows), 1), v, np.int32), None, staged)
+  got = DENSE.validate(batch, vocab=v, device=True).codes[:, 0]
+  assert (got == 0).tolist() == [False, False, False, False, True]
+
+
+def _sparse_cases(rng, vocab, k, count):
+  ids = np.sort(np.stack([rng.choice(vocab, k, replace=False)
+                          for _ in range(count)]), -1).astype(np.int32)
+  counts = rng.multinomial(M - k, np.ones(k) / k, size=count) + 1
+  values = (counts * 2.0 ** -24).astype(np.float32)
+  tokens = ids[np.arange(count), rng.integers(0, k, count)].copy()
+  n = np.full(count, k, np.int32)
+  for b in range(count):
+    j = int(rng.integers(k))
+    case = b % 17
+    if case == 1:
+      values[b, j] = np.nan
+    elif case == 2:
+      values[b, j] = -values[b, j]
+    elif case == 3:
+      values[b, j] += T / 2                     # not dyadic
+    elif case == 4:
+      values[b, j] += T                         # mass 2^24 + 1
+    elif case == 5:
+      ids[b, j] = vocab
+    elif case == 6:
+      ids[b, j] = -1
+    elif case == 7 and j:
+      ids[b, j] = ids[b, j - 1]                 # duplicate
+    elif case == 8 and j:
+      ids[b, [j - 1, j]] = ids[b, [j, j - 1]]   # unsorted
+    elif case == 9:
+      tokens[b] = vocab
+    elif case == 10:
+      n[b] = rng.integers(0, k)                 # padding, mass short
+    elif case == 11:
+      values[b, j] = np.inf
+    elif case == 12:
+      values[b, np.searchsorted(ids[b], tokens[b])] = 0   # q = 0 at token
+    elif case == 13:
+      values[b] = 0
+      values[b, :2] = [1.0, T]                  # rounds to 2^24 in float32
+    elif case == 14:
+      tokens[b] = -1
+    elif case == 15:
+      values[b].view(np.uint32)[j] = 0x00000003   # a subnormal
+  return values, ids, n, tokens
+
+
+def test_sparse_format_is_the_kernel_and_validate_q_row():
+  rng = np.random.default_rng(2)
+  vocab, k = 1000, 8
+  values, ids, n, tokens = _sparse_cases(rng, vocab, k, 340)
+  rows = qformats.Rows(tokens, n, ids, values)
+  got = SPARSE.validate(rows, vocab=vocab)
+  for b in range(len(values)):
+    want = _row_code(values[b, :n[b]], ids[b, :n[b]], tokens[b], vocab)
+    assert got.codes[b] == want, b
+    if want == 0:
+      assert np.array_equal(got.counts[b, :n[b]], wire.validate_q_row(
+          values[b, :n[b]], ids[b, :n[b]], vocab_size=vocab,
+          token=int(tokens[b])))
+  assert 0 < (got.codes == 0).sum() < len(values)
+
+
+@pytest.mark.parametrize("fmt", ["dense", "sparse"])
+def test_the_audit_accepts_exactly_the_drawn_token(fmt):
+  """For every row and draw u, the audit accepts token t iff
+  sample_counts(counts, u) picks t (both formats, all tokens)."""
+  rng = np.random.default_rng(3)
+  v, k, rows = 24, 6, 6
+  if fmt == "dense":
+    counts = rng.multinomial(M, rng.dirichlet(np.ones(v) * 0.3), size=rows)
+    width, n = v, np.full(rows, v, np.int32)
+    ids = None
+  else:
+    ids = np.sort(np.stack([rng.choice(v, k, replace=False)
+                            for _ in range(rows)]), -1).astype(np.int32)
+    counts = rng.multinomial(M - k, np.ones(k) / k, size=rows) + 1
+    width, n = k, np.full(rows, k, np.int32)
+  values = (counts * 2.0 ** -24).astype(np.float32)
+  draws = np.concatenate([rng.integers(0, M, 20), np.cumsum(counts, -1)
+                          .reshape(-1) % M, [0, M - 1]]).astype(np.uint32)
+  for u in draws:
+    u_rows = np.full(rows, u, np.uint32)
+    index = np.asarray(dj.sample_counts(counts.astype(np.int32), u_rows))
+    drawn = index if ids is None else ids[np.arange(rows), index]
+    for tokens, want in ((drawn, 0), ((drawn + 1) % v, None)):
+      batch = qformats.Rows(tokens.astype(np.int32)[:, None], n[:, None],
+                            None if ids is None else ids[:, None],
+                            np.ascontiguousarray(values[:, None]))
+      fmt_obj = DENSE if ids is None else SPARSE
+      got = fmt_obj.validate(batch, vocab=v, draws=u_rows[:, None])
+      if want == 0:
+        assert (got.codes == 0).all(), (u, got.codes)
+      else:   # another token: refused (SAMPLING_MISMATCH or no mass there)
+        assert (got.codes != 0).all(), (u, got.codes)
+      if ids is None:
+        staged = qformats.aligned_empty((rows, 1, width), np.float32)
+        staged[:] = batch.values
+        dev = DENSE.validate(batch._replace(values=staged), vocab=v,
+                             draws=u_rows[:, None], device=True)
+        assert np.array_equal(dev.codes, got.codes)
+
+
+def test_audit_draws_are_the_proposers():
+  # The verifier's draws equal the proposer's own, key for key.
+  seeds = np.array([0, 2 ** 64 - 1, 12345], np.uint64)
+  gens = np.array([0, 7, 2 ** 32 - 1])
+  rounds = np.array([1, 2 ** 31, 5])
+  anchors = np.array([0, 2 ** 40, 99], np.int64)
+  got = audit.proposal_draws(seeds, gens, rounds, anchors, 3, pad_to=4)
+  assert got.shape == (3, 3) and got.dtype == np.uint32
+  import jax  # pylint: disable=g-import-not-at-top
+  with jax.enable_x64(True):
+    for r in range(3):
+      key = audit.round_key(seeds[r:r + 1].view(np.int64)[0],
+                            np.uint32(gens[r]), np.uint32(rounds[r]))
+      for i in range(3):
+        want = audit.proposal_draw(key, np.int64(anchors[r] + i))
+        assert int(want) == int(got[r, i])
+        assert int(got[r, i]) < M
