@@ -288,17 +288,31 @@ class WorkerSession:
     return slot
 
   def _cached(self, view):
+    """(slot, start, end) of the view's cached answer, or None."""
     if view.cached is None:
       return None
     slot, epoch, start, end = view.cached
     if self._epoch[slot] != epoch:
       view.cached = None
       return None
-    self._busy[slot] = True
-    return Send(memoryview(self.slots[slot])[start:end], slot)
+    return slot, start, end
+
+  def _retries(self, regions):
+    """Sends of cached answers; adjacent regions of one slot go as one
+    message (a retried batch is its original message, byte for byte)."""
+    merged = []
+    for slot, start, end in regions:
+      if merged and merged[-1][0] == slot and merged[-1][2] == start:
+        merged[-1][2] = end
+      else:
+        merged.append([slot, start, end])
+    for slot, _, _ in merged:
+      self._busy[slot] = True
+    return [Send(memoryview(self.slots[slot])[start:end], slot)
+            for slot, start, end in merged]
 
   def _steps(self, steps, session):
-    sends, fresh, seen = [], [], set()
+    retries, fresh, seen = [], [], set()
     for f in steps:
       body, tag = f.body, f.tag
       rid = body.request
@@ -318,12 +332,13 @@ class WorkerSession:
                                  "another STEP with a served tag")
             continue
           self.counters.event("retries_served")
-          sends.append(cached)
+          retries.append(cached)
           continue
       if tag[0] == view.generation and tag[1] <= view.round:
         self.counters.reject(Code.DUPLICATE_ROUND, f"request {rid} {tag}")
         continue
       fresh.append((f, view))
+    sends = self._retries(retries)
     if not fresh:
       return WorkerAnswer(sends, [])
     slot = self._take_slot()

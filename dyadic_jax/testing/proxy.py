@@ -4,10 +4,14 @@
 
 The proxy binds a ROUTER at `front_address` (the verifier connects there
 instead of to the worker), connects a DEALER to the worker's `back_address`
-and forwards whole multipart messages both ways from one background thread.
-It is a test tool: it never decodes a frame for its own use, it only peeks
-at headers (`codec.peek`) and at the `request` field of a body, to know
-which exchange a message belongs to.
+and forwards whole messages both ways from one background thread. A bridge
+message is one ZeroMQ part holding wire frames back to back; the proxy
+cuts it into its frames by their length fields (faults act on frames) and
+joins them again to send. It is a test tool (`dyadic_jax.testing`: the
+library never imports it): it never decodes a frame for its own use, it
+only peeks at headers (`codec.peek`) and at the `request` field of a body,
+to know which exchange a message belongs to. It holds no key: every frame
+it damages fails authentication at the receiver.
 
 With probability `rate` each STEP message (verifier -> worker) and each
 reply message (REPLY/COMPLETION frames, worker -> verifier) gets one fault,
@@ -48,7 +52,7 @@ verifier at a time (replies go to the routing id that spoke last).
     proxy = Proxy("tcp://127.0.0.1:0", worker_address, rate=0.04, seed=1,
                   deadline_s=0.25).start()
     verifier = bridge.Verifier(caps, proxy.address, target_fn=...,
-                               timeout_s=0.25).open()
+                               secret=secret, timeout_s=0.25).open()
     ...
     proxy.stop()
     print(proxy.summary())
@@ -66,6 +70,7 @@ import numpy as np
 import zmq
 
 from dyadic_jax.wire import codec, layouts
+from dyadic_jax.wire.errors import ProtocolError
 from dyadic_jax.wire.layouts import Kind
 
 TO_WORKER = "to_worker"        # STEP messages (verifier -> worker)
@@ -114,6 +119,16 @@ def _request_of(frame, kind):
   if len(frame) < offset + 2:
     return -1
   return int.from_bytes(frame[offset:offset + 2], "little")
+
+
+def split(message):
+  """The wire frames of one message part (bytes); the whole part as one
+  frame when its length fields do not cut it cleanly."""
+  try:
+    return [bytes(f) for f in codec.split(message, max_frames=1 << 20,
+                                          max_bytes=1 << 40)]
+  except ProtocolError:
+    return [bytes(message)]
 
 
 def message_tags(frames):
@@ -326,10 +341,12 @@ class Proxy:
         if events.get(self._front):
           while self._front.poll(0):
             parts = self._front.recv_multipart()
-            self._from_verifier(parts[0], parts[1:])
+            self._from_verifier(parts[0], [f for p in parts[1:]
+                                           for f in split(p)])
         if events.get(self._back):
           while self._back.poll(0):
-            self._from_worker(self._back.recv_multipart())
+            self._from_worker([f for p in self._back.recv_multipart()
+                               for f in split(p)])
         self._release_due()
     except Exception as e:  # pylint: disable=broad-except
       logging.exception("proxy thread failed")
@@ -350,7 +367,7 @@ class Proxy:
       self.unroutable += 1
       return
     try:
-      self._front.send_multipart([self._peer] + list(frames))
+      self._front.send_multipart([self._peer, b"".join(frames)])
     except zmq.ZMQError as e:
       if e.errno != zmq.EHOSTUNREACH:
         raise
@@ -358,7 +375,7 @@ class Proxy:
       self.unroutable += 1
 
   def _send_back(self, frames):
-    self._back.send_multipart(list(frames))
+    self._back.send(b"".join(frames))
 
   def _send(self, direction, frames):
     name = _name(_kind_of(frames))
