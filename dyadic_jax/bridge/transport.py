@@ -30,10 +30,15 @@ rounds (experiments/bench_bridge.py measures it).
 import threading
 
 import zmq
+from zmq.utils import z85
 
 from dyadic_jax.wire.errors import Code
 
 COPY_THRESHOLD = 64 * 1024   # smaller parts are cheaper to copy than to track
+# ZMQ_MAXMSGSIZE bounds ZMTP frames, and under CURVE a message travels
+# boxed (about 33 bytes more) and the handshake's commands are a few
+# hundred bytes: the bound gets this slack.
+CURVE_SLACK = 1024
 HWM = 8                      # messages queued per peer and direction
 HELLO_MESSAGE = 4096         # the verifier's bound before its session opens
 
@@ -47,15 +52,15 @@ class _Zap(threading.Thread):
 
   def __init__(self, context, client_public):
     super().__init__(daemon=True, name="bridge-zap")
-    self._key = zmq.utils.z85.decode(client_public)
+    self._key = z85.decode(client_public)
     self._socket = context.socket(zmq.REP)
     self._socket.setsockopt(zmq.LINGER, 0)
     self._socket.bind("inproc://zeromq.zap.01")
-    self._stop = threading.Event()
+    self._halt = threading.Event()
     self.start()
 
   def run(self):
-    while not self._stop.is_set():
+    while not self._halt.is_set():
       if not self._socket.poll(50):
         continue
       parts = self._socket.recv_multipart()
@@ -69,7 +74,7 @@ class _Zap(threading.Thread):
     self._socket.close(linger=0)
 
   def stop(self):
-    self._stop.set()
+    self._halt.set()
     self.join(1.0)
 
 
@@ -102,7 +107,9 @@ class Endpoint:
     self._context = context     # a CURVE endpoint's own (its ZAP handler)
 
   @staticmethod
-  def _options(socket, max_message):
+  def _options(socket, max_message, curve=None):
+    if curve is not None:
+      max_message += CURVE_SLACK
     socket.setsockopt(zmq.LINGER, 0)
     socket.setsockopt(zmq.SNDHWM, HWM)
     socket.setsockopt(zmq.RCVHWM, HWM)
@@ -117,7 +124,7 @@ class Endpoint:
     # One ZAP handler per context: a CURVE endpoint gets a context of its own.
     context = None if curve is None else zmq.Context()
     socket = (context or _context()).socket(zmq.ROUTER)
-    cls._options(socket, max_message)
+    cls._options(socket, max_message, curve)
     socket.setsockopt(zmq.ROUTER_MANDATORY, 1)
     zap = None
     if curve is not None:
@@ -137,7 +144,7 @@ class Endpoint:
   def connect(cls, address, *, max_message, curve=None, counters=None):
     """A DEALER connected to `address` (reconnects by itself)."""
     socket = _context().socket(zmq.DEALER)
-    cls._options(socket, max_message)
+    cls._options(socket, max_message, curve)
     socket.setsockopt(zmq.RECONNECT_IVL, 20)
     if curve is not None:
       socket.curve_secretkey = curve.secret_key
