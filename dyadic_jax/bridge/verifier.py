@@ -37,7 +37,6 @@ from dyadic_jax.bridge.verifier_session import (Request, RoundResult,
 from dyadic_jax.errors import raise_for_status
 from dyadic_jax.wire import status as status_lib
 from dyadic_jax.wire.errors import Code, ProtocolError
-from dyadic_jax.wire.layouts import Representation
 
 __all__ = ["Outcome", "Request", "RoundResult", "Verifier", "greedy_verify"]
 
@@ -168,8 +167,7 @@ class Verifier:
                                        np.zeros(r), np.zeros(r), d)
     fmt = self.caps.format
     rows = self.session.slots[0].rows(r, d)
-    fmt.validate(rows, vocab=self.caps.vocab, draws=draws,
-                 device=fmt.representation == Representation.DENSE)
+    fmt.validate(rows, vocab=self.caps.vocab, draws=draws, device=True)
 
   def reconnect(self):
     """New socket and session; invalidates every in-flight key."""
@@ -226,9 +224,8 @@ class Verifier:
   def validate(self, stage, draws=None):
     """The verdict of a Stage's rows (the q format's kernel, the audit)."""
     fmt = self.caps.format
-    verdict = fmt.validate(
-        stage.rows, vocab=self.caps.vocab, draws=draws,
-        device=fmt.representation == Representation.DENSE)
+    verdict = fmt.validate(stage.rows, vocab=self.caps.vocab, draws=draws,
+                           device=True)
     return self.session.staged(verdict)
 
   def execute(self, plan):

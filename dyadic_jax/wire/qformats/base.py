@@ -130,8 +130,8 @@ class QFormat:
 
     draws: uint32[..., D] 24-bit PROPOSAL draws: a valid row whose token is
     not the one its draw selects gets SAMPLING_MISMATCH (None: no audit).
-    device: run the kernel with jax.numpy (batch staging) instead of numpy;
-    counts are then a JAX array.
+    device: the verifier's staged batch: one jitted call (the format's
+    fast path) instead of numpy; dense counts are then a JAX array.
     """
     raise NotImplementedError
 
