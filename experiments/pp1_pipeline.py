@@ -111,12 +111,37 @@ _KILL_AT = flags.DEFINE_integer(
     "many rounds and start a new one on the same address, as a supervisor "
     "would (0: never). The verifier falls back while it is gone and "
     "negotiates a new session with the new process.")
+_KEYS_DIR = flags.DEFINE_string(
+    "keys_dir", None, "Directory of the bridge keys (python -m "
+    "dyadic_jax.bridge.keys DIR). Default: a throwaway key set made for "
+    "this run (and removed at its end).")
+_INSECURE = flags.DEFINE_bool(
+    "insecure", False, "No authentication on the bridge (CRC32C tags "
+    "only); said loudly at start and in the summary. Benchmarks only.")
+_ENCRYPT = flags.DEFINE_bool(
+    "encrypt", False, "Encrypt the bridge link with ZeroMQ CURVE.")
+_WORKER_BUG = flags.DEFINE_enum(
+    "worker_bug", "none", ["none", "token_not_from_q"], "Fault drill: the "
+    "worker sends its q but each drafted token is the entry after the one "
+    "its draw picked. The sampling audit refuses every such proposal and "
+    "--check_distribution still passes; with --no_sampling_audit it fails.")
+_NO_AUDIT = flags.DEFINE_bool(
+    "no_sampling_audit", False, "Turn the sampling audit off (the verifier "
+    "then no longer recomputes each drafted token from its q and the "
+    "PROPOSAL key; for the --worker_bug drill).")
+flags.register_multi_flags_validator(
+    ["insecure", "keys_dir", "encrypt"],
+    lambda f: not (f["insecure"] and (f["keys_dir"] or f["encrypt"])),
+    "--insecure excludes --keys_dir and --encrypt")
 # Internal: the follower rank of --multiprocess.
 _RANK = flags.DEFINE_integer("rank", 0, "Internal: jax.distributed rank.")
 _COORDINATOR = flags.DEFINE_string("coordinator", "",
                                    "Internal: host:port of rank 0.")
 _WORKER_ADDRESS = flags.DEFINE_string("worker_address", "",
                                       "Internal: the worker's address.")
+_INSECURE_WARNING = ("WARNING: --insecure: the bridge link is NOT "
+                     "authenticated; any process that reaches the socket "
+                     "can talk to either side")
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # The seed's size table: q bytes per request and round (exact arithmetic).
@@ -154,14 +179,22 @@ def _child_env(devices=None):
   return env
 
 
-def _start_worker(vocab, tmp, address=None):
+def _key_flags(keys_dir):
+  if _INSECURE.value:
+    return ["--insecure"]
+  return [f"--keys_dir={keys_dir}"] + (["--encrypt"] if _ENCRYPT.value
+                                       else [])
+
+
+def _start_worker(vocab, tmp, keys_dir, address=None):
   address = address or ("tcp://127.0.0.1:0" if _TRANSPORT.value == "tcp"
                         else f"ipc://{tmp}/pp1-worker-{os.getpid()}.sock")
   cmd = [sys.executable, "-m", "experiments.bridge_worker",
          f"--address={address}", f"--vocab={vocab}",
          f"--depth={_DEPTH.value}", f"--requests={_REQUESTS.value}",
          f"--q={_Q.value}", f"--k={_k(vocab)}",
-         f"--closeness={_CLOSENESS.value}"]
+         f"--closeness={_CLOSENESS.value}",
+         f"--worker_bug={_WORKER_BUG.value}"] + _key_flags(keys_dir)
   env = _child_env()
   env["JAX_PLATFORMS"] = "cpu"   # the worker's draft runs on the host CPU
   proc = subprocess.Popen(cmd, cwd=_ROOT, env=env, stdout=subprocess.PIPE,
@@ -217,7 +250,7 @@ def _request_spec(rid, vocab):
   return [(7 * rid + 1) % vocab], _SEED.value * 1_000_003 + rid
 
 
-def _build_verifier(jax, caps, address, share_fn, timer):
+def _build_verifier(jax, caps, address, share_fn, timer, keys_dir):
   """A Verifier over a vocabulary mesh with the toy target."""
   import functools  # pylint: disable=g-import-not-at-top
   from dyadic_jax import bridge  # pylint: disable=g-import-not-at-top
@@ -245,10 +278,16 @@ def _build_verifier(jax, caps, address, share_fn, timer):
       return out
     return call
 
+  from dyadic_jax.bridge import keys as keys_lib  # pylint: disable=g-import-not-at-top
+  secret = curve = None
+  if not _INSECURE.value and keys_dir is not None:
+    secret, curve = keys_lib.load(keys_dir, "verifier",
+                                  encrypt=_ENCRYPT.value)
   verifier = bridge.Verifier(
       caps, address, target_fn=timed("verify", target.logits),
       verify_fn=timed("verify", verify), sample_fn=timed("verify", sample),
-      timeout_s=_TIMEOUT.value, share_fn=share_fn,
+      timeout_s=_TIMEOUT.value, share_fn=share_fn, secret=secret,
+      curve=curve, sampling_audit=not _NO_AUDIT.value,
       request_factory=lambda rid: _request_spec(rid, caps.vocab))
   return verifier
 
@@ -261,22 +300,6 @@ def _uniform_q_verify(verify, caps, logits, q, draft, key, *, anchor):
   counts = np.full((depth, v), dj.M // v, np.int32)
   counts[:, :dj.M - (dj.M // v) * v] += 1
   return verify(logits, dj.DenseQ(counts), draft, key, anchor=anchor)
-
-
-def _share_fn(jax, caps, rids_len):
-  """Broadcast of a round's Plan from rank 0 (fixed shapes)."""
-  from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
-  import numpy as np  # pylint: disable=g-import-not-at-top
-  from dyadic_jax.bridge import verifier as verifier_lib  # pylint: disable=g-import-not-at-top
-
-  def share(plan):
-    template = plan if plan is not None else verifier_lib.empty_plan(
-        caps, [0] * rids_len, [(0, 0)] * rids_len, [0] * rids_len,
-        caps.max_depth)
-    out = multihost_utils.broadcast_one_to_all(
-        template, is_source=jax.process_index() == 0)
-    return verifier_lib.Plan(*[np.asarray(x) for x in out])
-  return share
 
 
 class _Progress:
@@ -393,7 +416,12 @@ def _summarize(results, verifier, caps, worker_stats, proxy, timer, wall,
                  "depth": depth, "q": _Q.value, "k": caps.max_support,
                  "multiprocess": _MULTIPROCESS.value,
                  "inject_faults": _FAULTS.value, "seed": _SEED.value,
-                 "mutant": _MUTANT.value},
+                 "mutant": _MUTANT.value,
+                 "authentication": ("none (--insecure)" if _INSECURE.value
+                                    else "keyed BLAKE3"),
+                 "encrypt": _ENCRYPT.value,
+                 "sampling_audit": not _NO_AUDIT.value,
+                 "worker_bug": _WORKER_BUG.value},
       "tokens": int(sum(len(r.committed) for r in results)),
       "rounds": batches,
       "request_rounds": len(results),
@@ -411,7 +439,8 @@ def _summarize(results, verifier, caps, worker_stats, proxy, timer, wall,
       "faults": ({f"{d}/{k}": n for (d, k), n in proxy.counts().items()}
                  if proxy else {}),
       "time_s": {"wall": wall, "draft": draft_s,
-                 "bridge": max(exchange_s - draft_s, 0.0),
+                 "bridge": max(exchange_s - draft_s
+                               - timer.get("verify", 0.0), 0.0),
                  "verification": timer.get("verify", 0.0)},
   }
   if check is not None:
@@ -445,6 +474,13 @@ def _print_summary(record):
   print(f"  time split (s)               draft {t['draft']:.2f}  bridge "
         f"{t['bridge']:.2f}  verification {t['verification']:.2f}  wall "
         f"{t['wall']:.2f}")
+  print(f"  bridge link                  {c['authentication']}"
+        + (", CURVE encrypted" if c["encrypt"] else "")
+        + ("" if c["sampling_audit"] else ", sampling audit OFF")
+        + (f", worker bug {c['worker_bug']}" if c["worker_bug"] != "none"
+           else ""))
+  if c["authentication"].startswith("none"):
+    print("  " + _INSECURE_WARNING)
   print(f"  errors                       {record['errors'] or 'none'}")
   if record["faults"]:
     print(f"  injected faults              {record['faults']}")
@@ -503,8 +539,10 @@ def _follower(argv):
   del argv
   jax = _setup_jax(True, _RANK.value, _COORDINATOR.value)
   caps = _capabilities(_vocab())
-  share = _share_fn(jax, caps, caps.max_requests)
-  verifier = _build_verifier(jax, caps, _WORKER_ADDRESS.value, share, {})
+  from dyadic_jax.bridge import ranks  # pylint: disable=g-import-not-at-top
+  share = ranks.plan_broadcast(caps)
+  verifier = _build_verifier(jax, caps, _WORKER_ADDRESS.value, share, {},
+                             None)
   rounds = verifier.follow()
   logging.info("follower rank %d ran %d rounds", _RANK.value, rounds)
   jax.distributed.shutdown()
@@ -528,7 +566,14 @@ def main(argv):
   import tempfile  # pylint: disable=g-import-not-at-top
   tmp = tempfile.mkdtemp(prefix="pp1-")
   start = time.time()
-  worker, worker_address = _start_worker(vocab, tmp)
+  keys_dir, temp_keys = _KEYS_DIR.value, None
+  if _INSECURE.value:
+    print(_INSECURE_WARNING, file=sys.stderr, flush=True)
+  elif keys_dir is None:   # one command stays one command: throwaway keys
+    from dyadic_jax.bridge import keys as keys_lib  # pylint: disable=g-import-not-at-top
+    temp_keys = keys_lib.temporary()
+    keys_dir = str(temp_keys.path)
+  worker, worker_address = _start_worker(vocab, tmp, keys_dir)
   follower = proxy = jax = None
   coordinator = f"127.0.0.1:{_free_port()}"
   try:
@@ -543,26 +588,28 @@ def main(argv):
     caps = _capabilities(vocab)
     address = worker_address
     if _FAULTS.value > 0:
-      from dyadic_jax.bridge import proxy as proxy_lib  # pylint: disable=g-import-not-at-top
+      from dyadic_jax.testing import proxy as proxy_lib  # pylint: disable=g-import-not-at-top
       proxy = proxy_lib.Proxy("tcp://127.0.0.1:0", worker_address,
                               rate=_FAULTS.value, seed=_SEED.value,
                               deadline_s=_TIMEOUT.value).start()
       address = proxy.address
-    share = (_share_fn(jax, caps, caps.max_requests) if _MULTIPROCESS.value
-             else None)
+    share = None
+    if _MULTIPROCESS.value:
+      from dyadic_jax.bridge import ranks  # pylint: disable=g-import-not-at-top
+      share = ranks.plan_broadcast(caps)
     timer = {}
-    verifier = _build_verifier(jax, caps, address, share, timer)
+    verifier = _build_verifier(jax, caps, address, share, timer, keys_dir)
     verifier.open()
-    # Every exchange: STEP out to replies validated (draft + bridge).
-    real_collect = verifier._collect  # pylint: disable=protected-access
+    # Every round: STEP out to COMMIT (draft + bridge + verification).
+    real_round = verifier.round
 
-    def collect(*args):
+    def timed_round(*args):
       t0 = time.perf_counter()
-      out = real_collect(*args)
+      out = real_round(*args)
       timer["exchange"] = timer.get("exchange", 0.0) + (
           time.perf_counter() - t0)
       return out
-    verifier._collect = collect  # pylint: disable=protected-access
+    verifier.round = timed_round
     check = None
     if _CHECK.value:
       first, results = _check(verifier, caps, _Progress(
@@ -578,7 +625,7 @@ def main(argv):
         workers[0].wait()
         # One round runs against nobody, then the supervisor restarts it.
         lost = verifier.round(list(range(caps.max_requests)))
-        workers[0], _ = _start_worker(vocab, tmp, worker_address)
+        workers[0], _ = _start_worker(vocab, tmp, keys_dir, worker_address)
         logging.info("fault drill: worker killed and restarted")
         return lost
 
@@ -590,6 +637,10 @@ def main(argv):
     verifier.close()
   finally:
     worker_stats = _stop_worker(worker)
+    if temp_keys is not None:
+      temp_keys.cleanup()
+    import shutil  # pylint: disable=g-import-not-at-top
+    shutil.rmtree(tmp, ignore_errors=True)
     if proxy:
       proxy.stop()
     if follower:

@@ -10,8 +10,9 @@ Estimated sizes are exact shape arithmetic, excluding headers and
 checksums, as in the seed (MB = 10^6 bytes): dense FP32 q at V=129280 over
 depth 5, sparse int32 id + FP32 q for k in --ks, one TP2 vocabulary shard,
 the 40 Gb/s serialization bounds and two in-flight dense batch slots.
-Measured sizes are the wire v2 frames actually encoded (32-byte header
-with CRC32C + 16-byte REPLY body + payload), one REPLY frame per position.
+Measured sizes are the wire v3 frames actually encoded: one REPLY frame per
+request holding its D rows (48-byte header with the MAC tag + 16-byte REPLY
+body + tokens and n, 8 bytes per row + payload).
 The script fails (exit 1) if the arithmetic does not reproduce the seed's
 figures.
 
@@ -61,19 +62,26 @@ _SEED_TWO_SLOTS = 20_684_800
 _SEED_DENSE_MS = (0.517, 2.068)
 
 
-def _reply_frame(vocab, k=None):
-  """One encoded REPLY frame of a valid row (dense, or sparse with k ids)."""
-  if k is None:
-    values = np.zeros(vocab, np.float32)
-    values[0] = 1.0
-    ids = None
-  else:
-    values = np.zeros(k, np.float32)
-    values[0] = 1.0
-    ids = np.arange(k, dtype=np.int32)
-  return codec.encode(layouts.Kind.REPLY, session=1, generation=0, round_id=0,
-                      body={"position": 0, "token": 0, "mass": dj.M},
-                      values=values, ids=ids)
+def _bounds(vocab, k, depth):
+  rep = (layouts.Representation.DENSE if k is None
+         else layouts.Representation.SPARSE)
+  return codec.Bounds(vocab=vocab, depth=depth,
+                      width=vocab if k is None else k, representation=rep)
+
+
+def _reply_frame(vocab, k, depth):
+  """One encoded REPLY frame of a request's D valid rows (dense, or sparse
+  with k ids)."""
+  bounds = _bounds(vocab, k, depth)
+  buf = bytearray(bounds.reply_bytes(depth))
+  _, rows = codec.begin_reply(buf, bounds=bounds, session=1, generation=0,
+                              round_id=0, request=0, depth=depth)
+  rows.values[:] = 0
+  rows.values[:, 0] = 1.0
+  rows.n[:] = bounds.width
+  if rows.ids is not None:
+    rows.ids[:] = np.arange(k, dtype=np.int32)
+  return bytes(buf), bounds
 
 
 def link_bytes_per_round(link_gbps, round_ms):
@@ -100,7 +108,7 @@ def fleet_table(rows, *, depth, fleet, round_ms, link_gbps):
   if round_ms <= 0 or not fleet or min(fleet) < 1:
     raise app.UsageError("--round_ms must be > 0 and --fleet values >= 1")
   link_round = link_bytes_per_round(link_gbps, round_ms)
-  completion = layouts.frame_bytes(layouts.Kind.COMPLETION)
+  completion = layouts.FIXED_BYTES[layouts.Kind.COMPLETION]
   out = {"round_ms": round_ms, "link_gbps": link_gbps, "depth": depth,
          "link_bytes_per_round": link_round, "completion_frame": completion,
          "requests": fleet, "layouts": []}
@@ -128,7 +136,7 @@ def fleet_table(rows, *, depth, fleet, round_ms, link_gbps):
         f"of depth {depth} per request every {round_ms:g} ms "
         f"({link_round:,} link bytes per round)")
   print("  bytes per request per round: estimate = q payload only (seed); "
-        f"measured = {depth} REPLY frames + 1 COMPLETION frame "
+        f"measured = its REPLY frame ({depth} rows) + 1 COMPLETION frame "
         f"({completion} B)")
   print(f"  {'layout':>8} {'est B/req':>11} {'meas B/req':>11} "
         f"{'sustained est':>14} {'sustained meas':>15}")
@@ -152,40 +160,36 @@ def main(argv):
   ks = [int(k) for k in _KS.value]
   rows = {"dense": 4 * vocab, "tp2_shard": 4 * (-(-vocab // 2))}
   rows.update({f"k{k}": 8 * k for k in ks})
-  bounds = codec.Bounds(vocab=vocab, max_support=max(ks), max_depth=depth)
   link_bytes_per_ms = _LINK_GBPS.value * 1e9 / 8 / 1e3
 
   print(f"q sizes: V={vocab} depth={depth} requests={requests} "
         f"(MB = 10^6 bytes; estimate = payload only, as in the seed)")
   print(f"{'layout':>10} {'est/request':>13} {'est/batch':>13} "
-        f"{'frame/row':>10} {'frames/request':>15} {'overhead':>9} "
-        f"{'ideal ms/req':>13}")
+        f"{'REPLY/request':>15} {'overhead':>9} {'ideal ms/req':>13}")
   record = {"vocab": vocab, "depth": depth, "requests": requests, "rows": []}
   for name, row_bytes in rows.items():
     per_request = row_bytes * depth
     k = int(name[1:]) if name.startswith("k") else None
-    if name == "tp2_shard":
-      frame = len(_reply_frame(-(-vocab // 2)))
-    else:
-      frame_bytes = _reply_frame(vocab, k)
-      codec.decode(frame_bytes, bounds)  # the measured frame is a valid one
-      frame = len(frame_bytes)
-    measured = frame * depth
+    frame, bounds = _reply_frame(-(-vocab // 2) if name == "tp2_shard"
+                                 else vocab, k, depth)
+    codec.decode(frame, bounds, validate_rows=True)  # a valid frame
+    measured = len(frame)
     ideal_ms = per_request / link_bytes_per_ms
     print(f"{name:>10} {per_request:>13,} {per_request * requests:>13,} "
-          f"{frame:>10,} {measured:>15,} {measured / per_request - 1:>8.2%} "
+          f"{measured:>15,} {measured / per_request - 1:>8.2%} "
           f"{ideal_ms:>13.4f}")
     record["rows"].append({"layout": name, "estimate_request": per_request,
                            "estimate_batch": per_request * requests,
-                           "frame_row": frame, "frames_request": measured,
+                           "frames_request": measured,
+                           "framing_request": measured - per_request,
                            "ideal_ms_request": ideal_ms})
   two_slots = 2 * rows["dense"] * depth * requests
   print(f"two in-flight dense batch slots: {two_slots:,} bytes "
         f"({two_slots / 2 ** 20:.2f} MiB)")
-  print(f"framing: header {layouts.HEADER.itemsize} B + REPLY body "
-        f"{layouts.BODIES[layouts.Kind.REPLY].itemsize} B per row; "
-        f"COMPLETION frame {layouts.frame_bytes(layouts.Kind.COMPLETION)} B "
-        f"per round")
+  print(f"framing: header {layouts.HEADER_BYTES} B + REPLY body "
+        f"{layouts.BODIES[layouts.Kind.REPLY].itemsize} B + 8 B per row, "
+        "per request; COMPLETION frame "
+        f"{layouts.FIXED_BYTES[layouts.Kind.COMPLETION]} B per request")
   record["two_dense_slots"] = two_slots
 
   problems = []

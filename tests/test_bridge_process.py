@@ -10,7 +10,10 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from dyadic_jax import bridge
+from dyadic_jax.bridge import keys
 from dyadic_jax.wire.errors import Code
 from dyadic_jax.wire.layouts import Representation
 from tests import bridge_harness as h
@@ -18,14 +21,20 @@ from tests import bridge_harness as h
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def _start(address, caps):
+@pytest.fixture
+def keys_dir(tmp_path):
+  return keys.make(tmp_path / "keys")
+
+
+def _start(address, caps, keys_dir):
   env = dict(os.environ, PYTHONPATH=_ROOT, XLA_FLAGS="",
              JAX_PLATFORMS="cpu")
   proc = subprocess.Popen(
       [sys.executable, "-m", "experiments.bridge_worker",
        f"--address={address}", f"--vocab={caps.vocab}",
        f"--depth={caps.max_depth}", f"--requests={caps.max_requests}",
-       "--q=sparse", f"--k={caps.max_support}", "--closeness=0.9"],
+       "--q=sparse", f"--k={caps.max_support}", "--closeness=0.9",
+       f"--keys_dir={keys_dir}"],
       cwd=_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
       text=True)
   line = proc.stdout.readline()
@@ -33,14 +42,15 @@ def _start(address, caps):
   return proc, line.split()[1]
 
 
-def test_worker_process_kill_and_restart():
+def test_worker_process_kill_and_restart(keys_dir):
   caps = bridge.Capabilities(vocab=h.V, max_depth=h.DEPTH, max_requests=2,
                              representation=Representation.SPARSE,
                              max_support=4)
-  proc, address = _start("tcp://127.0.0.1:0", caps)
+  proc, address = _start("tcp://127.0.0.1:0", caps, keys_dir)
   toy = h.toy_models.make_toy(h.toy_models.ToyConfig(vocab=h.V,
                                                      closeness=0.9))
   verifier = bridge.Verifier(caps, address, target_fn=h.target_fn_for(toy),
+                             secret=keys.load_secret(keys_dir),
                              timeout_s=1.0)
   try:
     verifier.open()
@@ -55,7 +65,7 @@ def test_worker_process_kill_and_restart():
     dead = verifier.round([0, 1])
     history += dead
     assert all(r.fallback and r.code == Code.TIMEOUT for r in dead)
-    proc, _ = _start(address, caps)   # same port: the DEALER reconnects
+    proc, _ = _start(address, caps, keys_dir)   # same port: DEALER reconnects
     results = []
     for _ in range(8):
       results += verifier.round([0, 1])
@@ -69,7 +79,8 @@ def test_worker_process_kill_and_restart():
     for rid, req in verifier.requests.items():
       mine = [t for r in history if r.rid == rid for t in r.committed]
       assert req.tokens == [rid] + mine
-    assert len(verifier.used_tags) == len(history)
+    tags = [(r.rid, r.generation, r.round) for r in history]
+    assert len(set(tags)) == len(tags)
   finally:
     proc.kill()
     proc.wait()

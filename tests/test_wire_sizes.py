@@ -23,6 +23,7 @@ def test_seed_table_reproduced(tmp_path):
   assert rows["dense"]["estimate_request"] == 2_585_600
   assert rows["k32"]["estimate_batch"] == 5_120
   assert record["two_dense_slots"] == 20_684_800
-  # Measured frames: 48 bytes of header and REPLY body per row.
-  assert rows["k32"]["frame_row"] == 48 + 8 * 32
-  assert rows["dense"]["frame_row"] == 48 + 4 * 129280
+  # Measured frames: one REPLY per request, 64 bytes of header and body
+  # plus tokens and n (8 bytes per row) around its D rows.
+  assert rows["k32"]["frames_request"] == 64 + 5 * (8 + 8 * 32)
+  assert rows["dense"]["frames_request"] == 64 + 5 * (8 + 4 * 129280)
