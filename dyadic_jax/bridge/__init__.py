@@ -10,6 +10,7 @@ verifier takes its verification function as an argument (single-device
 `sharding` (docs/architecture.md).
 """
 
+from dyadic_jax.bridge import keys
 from dyadic_jax.bridge.counters import Counters
 from dyadic_jax.bridge.effects import Plan, Propose, Send, Stage, Verify
 from dyadic_jax.bridge.hello import Capabilities
@@ -25,5 +26,5 @@ __all__ = [
     "Capabilities", "Counters", "Curve", "Endpoint", "Outcome", "Plan",
     "Propose", "Proposal", "Request", "RoundResult", "Send", "Stage",
     "Verifier", "VerifierSession", "Verify", "Worker", "WorkerSession",
-    "draft_proposer", "serve_forever",
+    "draft_proposer", "keys", "serve_forever",
 ]

@@ -50,7 +50,7 @@ PYTEST_MAIN = "third_party/bazel/pytest_main.py"
 KNOWN_THIRD_PARTY = {
     "absl", "chex", "crc32c", "hypothesis", "jax", "jaxlib", "matplotlib",
     "mpl_toolkits", "ml_dtypes", "numpy", "pytest", "_pytest", "scipy",
-    "zmq", "atheris",
+    "zmq", "atheris", "blake3",
 }
 
 # Extra tags for tests whose markers do not say it, by target name; e.g.
@@ -67,7 +67,8 @@ KNOWN_THIRD_PARTY = {
 # the heaviest minutes twice.
 EXTRA_TAGS = {name: ["slow"] for name in (
     "test_pipeline", "test_bridge_soak", "test_wire_fuzz", "test_experiments",
-    "test_bench_bridge")}
+    "test_bench_bridge", "test_sessions_fuzz", "test_bridge_drill",
+    "test_bridge_hardening")}
 
 # Deps and data that a file's import statements do not show, by target name:
 # test_readme execs the README's code blocks (dyadic_jax and sharding);
@@ -79,6 +80,8 @@ EXTRA_DEPS = {"test_readme": ["dyadic_jax", "sharding", "dyadic_jax_bridge",
               "test_pipeline": ["experiments_pp1_pipeline",
                                 "experiments_bridge_worker"],
               "test_bridge_process": ["experiments_bridge_worker"],
+              "test_bridge_drill": ["experiments_pp1_pipeline",
+                                    "experiments_bridge_worker"],
               "test_experiments": ["experiments_acceptance",
                                    "experiments_selection_bias",
                                    "experiments_wire_sizes"],
