@@ -13,7 +13,7 @@ the rest. Each further --closeness value adds about 30-40 s (e.g.
     python -m experiments.acceptance --vocab=4096 --contexts=64 \
         --empirical_rounds=16
 
-The toy pair of experiments/pipeline_models.py (processed bigram target,
+The toy pair of dyadic_jax/testing/toy_models.py (processed bigram target,
 DSpark-style draft). A context is a random committed token x_0 (uniform,
 --seed); its rows are
 
@@ -55,47 +55,71 @@ import logging
 import math
 import time
 
-from absl import app
 from absl import flags
-import jax
-import jax.numpy as jnp
-import numpy as np
 
-import dyadic_jax as dj
-from experiments import pipeline_models
+from experiments import cli
 
 _VOCAB = flags.DEFINE_integer(
-    "vocab", dj.DEFAULT_VOCAB, "Vocabulary size V of the toy target and "
-    "draft.")
+    "vocab", cli.DEFAULT_VOCAB, f"Vocabulary size V of the toy target and "
+    f"draft, 2..{cli.MAX_VOCAB}.", lower_bound=2, upper_bound=cli.MAX_VOCAB)
 _CLOSENESS = flags.DEFINE_list(
     "closeness", ["0.9"], "Draft closeness values in [0, 1] (1: the "
     "draft is the target's bigram without its processors); one table each.")
 _CONTEXTS = flags.DEFINE_integer(
     "contexts", 256, "Contexts (random committed tokens x_0) per closeness "
-    "for the exact per-position figures.")
+    "for the exact per-position figures (>= 1).", lower_bound=1,
+    upper_bound=1_000_000)
 _DEPTH = flags.DEFINE_integer(
-    "depth", 5, "Fixed draft depth D of the mean accepted length.")
+    "depth", 5, "Fixed draft depth D of the mean accepted length, 1..64.",
+    lower_bound=1, upper_bound=64)
 _KS = flags.DEFINE_list(
-    "ks", ["16", "32", "64", "256"], "Sparse support sizes k (each <= V).")
+    "ks", ["16", "32", "64", "256"], "Sparse support sizes k, each in "
+    "[1, V].")
 _SEED = flags.DEFINE_integer(
-    "seed", 0, "Seed of the contexts and of the verified rounds' keys.")
+    "seed", 0, "Seed of the contexts and of the verified rounds' keys, in "
+    "[0, 2^31).", lower_bound=0, upper_bound=(1 << 31) - 1)
 _MODEL_SEED = flags.DEFINE_integer(
-    "model_seed", 0, "Seed of the toy models' factors.")
+    "model_seed", 0, "Seed of the toy models' factors, in [0, 2^31 - 1).",
+    lower_bound=0, upper_bound=(1 << 31) - 2)
 _PENALTY = flags.DEFINE_float(
-    "repetition_penalty", 1.3, "Target processor: repetition penalty >= 1 "
-    "on tokens already in the context.")
+    "repetition_penalty", 1.3, "Target processor: repetition penalty in "
+    "[1, 100] on tokens already in the context (1: off).")
 _GRAMMAR = flags.DEFINE_integer(
     "grammar_modulus", 0, "Target processor: forbid b after a when "
-    "(a + b) %% m == 0 (0: off).")
+    "(a + b) % m == 0 (0: off; else m >= 2).", lower_bound=0,
+    upper_bound=(1 << 31) - 1)
 _EMPIRICAL = flags.DEFINE_integer(
     "empirical_rounds", 64, "Verified rounds per dyadic q and closeness for "
-    "the empirical accepted length (the first contexts); 0 skips them.")
+    "the empirical accepted length (the first contexts); 0 skips them.",
+    lower_bound=0)
 _CHUNK = flags.DEFINE_integer(
-    "chunk", 16, "Rows processed together (bounds the [chunk, V] buffers).")
+    "chunk", 16, "Rows processed together (bounds the [chunk, V] buffers), "
+    "1..4096.", lower_bound=1, upper_bound=4096)
 _JSON_OUT = flags.DEFINE_string(
     "json_out", None, "Optional path for a JSON record of every figure.")
 _PLOT_OUT = flags.DEFINE_string(
     "plot_out", None, "Optional path for a PNG plot (matplotlib Agg).")
+
+cli.check("closeness", lambda c: cli.float_list(c, 0.0, 1.0),
+          "--closeness must be numbers in [0, 1]")
+cli.check(["ks", "vocab"], lambda ks, vocab: cli.int_list(ks, 1, vocab),
+          "--ks must be integers in [1, --vocab]")
+cli.check("repetition_penalty", lambda r: 1.0 <= r <= 100.0,
+          "--repetition_penalty must be a number in [1, 100]")
+cli.check("grammar_modulus", lambda m: m != 1,
+          "--grammar_modulus must be 0 (off) or >= 2")
+cli.check_output_path("json_out")
+cli.check_output_path("plot_out")
+cli.parse_flags_early(__name__)
+
+# pylint: disable=g-import-not-at-top,g-bad-import-order,wrong-import-position
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import dyadic_jax as dj
+from dyadic_jax.testing import toy_models
+# pylint: enable=g-import-not-at-top,g-bad-import-order,wrong-import-position
 
 _ANCHOR = 1  # x_0 sits at position 0; x_1 is decided at position 1
 
@@ -209,7 +233,7 @@ def verified_rounds(target, head, backbone, prevs, variant, *, depth, seed,
       ids = jnp.stack([r[0] for r in q_rows], 1)
       qq = dj.SparseQ(ids, jnp.stack([r[1] for r in q_rows], 1),
                       jnp.sum(ids >= 0, -1, dtype=jnp.int32))
-    accepted, next_token = verify(tl, qq, tokens, keys)
+    accepted, next_token, *_ = verify(tl, qq, tokens, keys)
     if np.any(np.asarray(next_token) < 0):
       raise RuntimeError("verify_chain refused a round (bad row or q)")
     sampled.append(np.asarray(accepted))
@@ -235,11 +259,11 @@ def mean_se(x):
 def run_closeness(closeness, variants, prevs, *, depth, seed, empirical,
                   chunk):
   """All figures of one closeness value (prints its table)."""
-  config = pipeline_models.ModelConfig(
+  config = toy_models.ModelConfig(
       vocab=_VOCAB.value, seed=_MODEL_SEED.value, closeness=closeness,
       repetition_penalty=_PENALTY.value, grammar_modulus=_GRAMMAR.value,
       max_depth=max(depth, 1))
-  target, draft = pipeline_models.make_models(config)
+  target, draft = toy_models.make_models(config)
   draft_rows = jax.jit(jax.vmap(
       lambda x: draft.head(x) + draft.backbone(x, _ANCHOR, 1)[0]))
   t0 = time.perf_counter()
@@ -347,12 +371,6 @@ def main(argv):
   vocab, depth = _VOCAB.value, _DEPTH.value
   ks = [int(k) for k in _KS.value]
   closeness = [float(c) for c in _CLOSENESS.value]
-  if not all(1 <= k <= vocab for k in ks):
-    raise app.UsageError(f"--ks must lie in [1, {vocab}]")
-  if not all(0.0 <= c <= 1.0 for c in closeness):
-    raise app.UsageError("--closeness values must lie in [0, 1]")
-  if depth < 1 or _CONTEXTS.value < 1 or _CHUNK.value < 1:
-    raise app.UsageError("--depth, --contexts and --chunk must be >= 1")
   variants = ["ideal", "dense"] + [f"k{k}" for k in ks]
   prevs = np.random.default_rng(_SEED.value).integers(
       0, vocab, _CONTEXTS.value)
@@ -387,4 +405,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  cli.run(main)

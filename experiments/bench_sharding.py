@@ -39,7 +39,7 @@ zero).
 
 Collectives: each op's private jitted program (sharding.ops._*) is compiled
 on ONE row of the benchmark data (verification: one request, D+1 target
-rows) and its call sites are listed with `sharding.hlo.collectives`, so every
+rows) and its call sites are listed with `hlo.collectives`, so every
 byte figure is per call site per row, each site counted once. A site inside
 a loop of the compiled program (a bisection, or the map over the D+1 target
 rows of a request) runs once per iteration: the "loop" column counts those.
@@ -64,7 +64,6 @@ import re
 import statistics
 import time
 
-from absl import app
 from absl import flags
 import jax
 import jax.numpy as jnp
@@ -72,7 +71,9 @@ import numpy as np
 
 import dyadic_jax as dj
 import sharding
+from dyadic_jax.testing import hlo
 from experiments import bench_core
+from experiments import cli
 # pylint: enable=g-import-not-at-top,g-bad-import-order
 
 # --vocab, --requests, --depth, --ks, --verify_k, --repeats, --seed and
@@ -84,6 +85,8 @@ flags.FLAGS.set_default("repeats", 3)
 _SHARDS = flags.DEFINE_list(
     "shards", ["1", "2", "4", "8"], "Shard counts n: each runs the sharded "
     "ops on sharding.vocab_mesh(n) (at most the 8 emulated devices).")
+cli.check("shards", lambda s: cli.int_list(s, 1, 8),
+          "--shards must be shard counts in [1, 8] (the emulated devices)")
 
 _SMALL = 64  # allocation._SMALL: tie keys ranked after the coarse bisection
 
@@ -167,12 +170,12 @@ _CALLEE = re.compile(r"\b(condition|body|calls|to_apply|branch_computations|"
 
 
 def collective_sites(hlo_text):
-  """[(loop depth, sharding.hlo.Collective)] for every collective call site.
+  """[(loop depth, hlo.Collective)] for every collective call site.
 
   The module is split into its computations; the loop depth of a
   computation is the number of while loops (body or condition) on the call
   path from ENTRY, the largest over paths. Each computation's sites come
-  from `sharding.hlo.collectives` of its own text.
+  from `hlo.collectives` of its own text.
   """
   texts, callees, entry, name = {}, {}, None, None
   for line in hlo_text.splitlines():
@@ -204,8 +207,8 @@ def collective_sites(hlo_text):
 
   visit(entry, 0)
   sites = [(depth.get(comp, 0), c) for comp, lines in texts.items()
-           for c in sharding.hlo.collectives("\n".join(lines))]
-  assert len(sites) == len(sharding.hlo.collectives(hlo_text)), (
+           for c in hlo.collectives("\n".join(lines))]
+  assert len(sites) == len(hlo.collectives(hlo_text)), (
       "collective_sites lost call sites: the HLO splitter is broken")
   return sites
 
@@ -213,7 +216,7 @@ def collective_sites(hlo_text):
 def collective_report(name, hlo_text, vocab, n, bound, expect):
   sites = collective_sites(hlo_text)
   found = [c for _, c in sites]
-  largest = sharding.hlo.largest_dimension(found)
+  largest = hlo.largest_dimension(found)
   block = -(-vocab // n)
   kinds = {}
   for c in found:
@@ -297,10 +300,10 @@ def main(argv):
   shards = [int(s) for s in _SHARDS.value]
   rows = requests * depth
   if any(not 1 <= k <= vocab for k in ks + [verify_k]):
-    raise app.UsageError(f"every k must be in [1, {vocab}]")
+    cli.usage_error(f"every k (--ks, --verify_k) must be in [1, {vocab}]")
   if any(not 1 <= s <= jax.device_count() for s in shards):
-    raise app.UsageError(f"every shard count must be in [1, "
-                         f"{jax.device_count()}] (devices available)")
+    cli.usage_error(f"--shards: every shard count must be in [1, "
+                    f"{jax.device_count()}] (devices available)")
   median = lambda fn: bench_core.median_seconds(fn, repeats)
   paired = lambda fn, baseline: paired_seconds(fn, baseline, repeats)
   wall_start = time.perf_counter()
@@ -537,4 +540,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  cli.run(main)

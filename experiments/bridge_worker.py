@@ -8,64 +8,49 @@ one line `READY <address>` on stdout, and serves HELLO, STEP, COMMIT and
 RESET until it is stopped (SIGTERM/SIGINT); on the way out it prints one
 line `STATS <json>` (its counters: proposals, commits, refusals by code,
 `propose_us` = time spent drawing proposals). The draft is the DSpark-style
-toy draft of experiments/pipeline_models.py (parallel backbone + Markov
-head); the verifier
-must announce the same capabilities (vocab, depth, requests, q, k and the
-identities) or the HELLO is refused. Startup takes a few seconds (JAX
-import and one compile).
+toy draft of dyadic_jax/testing/toy_models.py (parallel backbone + Markov
+head); the verifier must announce the same capabilities (vocab, depth,
+requests, q, k and the identities) or the HELLO is refused.
+
+The session flags (--vocab, --depth, --requests, --q, --k, --closeness,
+--model_seed, --backbone) are experiments/pipeline_config.py's, the same
+as the pipeline's, which starts this program with its resolved config.
+Start-up takes a few seconds (JAX import and one compile); a bad flag
+exits at once with a one-line error.
 """
 
 import json
+import logging
 import signal
 import sys
 
-from absl import app
 from absl import flags
 
-from dyadic_jax import DEFAULT_VOCAB
-from dyadic_jax import bridge
-from dyadic_jax.wire import layouts
-from experiments import pipeline_models
+from experiments import cli
+from experiments import pipeline_config
 
 _ADDRESS = flags.DEFINE_string(
     "address", "tcp://127.0.0.1:0", "ZeroMQ address to bind: "
     "tcp://127.0.0.1:PORT (0: a free port) or ipc:///path.")
-_VOCAB = flags.DEFINE_integer("vocab", DEFAULT_VOCAB, "Vocabulary size V.")
-_DEPTH = flags.DEFINE_integer("depth", 5, "Maximum draft depth D.")
-_REQUESTS = flags.DEFINE_integer("requests", 4, "Requests per batch slot.")
-_Q = flags.DEFINE_enum("q", "sparse", ["sparse", "dense", "greedy"],
-                       "q representation on the wire (greedy: v1, no q).")
-_K = flags.DEFINE_integer("k", 32, "Support of sparse q rows (top-k).")
-_CLOSENESS = flags.DEFINE_float(
-    "closeness", 0.9, "How closely the toy draft tracks the toy target, in "
-    "[0, 1].")
-_SEED = flags.DEFINE_integer("model_seed", 0, "Seed of the toy models.")
-_BACKBONE = flags.DEFINE_bool(
-    "backbone", True, "Add the draft's parallel backbone (DSpark-style); "
-    "off: a purely sequential Markov draft.")
+cli.check("address", lambda a: a.startswith(("tcp://", "ipc://")),
+          "--address must be tcp://HOST:PORT or ipc://PATH")
+cli.parse_flags_early(__name__)
 
 
-def capabilities():
-  """The Capabilities these flags describe (the verifier builds the same)."""
-  representation = {"sparse": layouts.Representation.SPARSE,
-                    "dense": layouts.Representation.DENSE,
-                    "greedy": layouts.Representation.TOKEN}[_Q.value]
-  mode = (layouts.GREEDY_VERSION if _Q.value == "greedy"
-          else layouts.WIRE_VERSION)
-  return bridge.Capabilities(
-      mode=mode, vocab=_VOCAB.value, max_depth=_DEPTH.value,
-      max_requests=_REQUESTS.value, representation=representation,
-      max_support=_K.value)
-
-
-def main(argv):
+def main(argv: list[str]) -> None:
   del argv
-  caps = capabilities()
-  _, draft = pipeline_models.make_models(pipeline_models.ModelConfig(
-      vocab=caps.vocab, seed=_SEED.value, closeness=_CLOSENESS.value,
-      max_depth=caps.max_depth))
+  # JAX starts here, after the flags passed their checks.
+  # pylint: disable=g-import-not-at-top
+  from dyadic_jax import bridge
+  from dyadic_jax.testing import toy_models
+  # pylint: enable=g-import-not-at-top
+  # JAX's backend probe logs "Unable to initialize backend 'tpu'" at INFO.
+  logging.getLogger("jax._src.xla_bridge").setLevel(logging.WARNING)
+  config = pipeline_config.from_flags()
+  caps = config.capabilities()
+  _, draft = toy_models.make_models(config.model_config())
   propose = bridge.draft_proposer(
-      draft.head, caps, backbone_fn=draft.backbone if _BACKBONE.value
+      draft.head, caps, backbone_fn=draft.backbone if config.backbone
       else None)
   # SIGTERM ends the loop like Ctrl-C, so the counters are reported.
   signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
@@ -81,4 +66,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  cli.run(main)

@@ -6,9 +6,10 @@
 Expected runtime: about 10 s on a 2-core CPU with the defaults (--samples
 20000); most of it is XLA compilation.
 
-(a) The toy of DESIGN.md section 6: q = p uniform on {0, 1}. Fixed depth
-always verifies x_1 (`dj.verify_chain`); the inspecting admission keeps x_1
-only if it is 0 and otherwise falls back to the target-only sampler
+(a) The selection-bias toy (docs/architecture.md, "Admission"): q = p
+uniform on {0, 1}. Fixed depth always verifies x_1 (`dj.verify_chain`); the
+inspecting admission keeps x_1 only if it is 0 and otherwise falls back to
+the target-only sampler
 (`dj.sample_target`). Exact output distributions from the oracle
 (`reference.selection_bias_toy`: [3/4, 1/4] vs [1/2, 1/2]) beside the
 library's empirical frequencies (fixed keys) with Clopper-Pearson
@@ -65,8 +66,41 @@ import json
 import logging
 import time
 
-from absl import app
 from absl import flags
+
+from experiments import cli
+
+_SAMPLES = flags.DEFINE_integer(
+    "samples", 20000, "Draws (one round key each) per empirical "
+    "distribution, in (a) per admission and in (b) shared by all policies "
+    "(2..10^7).", lower_bound=2, upper_bound=10_000_000)
+_SEED = flags.DEFINE_integer(
+    "seed", 0, "Request seed of the round keys (fixed: reproducible), in "
+    "[0, 2^31).", lower_bound=0, upper_bound=(1 << 31) - 1)
+_THRESHOLD = flags.DEFINE_string(
+    "threshold", "1/2", "Confidence threshold of the confidence-scheduled "
+    "policies in (b), as a fraction in [0, 1] (e.g. 1/2).")
+_CI_LEVEL = flags.DEFINE_float(
+    "ci_level", 0.999, "Confidence level of the Clopper-Pearson intervals "
+    "printed for (a), in (0, 1).")
+_ALPHA = flags.DEFINE_float(
+    "alpha", 1e-6, "Level of the chi-square tests in (b), in (0, 1): the "
+    "probability that a correct comparison rejects over the choice of keys.")
+_JSON_OUT = flags.DEFINE_string(
+    "json_out", None, "Optional path for a JSON record (exact values as "
+    "fraction strings).")
+_PLOT_OUT = flags.DEFINE_string(
+    "plot_out", None, "Optional path for a PNG plot (matplotlib Agg).")
+
+cli.check("threshold", lambda t: cli.fraction_in(t, 0, 1),
+          "--threshold must be a fraction in [0, 1], e.g. 1/2")
+cli.check("ci_level", cli.in_open_unit, "--ci_level must be in (0, 1)")
+cli.check("alpha", cli.in_open_unit, "--alpha must be in (0, 1)")
+cli.check_output_path("json_out")
+cli.check_output_path("plot_out")
+cli.parse_flags_early(__name__)
+
+# pylint: disable=g-import-not-at-top,g-bad-import-order,wrong-import-position
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -74,29 +108,10 @@ import scipy.stats
 
 import dyadic_jax as dj
 from dyadic_jax import reference
-from experiments import chi2
+from dyadic_jax.testing import stats
+# pylint: enable=g-import-not-at-top,g-bad-import-order,wrong-import-position
 
 F = fractions.Fraction
-
-_SAMPLES = flags.DEFINE_integer(
-    "samples", 20000, "Draws (one round key each) per empirical "
-    "distribution, in (a) per admission and in (b) shared by all policies.")
-_SEED = flags.DEFINE_integer(
-    "seed", 0, "Request seed of the round keys (fixed: reproducible).")
-_THRESHOLD = flags.DEFINE_string(
-    "threshold", "1/2", "Confidence threshold of the confidence-scheduled "
-    "policies in (b), as a fraction (e.g. 1/2).")
-_CI_LEVEL = flags.DEFINE_float(
-    "ci_level", 0.999, "Confidence level of the Clopper-Pearson intervals "
-    "printed for (a).")
-_ALPHA = flags.DEFINE_float(
-    "alpha", 1e-6, "Level of the chi-square tests in (b): the probability "
-    "that a correct comparison rejects over the choice of keys.")
-_JSON_OUT = flags.DEFINE_string(
-    "json_out", None, "Optional path for a JSON record (exact values as "
-    "fraction strings).")
-_PLOT_OUT = flags.DEFINE_string(
-    "plot_out", None, "Optional path for a PNG plot (matplotlib Agg).")
 
 _ANCHOR = 1  # x_0 sits at position 0; x_1 is decided at position 1
 
@@ -246,8 +261,8 @@ def toy_a_library(samples, seed):
     key = dj.round_key(seed, 0, r)
     x1 = dj.sample_counts(counts[0], dj.draw24(
         dj.draw_key(key, _ANCHOR, dj.Domain.PROPOSAL)))
-    accepted, token = dj.verify_chain(logits, dj.DenseQ(counts), x1[None],
-                                      key, anchor=_ANCHOR)
+    accepted, token, *_ = dj.verify_chain(
+        logits, dj.DenseQ(counts), x1[None], key, anchor=_ANCHOR)
     fixed = jnp.where(accepted > 0, x1, token)
     # The inspecting scheduler looked at x_1 and dropped it unless it was 0.
     fallback, _ = dj.sample_target(
@@ -277,11 +292,12 @@ def toy_b_draws(samples, seed):
     u = lambda i: dj.draw24(dj.draw_key(key, _ANCHOR + i, dj.Domain.PROPOSAL))
     x1 = dj.sample_counts(c1, u(0))
     x2 = dj.sample_counts(c2[x1], u(1))
-    acc1, tok1 = dj.verify_chain(jnp.stack([l1, l2[x1]]), dj.DenseQ(c1[None]),
-                                 x1[None], key, anchor=_ANCHOR)
-    acc2, tok2 = dj.verify_chain(jnp.stack([l1, l2[x1], l3]),
-                                 dj.DenseQ(jnp.stack([c1, c2[x1]])),
-                                 jnp.stack([x1, x2]), key, anchor=_ANCHOR)
+    acc1, tok1, *_ = dj.verify_chain(
+        jnp.stack([l1, l2[x1]]), dj.DenseQ(c1[None]), x1[None], key,
+        anchor=_ANCHOR)
+    acc2, tok2, *_ = dj.verify_chain(
+        jnp.stack([l1, l2[x1], l3]), dj.DenseQ(jnp.stack([c1, c2[x1]])),
+        jnp.stack([x1, x2]), key, anchor=_ANCHOR)
     only1, _ = dj.sample_target(
         l1, dj.draw_key(key, _ANCHOR, dj.Domain.TARGET_ONLY))
     # The next round (generation 1 of the same request), target-only.
@@ -386,8 +402,8 @@ def part_b(samples, seed, threshold, alpha):
     observed = np.bincount(t1 * v + t2, minlength=v * v)
     emp = observed / samples
     flat = [x for row in joint for x in row]
-    _, _, p_exact = chi2.goodness_of_fit(observed, flat)
-    _, dof, p_target = chi2.goodness_of_fit(observed, target_flat)
+    _, _, p_exact = stats.goodness_of_fit(observed, flat)
+    _, dof, p_target = stats.goodness_of_fit(observed, target_flat)
     tv = total_variation(flat, target_flat)
     tv1 = total_variation(first, t_first)
     tv2 = total_variation(second, t_second)
@@ -485,12 +501,7 @@ def main(argv):
   logging.getLogger("jax._src.xla_bridge").setLevel(logging.WARNING)
   start = time.perf_counter()
   samples = _SAMPLES.value
-  if samples < 2:
-    raise app.UsageError("--samples must be >= 2")
-  try:
-    threshold = F(_THRESHOLD.value)
-  except (ValueError, ZeroDivisionError) as e:
-    raise app.UsageError(f"--threshold: {e}") from e
+  threshold = F(_THRESHOLD.value)
   record = {"samples": samples, "seed": _SEED.value,
             "threshold": str(threshold), "ci_level": _CI_LEVEL.value,
             "alpha": _ALPHA.value,
@@ -515,4 +526,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  cli.run(main)

@@ -4,7 +4,8 @@
         [--fleet=1,4,16,64,256 --round_ms=20]
 
 Expected runtime: about 2 s (no JAX computation; it encodes one frame of
-each layout with dyadic_jax.wire).
+each layout with dyadic_jax.wire). Every flag is checked when the command
+line is parsed: a bad value exits at once with a one-line error.
 
 Estimated sizes are exact shape arithmetic, excluding headers and
 checksums, as in the seed (MB = 10^6 bytes): dense FP32 q at V=129280 over
@@ -29,29 +30,50 @@ concurrent requests (link bytes per round = link_gbps 10^9 / 8 x round_ms
 
 from fractions import Fraction
 import json
+import math
 
-from absl import app
 from absl import flags
+
+from experiments import cli
+
+_VOCAB = flags.DEFINE_integer(
+    "vocab", cli.DEFAULT_VOCAB, f"Vocabulary size V, 2..{cli.MAX_VOCAB}.",
+    lower_bound=2, upper_bound=cli.MAX_VOCAB)
+_DEPTH = flags.DEFINE_integer(
+    "depth", 5, "Draft depth D (rows per request), 1..255.", lower_bound=1,
+    upper_bound=255)
+_REQUESTS = flags.DEFINE_integer(
+    "requests", 4, "Requests per batch (>= 1).", lower_bound=1,
+    upper_bound=1 << 20)
+_KS = flags.DEFINE_list("ks", ["16", "32", "64", "256"],
+                        "Sparse support sizes k, each in [1, V].")
+_LINK_GBPS = flags.DEFINE_float(
+    "link_gbps", 40.0, "Nominal link rate for the ideal bounds, Gb/s (> 0).")
+_JSON_OUT = flags.DEFINE_string("json_out", None,
+                                "Optional path for a JSON record.")
+_FLEET = flags.DEFINE_list(
+    "fleet", ["1", "4", "16", "64", "256"], "Concurrent requests N (each "
+    ">= 1) on one worker -> verifier link for the fleet table.")
+_ROUND_MS = flags.DEFINE_float(
+    "round_ms", 20.0, "Verification round time in ms (> 0): every request "
+    "ships one round of q (depth rows) per round time.")
+
+cli.check(["ks", "vocab"], lambda ks, vocab: cli.int_list(ks, 1, vocab),
+          "--ks must be integers in [1, --vocab]")
+cli.check("fleet", lambda n: cli.int_list(n, 1, 1 << 40),
+          "--fleet must be positive integers")
+for _name in ("link_gbps", "round_ms"):
+  cli.check(_name, lambda x: math.isfinite(x) and 0 < x <= 1e9,
+            f"--{_name} must be a positive number")
+cli.check_output_path("json_out")
+cli.parse_flags_early(__name__)
+
+# pylint: disable=g-import-not-at-top,g-bad-import-order,wrong-import-position
 import numpy as np
 
 import dyadic_jax as dj
 from dyadic_jax.wire import codec, layouts
-
-_VOCAB = flags.DEFINE_integer("vocab", dj.DEFAULT_VOCAB, "Vocabulary size V.")
-_DEPTH = flags.DEFINE_integer("depth", 5, "Draft depth D (rows per request).")
-_REQUESTS = flags.DEFINE_integer("requests", 4, "Requests per batch.")
-_KS = flags.DEFINE_list("ks", ["16", "32", "64", "256"],
-                        "Sparse support sizes k.")
-_LINK_GBPS = flags.DEFINE_float("link_gbps", 40.0,
-                                "Nominal link rate for the ideal bounds.")
-_JSON_OUT = flags.DEFINE_string("json_out", None,
-                                "Optional path for a JSON record.")
-_FLEET = flags.DEFINE_list(
-    "fleet", ["1", "4", "16", "64", "256"], "Concurrent requests N on one "
-    "worker -> verifier link for the fleet table.")
-_ROUND_MS = flags.DEFINE_float(
-    "round_ms", 20.0, "Verification round time in ms: every request ships "
-    "one round of q (depth rows) per round time.")
+# pylint: enable=g-import-not-at-top,g-bad-import-order,wrong-import-position
 
 # The seed's table (V=129280, depth 5, four requests), bytes.
 _SEED = {"dense": (2_585_600, 10_342_400), "k16": (640, 2_560),
@@ -98,7 +120,7 @@ def fleet_table(rows, *, depth, fleet, round_ms, link_gbps):
     The JSON record of the table (also printed).
   """
   if round_ms <= 0 or not fleet or min(fleet) < 1:
-    raise app.UsageError("--round_ms must be > 0 and --fleet values >= 1")
+    raise ValueError("fleet_table: round_ms must be > 0 and fleet values >= 1")
   link_round = link_bytes_per_round(link_gbps, round_ms)
   completion = layouts.frame_bytes(layouts.Kind.COMPLETION)
   out = {"round_ms": round_ms, "link_gbps": link_gbps, "depth": depth,
@@ -215,4 +237,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  cli.run(main)

@@ -13,9 +13,9 @@ import crc32c
 import numpy as np
 
 from dyadic_jax import bridge
+from dyadic_jax.testing import toy_models
 from dyadic_jax.wire import codec, layouts
 from dyadic_jax.wire.layouts import Kind, Representation
-from experiments import toy_models
 from tests import wire_edits
 
 V = 16

@@ -91,11 +91,11 @@ from dyadic_jax import bridge
 from dyadic_jax.bridge import digest as digest_lib
 from dyadic_jax.bridge import proxy as proxy_lib
 from dyadic_jax.bridge import staging
+from dyadic_jax.testing import stats
+from dyadic_jax.testing import toy_models
 from dyadic_jax.wire import codec
 from dyadic_jax.wire.errors import Code, ProtocolError
 from dyadic_jax.wire.layouts import Kind, Representation
-from experiments import toy_models
-from tests import stats
 
 M = dj.M
 V = 16

@@ -53,10 +53,10 @@ from dyadic_jax import bridge
 from dyadic_jax.bridge import digest as digest_lib
 from dyadic_jax.bridge import hello, staging
 from dyadic_jax.bridge import verifier as verifier_module
+from dyadic_jax.testing import toy_models
 from dyadic_jax.wire import codec, layouts
 from dyadic_jax.wire.errors import Code, ProtocolError
 from dyadic_jax.wire.layouts import Kind, Representation
-from experiments import toy_models
 
 V, K, D = 16, 4, 3
 RIDS = (0, 1)

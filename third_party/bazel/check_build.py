@@ -73,7 +73,7 @@ EXTRA_TAGS = {name: ["slow"] for name in (
 # test_readme execs the README's code blocks (dyadic_jax and sharding);
 # test_multiprocess starts tests/multiprocess_worker.py as a subprocess.
 EXTRA_DEPS = {"test_readme": ["dyadic_jax", "sharding", "dyadic_jax_bridge",
-                              "experiments_pipeline_models"],
+                              "dyadic_jax_testing_toy_models"],
               "test_multiprocess": ["tests_multiprocess_worker"],
               "test_wire_sizes": ["experiments_wire_sizes"],
               "test_pipeline": ["experiments_pp1_pipeline",
