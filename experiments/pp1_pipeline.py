@@ -307,7 +307,7 @@ class _ChildFailed(Exception):
 class _Worker:
   """The worker process: started, awaited, stopped; its stderr in a log."""
 
-  def __init__(self, config, tmp, address=None):
+  def __init__(self, config, tmp, on_death, address=None):
     self.log = os.path.join(tmp, "worker.log")
     address = address or ("tcp://127.0.0.1:0" if _TRANSPORT.value == "tcp"
                           else f"ipc://{tmp}/pp1-worker.sock")
@@ -320,9 +320,12 @@ class _Worker:
           stdout=subprocess.PIPE, stderr=log, text=True,
           preexec_fn=_die_with_parent)
     self.address = None
+    # A worker that dies while this process compiles ends the run at once.
+    _watch(self.proc, self.log, "worker", on_death)
 
   def wait_ready(self, timeout_s=_READY_TIMEOUT_S):
     """Blocks until the worker prints READY; _ChildFailed if it dies."""
+    self.proc.watched = False       # from here on, this wait sees it
     deadline = time.monotonic() + timeout_s
     while (left := deadline - time.monotonic()) > 0:
       ready, _, _ = select.select([self.proc.stdout], [], [], left)
@@ -741,6 +744,9 @@ def _summarize(run, verifier, config, worker_stats, proxy, watch, check):
                                                           worker_stats)},
   }
   record["outputs"] = {str(r): t for r, t in run.outputs.items()}
+  record["generated_by_request"] = {
+      str(r): sum(len(x.committed) for x in results if x.rid == r)
+      for r in run.outputs}
   if check is not None:
     record["distribution_check"] = check
   return record
@@ -893,7 +899,8 @@ def _lead(tmp):
                                    " --xla_force_host_platform_device_count="
                                    f"{_DEVICES.value}").strip()
       # The worker starts (and compiles) while this process does the same.
-      workers.append(_Worker(config, tmp))
+      on_death = lambda: _cleanup(workers, tmp)
+      workers.append(_Worker(config, tmp, on_death))
       coordinator = f"127.0.0.1:{_free_port()}"
       if multiprocess:
         log = os.path.join(tmp, "follower.log")
@@ -905,8 +912,7 @@ def _lead(tmp):
               cwd=_ROOT, env=_child_env(), stdout=out,
               stderr=subprocess.STDOUT, preexec_fn=_die_with_parent)
         # A follower that dies would leave the rendezvous waiting.
-        _watch(follower, log, "follower rank",
-               on_death=lambda: _cleanup(workers, tmp))
+        _watch(follower, log, "follower rank", on_death)
       # gloo prints "[Gloo] Rank 0 is connected ..." on stdout.
       with (_stdout_to_devnull() if multiprocess
             else contextlib.nullcontext()):
@@ -936,7 +942,7 @@ def _lead(tmp):
             _CHECK_SAMPLES.value - _CHECK_SAMPLES.value % caps.max_requests,
             "check"))
       else:
-        drill = (_drill(verifier, workers, config, tmp, watch)
+        drill = (_drill(verifier, workers, config, tmp, watch, on_death)
                  if _KILL_AT.value else None)
         run = _generate(verifier, caps, _Progress(
             _TOKENS.value * caps.max_requests, "tokens"), drill)
@@ -979,11 +985,12 @@ def _lead(tmp):
 def _cleanup(workers, tmp):
   """Last-resort cleanup before an abrupt exit: no orphan, no /tmp litter."""
   for w in workers:
-    w.kill()
+    if w.proc.poll() is None:
+      w.kill()
   shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _drill(verifier, workers, config, tmp, watch):
+def _drill(verifier, workers, config, tmp, watch, on_death):
   """The --kill_worker_at fault drill (a `_generate` hook)."""
 
   def drill(rounds, live):
@@ -993,7 +1000,7 @@ def _drill(verifier, workers, config, tmp, watch):
     # One round runs against nobody, then the supervisor restarts it.
     lost = verifier.round(live)
     with watch.phase("worker restart"):
-      workers.append(_Worker(config, tmp, workers[-1].address))
+      workers.append(_Worker(config, tmp, on_death, workers[-1].address))
       workers[-1].wait_ready()
     logging.info("fault drill: worker killed and restarted")
     return lost
