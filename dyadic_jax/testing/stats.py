@@ -112,7 +112,8 @@ def report(name: str, observed: np.ndarray, expected_probs: ArrayLike,
            stat: float, pvalue: float, alpha: float = ALPHA) -> None:
   """Prints expected vs actual per cell, like jax's random_lax_test."""
   n = observed.sum()
+  probs = np.asarray([float(p) for p in np.ravel(expected_probs)])
   print(f"\n{name}: N={n} chi2={stat:.2f} p={format_p(pvalue)} "
         f"alpha={alpha:g}")
-  for v, (o, p) in enumerate(zip(observed, expected_probs)):
-    print(f"  token {v:3d}: expected {n * float(p):10.1f}  observed {o:8d}")
+  for v, (o, p) in enumerate(zip(observed, probs)):
+    print(f"  token {v:3d}: expected {n * p:10.1f}  observed {o:8d}")
