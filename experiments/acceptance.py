@@ -54,6 +54,7 @@ import json
 import logging
 import math
 import time
+import typing
 
 from absl import flags
 
@@ -124,12 +125,13 @@ from dyadic_jax.testing import toy_models
 _ANCHOR = 1  # x_0 sits at position 0; x_1 is decided at position 1
 
 
-def expected_accepted(alpha, depth):
+def expected_accepted(alpha: float, depth: int) -> float:
   """sum_{i=1..depth} alpha^i: E[accepted] if positions were i.i.d."""
   return sum(alpha ** i for i in range(1, depth + 1))
 
 
-def dense_rows(ids, counts, vocab):
+def dense_rows(ids: jax.typing.ArrayLike, counts: jax.typing.ArrayLike,
+               vocab: int) -> np.ndarray:
   """float64[B, V] q = c / M of sparse rows (padding ids are -1)."""
   ids, counts = np.asarray(ids), np.asarray(counts)
   q = np.zeros((ids.shape[0], vocab))
@@ -139,7 +141,7 @@ def dense_rows(ids, counts, vocab):
   return q
 
 
-def target_fixed(target_logits):
+def target_fixed(target_logits: jax.typing.ArrayLike) -> np.ndarray:
   """p = P / T float64[..., V]: the distribution the verifier reproduces."""
   probs, status = dj.target_probs(target_logits)
   dj.raise_for_status("target_probs", status)
@@ -148,7 +150,8 @@ def target_fixed(target_logits):
   return np.asarray(p_fixed) / np.asarray(total)[..., None]
 
 
-def allocate(w, variant):
+def allocate(w: jax.Array, variant: str
+             ) -> tuple[np.ndarray, jax.Array, jax.Array | None]:
   """(q float64[B, V], counts, ids) of weight rows for a dyadic variant."""
   if variant == "dense":
     counts, status = dj.allocate_dense(w)
@@ -159,15 +162,19 @@ def allocate(w, variant):
   return dense_rows(ids, counts, w.shape[-1]), counts, ids
 
 
-def row_figures(p, w, q):
+def row_figures(p: np.ndarray, w: np.ndarray,
+                q: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
   """Per row: alpha(p, q) = sum_x min(p, q) and TV(w, q) (float64)."""
   return np.minimum(p, q).sum(-1), 0.5 * np.abs(w - q).sum(-1)
 
 
-def exact_table(target, draft_rows, prevs, variants, chunk):
+def exact_table(target: toy_models.ToyTarget,
+                draft_rows: typing.Callable[[jax.Array], jax.Array],
+                prevs: np.ndarray, variants: list[str], chunk: int
+                ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
   """Per-row alpha and TV(w, q) of every variant over the contexts."""
-  alpha = {v: [] for v in variants}
-  tv = {v: [] for v in variants}
+  alpha: dict[str, list[np.ndarray]] = {v: [] for v in variants}
+  tv: dict[str, list[np.ndarray]] = {v: [] for v in variants}
   for s in range(0, len(prevs), chunk):
     part = prevs[s:s + chunk]
     w, status = dj.draft_weights(draft_rows(jnp.asarray(part, jnp.int32)))
@@ -183,8 +190,12 @@ def exact_table(target, draft_rows, prevs, variants, chunk):
           {v: np.concatenate(t) for v, t in tv.items()})
 
 
-def verified_rounds(target, head, backbone, prevs, variant, *, depth, seed,
-                    chunk):
+def verified_rounds(target: toy_models.ToyTarget,
+                    head: typing.Callable[[jax.Array], jax.Array],
+                    backbone: typing.Callable[[jax.Array], jax.Array],
+                    prevs: np.ndarray, variant: str, *, depth: int,
+                    seed: int, chunk: int
+                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
   """Real rounds: drafted chains of one dyadic q, then verify_chain.
 
   Args:
@@ -210,7 +221,9 @@ def verified_rounds(target, head, backbone, prevs, variant, *, depth, seed,
     keys = jax.vmap(lambda r: dj.round_key(seed, 0, r))(
         jnp.arange(s, s + len(part)))
     base = backbone(part)                                # [B, D, V]
-    prev, tokens, q_rows, q_dense = part, [], [], []
+    prev, q_dense = part, []
+    drawn: list[jax.Array] = []
+    q_rows: list[typing.Any] = []
     for i in range(depth):
       # Row i depends on x_{i-1}: the Markov head runs after each draw.
       w, status = dj.draft_weights(head(prev) + base[:, i])
@@ -221,12 +234,13 @@ def verified_rounds(target, head, backbone, prevs, variant, *, depth, seed,
       slot = dj.sample_counts(counts, u)
       prev = slot if ids is None else jnp.take_along_axis(
           ids, slot[:, None], -1)[:, 0]
-      tokens.append(prev)
+      drawn.append(prev)
       q_rows.append(counts if ids is None else (ids, counts))
       q_dense.append(q)
-    tokens = jnp.stack(tokens, 1)                        # [B, D]
+    tokens = jnp.stack(drawn, 1)                         # [B, D]
     tl = jnp.stack([target.logits([int(x0)], x)
                     for x0, x in zip(np.asarray(part), np.asarray(tokens))])
+    qq: dj.DenseQ | dj.SparseQ
     if variant == "dense":
       qq = dj.DenseQ(jnp.stack(q_rows, 1))
     else:
@@ -249,15 +263,16 @@ def verified_rounds(target, head, backbone, prevs, variant, *, depth, seed,
           np.concatenate(alphas))
 
 
-def mean_se(x):
+def mean_se(x: jax.typing.ArrayLike) -> tuple[float, float]:
   """(mean, standard error of the mean) of a sample."""
   x = np.asarray(x, np.float64)
   se = float(x.std(ddof=1) / math.sqrt(len(x))) if len(x) > 1 else 0.0
   return float(x.mean()), se
 
 
-def run_closeness(closeness, variants, prevs, *, depth, seed, empirical,
-                  chunk):
+def run_closeness(closeness: float, variants: list[str], prevs: np.ndarray,
+                  *, depth: int, seed: int, empirical: int,
+                  chunk: int) -> dict[str, typing.Any]:
   """All figures of one closeness value (prints its table)."""
   config = toy_models.ModelConfig(
       vocab=_VOCAB.value, seed=_MODEL_SEED.value, closeness=closeness,
@@ -273,7 +288,7 @@ def run_closeness(closeness, variants, prevs, *, depth, seed, empirical,
   rows = []
   for v in variants:
     a_mean, a_se = mean_se(alpha[v])
-    row = {"q": v, "alpha": a_mean, "alpha_se": a_se,
+    row: dict[str, typing.Any] = {"q": v, "alpha": a_mean, "alpha_se": a_se,
            "alpha_min": float(alpha[v].min()),
            "alpha_max": float(alpha[v].max()),
            "alpha_loss_vs_ideal": float(np.mean(ideal - alpha[v])),
@@ -322,7 +337,7 @@ def run_closeness(closeness, variants, prevs, *, depth, seed, empirical,
           "time_s": {"exact": t1 - t0, "rounds": t2 - t1}}
 
 
-def plot(record, path):
+def plot(record: dict[str, typing.Any], path: str) -> None:
   """Bars of alpha, TV(w, q) and accepted length per q and closeness."""
   import matplotlib  # pylint: disable=g-import-not-at-top
   matplotlib.use("Agg")
@@ -364,7 +379,7 @@ def plot(record, path):
   plt.close(fig)
 
 
-def main(argv):
+def main(argv: list[str]) -> int:
   del argv
   logging.getLogger("jax._src.xla_bridge").setLevel(logging.WARNING)
   start = time.perf_counter()
@@ -375,7 +390,7 @@ def main(argv):
   prevs = np.random.default_rng(_SEED.value).integers(
       0, vocab, _CONTEXTS.value)
   empirical = min(_EMPIRICAL.value, _CONTEXTS.value)
-  record = {"vocab": vocab, "depth": depth, "contexts": _CONTEXTS.value,
+  record: dict[str, typing.Any] = {"vocab": vocab, "depth": depth, "contexts": _CONTEXTS.value,
             "ks": ks, "seed": _SEED.value, "model_seed": _MODEL_SEED.value,
             "repetition_penalty": _PENALTY.value,
             "grammar_modulus": _GRAMMAR.value, "empirical_rounds": empirical,

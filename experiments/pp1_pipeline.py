@@ -424,7 +424,10 @@ def _setup_jax(multiprocess, rank, coordinator):
   return jax
 
 
-def _build_verifier(jax, config, address, share_fn, watch):
+def _build_verifier(jax: typing.Any, config: pipeline_config.PipelineConfig,
+                    address: str | None,
+                    share_fn: typing.Callable[..., typing.Any] | None,
+                    watch: _Stopwatch) -> typing.Any:
   """A Verifier over a vocabulary mesh with the toy target, compiled.
 
   Every function the rounds call is traced and compiled here, before the
@@ -433,6 +436,7 @@ def _build_verifier(jax, config, address, share_fn, watch):
   """
   # pylint: disable=g-import-not-at-top
   import functools
+  import jax.numpy as jnp
   import numpy as np
   import dyadic_jax as dj
   from dyadic_jax import bridge
@@ -459,15 +463,16 @@ def _build_verifier(jax, config, address, share_fn, watch):
     draft = np.zeros(d, np.int32)
     logits = target.logits(prefix, draft)
     target.logits(prefix, draft[:0])           # the fallback's single row
+    # A valid q of the run's shapes: M split evenly over the row.
+    width = config.vocab if config.q == "dense" else k
+    counts = np.full((d, width), dj.M // width, np.int32)
+    counts[:, 0] += dj.M - counts[0].sum()
+    q: dj.DenseQ | dj.SparseQ
     if config.q == "dense":
-      counts = np.full((d, config.vocab), dj.M // config.vocab, np.int32)
-      counts[:, 0] += dj.M - counts[0].sum()
-      q = dj.DenseQ(counts)
+      q = dj.DenseQ(jnp.asarray(counts))
     else:
-      counts = np.full((d, k), dj.M // k, np.int32)
-      counts[:, 0] += dj.M - counts[0].sum()
-      q = dj.SparseQ(np.tile(np.arange(k, dtype=np.int32), (d, 1)), counts,
-                     np.full(d, k, np.int32))
+      q = dj.SparseQ(jnp.tile(jnp.arange(k, dtype=jnp.int32), (d, 1)),
+                     jnp.asarray(counts), jnp.full(d, k, jnp.int32))
     key = dj.round_key(0, 0, 0)
     block(verify(logits, q, draft, key, anchor=len(prefix)))
     block(sample(logits[0], key))
@@ -872,7 +877,7 @@ def _follower():
   jax.distributed.shutdown()
 
 
-def main(argv):
+def main(argv: list[str]) -> int | None:
   del argv
   _quiet_jax_logs()
   if _RANK.value:

@@ -24,6 +24,7 @@ The exit status is 1 when either test rejects at --alpha.
 
 import json
 import logging
+import typing
 
 from absl import flags
 
@@ -84,7 +85,9 @@ _TOP = 10          # histogram bins: the top target tokens, then "other"
 _CHECK_BATCH = 50  # rounds per vmapped chunk: bounds the [B, 2, V] buffers
 
 
-def propose(toy, key, prefix_token, *, depth, k, anchor):
+def propose(toy: toy_models.ToyModel, key: jax.Array, prefix_token: int, *,
+            depth: int, k: int, anchor: int
+            ) -> tuple[jax.Array, jax.Array, dj.SparseQ, jax.Array]:
   """Draws x_1..x_D from sparse dyadic draft rows (worker side).
 
   Returns (tokens int32[D], slots int32[D], q, status int32[D]): slots[i]
@@ -110,13 +113,16 @@ def propose(toy, key, prefix_token, *, depth, k, anchor):
   return jnp.stack(tokens), jnp.stack(slots), q, jnp.stack(status)
 
 
-def chain_target_logits(toy, prefix_token, tokens):
+def chain_target_logits(toy: toy_models.ToyModel, prefix_token: int,
+                        tokens: jax.Array) -> jax.Array:
   """Target logits f32[D+1, V] for the positions of x_1..x_D and the bonus."""
   prev = jnp.concatenate([jnp.asarray([prefix_token], jnp.int32), tokens])
   return toy_models.target_logits(toy, prev)
 
 
-def first_emitted(toy, prefix_token, q_row, key, *, anchor):
+def first_emitted(toy: toy_models.ToyModel, prefix_token: int,
+                  q_row: tuple[jax.Array, jax.Array, jax.Array],
+                  key: jax.Array, *, anchor: int) -> jax.Array:
   """First emitted token of a D = 1 round (the drafted one if accepted)."""
   ids, counts, n = q_row
   u = dj.draw24(dj.draw_key(key, anchor, dj.Domain.PROPOSAL))
@@ -127,14 +133,17 @@ def first_emitted(toy, prefix_token, q_row, key, *, anchor):
   return jnp.where(accepted > 0, x1, token)
 
 
-def histogram(tokens, top_ids):
+def histogram(tokens: jax.typing.ArrayLike,
+              top_ids: np.ndarray) -> np.ndarray:
   """Counts of each of top_ids, then of everything else."""
   tokens = np.asarray(tokens)
   hits = [int(np.sum(tokens == t)) for t in top_ids]
   return np.array(hits + [tokens.size - sum(hits)], np.int64)
 
 
-def run_check(toy, prefix_token, *, k, seed, anchor, samples, alpha):
+def run_check(toy: toy_models.ToyModel, prefix_token: int, *, k: int,
+              seed: int, anchor: int, samples: int,
+              alpha: float) -> dict[str, typing.Any]:
   """Speculative first token vs target-only sampling; prints a table."""
   t0 = toy_models.target_logits(toy, prefix_token)
   w, _ = dj.draft_weights(toy_models.draft_logits(toy, prefix_token))
@@ -192,7 +201,7 @@ def run_check(toy, prefix_token, *, k, seed, anchor, samples, alpha):
           "passed": bool(p2 >= alpha and p1 >= alpha)}
 
 
-def main(argv):
+def main(argv: list[str]) -> int:
   del argv
   # absl shows INFO records; JAX's backend probe logs "Unable to initialize
   # backend 'tpu'" at INFO on every machine without a TPU.
@@ -236,7 +245,7 @@ def main(argv):
   print(f"Verified: accepted {accepted}/{depth}, next token {next_token} "
         f"({kind}), emitted {emitted}")
 
-  record = {"vocab": config.vocab, "depth": depth, "k": k,
+  record: dict[str, typing.Any] = {"vocab": config.vocab, "depth": depth, "k": k,
             "closeness": config.closeness, "seed": _SEED.value,
             "prefix_token": prefix, "proposed": proposed,
             "accepted": accepted, "next_token": next_token,

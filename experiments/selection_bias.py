@@ -65,6 +65,7 @@ import fractions
 import json
 import logging
 import time
+import typing
 
 from absl import flags
 
@@ -134,19 +135,20 @@ Q2 = [[F(1, 2), F(1, 4), F(1, 8), F(1, 8)],
 P3 = [F(1, 4)] * 4
 
 
-def frac_str(xs):
+def frac_str(xs: typing.Iterable[F]) -> list[str]:
   return [str(x) for x in xs]
 
 
-def total_variation(a, b):
-  return sum(abs(F(x) - F(y)) for x, y in zip(a, b)) / 2
+def total_variation(a: typing.Sequence[typing.Any],
+                    b: typing.Sequence[typing.Any]) -> F:
+  return sum((abs(F(x) - F(y)) for x, y in zip(a, b)), F(0)) / 2
 
 
 # ---------------------------------------------------------------------------
 # Policies: depth(x_1, x_2) in {0, 1, 2}, and legal ones as StoppingRules.
 
 
-def confidence(x1):
+def confidence(x1: int) -> F:
   """The draft's confidence at position 2: max_v q2(v | x_1)."""
   return max(Q2[x1])
 
@@ -163,7 +165,7 @@ class ConfidenceRule:
     return ctx.position == 1 and confidence(ctx.drafted[0]) >= self.threshold
 
 
-def policies(threshold):
+def policies(threshold: F) -> dict[str, typing.Any]:
   """name -> (depth(x1, x2), StoppingRule or None when it inspects x_i)."""
   return {
       "fixed_depth_1": (lambda x1, x2: 1, dj.FixedDepth(depth=1)),
@@ -182,7 +184,7 @@ def policies(threshold):
 # Exact enumeration (depth <= 2) under the standard rule, in Fractions.
 
 
-def step(p, q, x):
+def step(p: list[F], q: list[F], x: int) -> tuple[F, list[F]]:
   """(P(accept x), residual distribution) of one verification step."""
   accept = min(F(1), p[x] / q[x])
   residual = [max(a - b, F(0)) for a, b in zip(p, q)]
@@ -191,12 +193,13 @@ def step(p, q, x):
   return accept, [r / mass if mass else F(0) for r in residual]
 
 
-def target_joint():
+def target_joint() -> list[list[F]]:
   """p1(t1) p2(t2 | t1) as a V x V table."""
   return [[P1[a] * P2[a][b] for b in range(len(P1))] for a in range(len(P1))]
 
 
-def exact_joint(depth_of):
+def exact_joint(depth_of: typing.Callable[[int, int], int]
+                ) -> list[list[F]]:
   """Exact joint distribution of (t1, t2) under a policy."""
   v = len(P1)
   out = [[F(0)] * v for _ in range(v)]
@@ -229,30 +232,30 @@ def exact_joint(depth_of):
   return out
 
 
-def marginals(joint):
+def marginals(joint: list[list[F]]) -> tuple[list[F], list[F]]:
   v = len(joint)
-  return ([sum(joint[a]) for a in range(v)],
-          [sum(joint[a][b] for a in range(v)) for b in range(v)])
+  return ([sum(joint[a], F(0)) for a in range(v)],
+          [sum((joint[a][b] for a in range(v)), F(0)) for b in range(v)])
 
 
 # ---------------------------------------------------------------------------
 # The library side.
 
 
-def logits_of(p):
+def logits_of(p: typing.Sequence[F]) -> np.ndarray:
   """float32 logits whose softmax is p (all p > 0 here)."""
   return np.log(np.asarray([float(x) for x in p], np.float64)).astype(
       np.float32)
 
 
-def counts_of(q):
+def counts_of(q: typing.Sequence[F]) -> np.ndarray:
   """Exact dyadic counts of a q whose entries are multiples of 2^-24."""
   counts = [x * dj.M for x in q]
   assert all(c.denominator == 1 for c in counts) and sum(counts) == dj.M
   return np.asarray([int(c) for c in counts], np.int32)
 
 
-def toy_a_library(samples, seed):
+def toy_a_library(samples: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
   """(fixed-depth outputs, inspecting outputs) of the 3/4-vs-1/2 toy."""
   logits = jnp.asarray(logits_of([F(1, 2)] * 2)[None].repeat(2, 0))
   counts = jnp.asarray(counts_of([F(1, 2)] * 2)[None])
@@ -273,7 +276,7 @@ def toy_a_library(samples, seed):
   return np.asarray(fixed), np.asarray(inspecting)
 
 
-def toy_b_draws(samples, seed):
+def toy_b_draws(samples: int, seed: int) -> dict[str, np.ndarray]:
   """Per sample: x1, x2, both verifications, target-only tokens.
 
   Returns a dict of numpy arrays: x1, x2; acc1, tok1 (depth-1 chain);
@@ -311,7 +314,8 @@ def toy_b_draws(samples, seed):
   return {k: np.asarray(a) for k, a in out.items()}
 
 
-def committed_pairs(draws, depths):
+def committed_pairs(draws: dict[str, np.ndarray], depths: np.ndarray
+                    ) -> tuple[np.ndarray, np.ndarray]:
   """(t1, t2) per sample given each sample's depth in {0, 1, 2}."""
   n = len(depths)
   rows = np.arange(n)
@@ -332,7 +336,8 @@ def committed_pairs(draws, depths):
   return t1, t2
 
 
-def depths_of(name, depth_of, rule, x1, x2):
+def depths_of(name: str, depth_of: typing.Callable[[int, int], int],
+              rule: typing.Any, x1: np.ndarray, x2: np.ndarray) -> np.ndarray:
   """Per-sample depths; legal policies go through dj.draft_chain."""
   if rule is None:  # built outside the interface on purpose: it sees x_i
     return np.asarray([depth_of(a, b) for a, b in zip(x1, x2)])
@@ -349,7 +354,7 @@ def depths_of(name, depth_of, rule, x1, x2):
   return depths
 
 
-def clopper_pearson(k, n, level):
+def clopper_pearson(k: int, n: int, level: float) -> tuple[float, float]:
   lo = scipy.stats.beta.ppf((1 - level) / 2, k, n - k + 1) if k else 0.0
   hi = scipy.stats.beta.isf((1 - level) / 2, k + 1, n - k) if k < n else 1.0
   return float(lo), float(hi)
@@ -358,7 +363,7 @@ def clopper_pearson(k, n, level):
 # ---------------------------------------------------------------------------
 
 
-def part_a(samples, seed, level):
+def part_a(samples: int, seed: int, level: float) -> dict[str, typing.Any]:
   exact = reference.selection_bias_toy()
   fixed, inspecting = toy_a_library(samples, seed)
   print(f"(a) q = p uniform on {{0, 1}}: P(first token = 0), {samples} "
@@ -380,7 +385,8 @@ def part_a(samples, seed, level):
   return out
 
 
-def part_b(samples, seed, threshold, alpha):
+def part_b(samples: int, seed: int, threshold: F,
+           alpha: float) -> tuple[dict[str, typing.Any], bool]:
   v = len(P1)
   target = target_joint()
   target_flat = [x for row in target for x in row]
@@ -441,7 +447,7 @@ def part_b(samples, seed, threshold, alpha):
   return out, ok
 
 
-def plot(record, path):
+def plot(record: dict[str, typing.Any], path: str) -> None:
   import matplotlib  # pylint: disable=g-import-not-at-top
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
@@ -496,13 +502,13 @@ def plot(record, path):
   plt.close(fig)
 
 
-def main(argv):
+def main(argv: list[str]) -> int:
   del argv
   logging.getLogger("jax._src.xla_bridge").setLevel(logging.WARNING)
   start = time.perf_counter()
   samples = _SAMPLES.value
   threshold = F(_THRESHOLD.value)
-  record = {"samples": samples, "seed": _SEED.value,
+  record: dict[str, typing.Any] = {"samples": samples, "seed": _SEED.value,
             "threshold": str(threshold), "ci_level": _CI_LEVEL.value,
             "alpha": _ALPHA.value,
             "toy_b_rows": {"p1": frac_str(P1), "q1": frac_str(Q1),

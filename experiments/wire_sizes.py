@@ -31,6 +31,7 @@ concurrent requests (link bytes per round = link_gbps 10^9 / 8 x round_ms
 from fractions import Fraction
 import json
 import math
+import typing
 
 from absl import flags
 
@@ -98,14 +99,16 @@ def _reply_frame(vocab, k=None):
                       values=values, ids=ids)
 
 
-def link_bytes_per_round(link_gbps, round_ms):
+def link_bytes_per_round(link_gbps: float, round_ms: float) -> int:
   """Whole bytes the link carries in one round (exact decimal arithmetic)."""
   exact = (Fraction(repr(link_gbps)) * 10 ** 9 / 8
            * Fraction(repr(round_ms)) / 1000)
   return exact.numerator // exact.denominator
 
 
-def fleet_table(rows, *, depth, fleet, round_ms, link_gbps):
+def fleet_table(rows: list[dict[str, typing.Any]], *, depth: int,
+                fleet: list[int], round_ms: float,
+                link_gbps: float) -> dict[str, typing.Any]:
   """Link load of N concurrent requests, and requests one link sustains.
 
   Args:
@@ -168,7 +171,7 @@ def fleet_table(rows, *, depth, fleet, round_ms, link_gbps):
   return out
 
 
-def main(argv):
+def main(argv: list[str]) -> int:
   del argv
   vocab, depth, requests = _VOCAB.value, _DEPTH.value, _REQUESTS.value
   ks = [int(k) for k in _KS.value]
@@ -182,7 +185,7 @@ def main(argv):
   print(f"{'layout':>10} {'est/request':>13} {'est/batch':>13} "
         f"{'frame/row':>10} {'frames/request':>15} {'overhead':>9} "
         f"{'ideal ms/req':>13}")
-  record = {"vocab": vocab, "depth": depth, "requests": requests, "rows": []}
+  record: dict[str, typing.Any] = {"vocab": vocab, "depth": depth, "requests": requests, "rows": []}
   for name, row_bytes in rows.items():
     per_request = row_bytes * depth
     k = int(name[1:]) if name.startswith("k") else None

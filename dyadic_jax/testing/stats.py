@@ -13,6 +13,7 @@ impossible under the hypothesis (statistic inf, p-value 0).
 """
 
 import math
+import typing
 
 import numpy as np
 from numpy.typing import ArrayLike
@@ -42,8 +43,8 @@ def samples_for_tv(tv: float, df: int, alpha: float = ALPHA,
   return int(math.ceil(hi / (4 * tv * tv)))
 
 
-def goodness_of_fit(observed: ArrayLike,
-                    probs: ArrayLike) -> tuple[float, int, float]:
+def goodness_of_fit(observed: ArrayLike, probs: ArrayLike | typing.Sequence[
+    typing.Any]) -> tuple[float, int, float]:
   """(statistic, dof, p) of counts `observed` against probabilities `probs`.
 
   `probs` may hold Fractions. Cells with probability 0 are left out, unless

@@ -178,7 +178,8 @@ class ToyTarget:
   def vocab(self) -> int:
     return self.config.vocab
 
-  def logits(self, prefix: ArrayLike, draft: ArrayLike) -> jax.Array:
+  def logits(self, prefix: ArrayLike | typing.Sequence[int],
+             draft: ArrayLike | typing.Sequence[int]) -> jax.Array:
     """float32[len(draft) + 1, V]: see `dyadic_jax.models.TargetModel`."""
     prefix = np.asarray(prefix, np.int32)
     seen = np.zeros(self.vocab, bool)   # host side: no recompile per length
@@ -188,7 +189,7 @@ class ToyTarget:
                         jnp.float32(self.config.repetition_penalty),
                         self.config.grammar_modulus)
 
-  def row(self, prefix: ArrayLike) -> jax.Array:
+  def row(self, prefix: ArrayLike | typing.Sequence[int]) -> jax.Array:
     """The target row after `prefix` alone (the target-only sampler's)."""
     return self.logits(prefix, np.zeros(0, np.int32))[0]
 
@@ -221,12 +222,12 @@ class ToyDraft:
   def vocab(self) -> int:
     return self.config.vocab
 
-  def head(self, prev_token: jax.Array) -> jax.Array:
+  def head(self, prev_token: ArrayLike) -> jax.Array:
     """float32[V]: the Markov head after prev_token int32[]."""
     return draft_logits(self.toy, prev_token,
                         jnp.float32(self.config.closeness))
 
-  def backbone(self, last_token: jax.Array, anchor: jax.Array,
+  def backbone(self, last_token: ArrayLike, anchor: ArrayLike,
                depth: int) -> jax.Array:
     """float32[depth, V]: every position's base logits from x_0."""
     del anchor  # the toy's backbone depends on x_0 only
