@@ -11,6 +11,7 @@
 """
 
 import ast
+import importlib.util
 import os
 import pathlib
 import re
@@ -39,6 +40,9 @@ def test_readme_has_the_examples():
 @pytest.mark.parametrize("index", range(len(_PYTHON_BLOCKS)))
 def test_python_block_runs_as_pasted(index, tmp_path):
   block = _PYTHON_BLOCKS[index]
+  if "import bridge" in block and importlib.util.find_spec("zmq") is None:
+    pytest.skip("the bridge example needs pyzmq (a dependency of the "
+                "package; absent from this environment)")
   run = subprocess.run([sys.executable, "-c", block], cwd=tmp_path,
                        env=_fresh_env(), capture_output=True, text=True,
                        timeout=600)
