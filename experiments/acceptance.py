@@ -13,7 +13,7 @@ the rest. Each further --closeness value adds about 30-40 s (e.g.
     python -m experiments.acceptance --vocab=4096 --contexts=64 \
         --empirical_rounds=16
 
-The toy pair of experiments/pipeline_models.py (processed bigram target,
+The toy pair of dyadic_jax/testing/toy_models.py (processed bigram target,
 DSpark-style draft). A context is a random committed token x_0 (uniform,
 --seed); its rows are
 
@@ -54,58 +54,84 @@ import json
 import logging
 import math
 import time
+import typing
 
-from absl import app
 from absl import flags
-import jax
-import jax.numpy as jnp
-import numpy as np
 
-import dyadic_jax as dj
-from experiments import pipeline_models
+from experiments import cli
 
 _VOCAB = flags.DEFINE_integer(
-    "vocab", dj.DEFAULT_VOCAB, "Vocabulary size V of the toy target and "
-    "draft.")
+    "vocab", cli.DEFAULT_VOCAB, f"Vocabulary size V of the toy target and "
+    f"draft, 2..{cli.MAX_VOCAB}.", lower_bound=2, upper_bound=cli.MAX_VOCAB)
 _CLOSENESS = flags.DEFINE_list(
     "closeness", ["0.9"], "Draft closeness values in [0, 1] (1: the "
     "draft is the target's bigram without its processors); one table each.")
 _CONTEXTS = flags.DEFINE_integer(
     "contexts", 256, "Contexts (random committed tokens x_0) per closeness "
-    "for the exact per-position figures.")
+    "for the exact per-position figures (>= 1).", lower_bound=1,
+    upper_bound=1_000_000)
 _DEPTH = flags.DEFINE_integer(
-    "depth", 5, "Fixed draft depth D of the mean accepted length.")
+    "depth", 5, "Fixed draft depth D of the mean accepted length, 1..64.",
+    lower_bound=1, upper_bound=64)
 _KS = flags.DEFINE_list(
-    "ks", ["16", "32", "64", "256"], "Sparse support sizes k (each <= V).")
+    "ks", ["16", "32", "64", "256"], "Sparse support sizes k, each in "
+    "[1, V].")
 _SEED = flags.DEFINE_integer(
-    "seed", 0, "Seed of the contexts and of the verified rounds' keys.")
+    "seed", 0, "Seed of the contexts and of the verified rounds' keys, in "
+    "[0, 2^31).", lower_bound=0, upper_bound=(1 << 31) - 1)
 _MODEL_SEED = flags.DEFINE_integer(
-    "model_seed", 0, "Seed of the toy models' factors.")
+    "model_seed", 0, "Seed of the toy models' factors, in [0, 2^31 - 1).",
+    lower_bound=0, upper_bound=(1 << 31) - 2)
 _PENALTY = flags.DEFINE_float(
-    "repetition_penalty", 1.3, "Target processor: repetition penalty >= 1 "
-    "on tokens already in the context.")
+    "repetition_penalty", 1.3, "Target processor: repetition penalty in "
+    "[1, 100] on tokens already in the context (1: off).")
 _GRAMMAR = flags.DEFINE_integer(
     "grammar_modulus", 0, "Target processor: forbid b after a when "
-    "(a + b) %% m == 0 (0: off).")
+    "(a + b) % m == 0 (0: off; else m >= 2).", lower_bound=0,
+    upper_bound=(1 << 31) - 1)
 _EMPIRICAL = flags.DEFINE_integer(
     "empirical_rounds", 64, "Verified rounds per dyadic q and closeness for "
-    "the empirical accepted length (the first contexts); 0 skips them.")
+    "the empirical accepted length (the first contexts); 0 skips them.",
+    lower_bound=0)
 _CHUNK = flags.DEFINE_integer(
-    "chunk", 16, "Rows processed together (bounds the [chunk, V] buffers).")
+    "chunk", 16, "Rows processed together (bounds the [chunk, V] buffers), "
+    "1..4096.", lower_bound=1, upper_bound=4096)
 _JSON_OUT = flags.DEFINE_string(
     "json_out", None, "Optional path for a JSON record of every figure.")
 _PLOT_OUT = flags.DEFINE_string(
     "plot_out", None, "Optional path for a PNG plot (matplotlib Agg).")
 
+cli.check("closeness", lambda c: cli.float_list(c, 0.0, 1.0),
+          "--closeness must be numbers in [0, 1]")
+cli.check(["ks", "vocab"], lambda ks, vocab: cli.int_list(ks, 1, vocab),
+          "--ks must be integers in [1, --vocab]")
+cli.check("repetition_penalty", lambda r: 1.0 <= r <= 100.0,
+          "--repetition_penalty must be a number in [1, 100]")
+cli.check("grammar_modulus", lambda m: m != 1,
+          "--grammar_modulus must be 0 (off) or >= 2")
+cli.check_output_path("json_out")
+cli.check_output_path("plot_out")
+cli.parse_flags_early(__name__)
+
+# pylint: disable=g-import-not-at-top,g-bad-import-order,wrong-import-position
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import dyadic_jax as dj
+from dyadic_jax.testing import toy_models
+# pylint: enable=g-import-not-at-top,g-bad-import-order,wrong-import-position
+
 _ANCHOR = 1  # x_0 sits at position 0; x_1 is decided at position 1
 
 
-def expected_accepted(alpha, depth):
+def expected_accepted(alpha: float, depth: int) -> float:
   """sum_{i=1..depth} alpha^i: E[accepted] if positions were i.i.d."""
   return sum(alpha ** i for i in range(1, depth + 1))
 
 
-def dense_rows(ids, counts, vocab):
+def dense_rows(ids: jax.typing.ArrayLike, counts: jax.typing.ArrayLike,
+               vocab: int) -> np.ndarray:
   """float64[B, V] q = c / M of sparse rows (padding ids are -1)."""
   ids, counts = np.asarray(ids), np.asarray(counts)
   q = np.zeros((ids.shape[0], vocab))
@@ -115,7 +141,7 @@ def dense_rows(ids, counts, vocab):
   return q
 
 
-def target_fixed(target_logits):
+def target_fixed(target_logits: jax.typing.ArrayLike) -> np.ndarray:
   """p = P / T float64[..., V]: the distribution the verifier reproduces."""
   probs, status = dj.target_probs(target_logits)
   dj.raise_for_status("target_probs", status)
@@ -124,7 +150,8 @@ def target_fixed(target_logits):
   return np.asarray(p_fixed) / np.asarray(total)[..., None]
 
 
-def allocate(w, variant):
+def allocate(w: jax.Array, variant: str
+             ) -> tuple[np.ndarray, jax.Array, jax.Array | None]:
   """(q float64[B, V], counts, ids) of weight rows for a dyadic variant."""
   if variant == "dense":
     counts, status = dj.allocate_dense(w)
@@ -135,15 +162,19 @@ def allocate(w, variant):
   return dense_rows(ids, counts, w.shape[-1]), counts, ids
 
 
-def row_figures(p, w, q):
+def row_figures(p: np.ndarray, w: np.ndarray,
+                q: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
   """Per row: alpha(p, q) = sum_x min(p, q) and TV(w, q) (float64)."""
   return np.minimum(p, q).sum(-1), 0.5 * np.abs(w - q).sum(-1)
 
 
-def exact_table(target, draft_rows, prevs, variants, chunk):
+def exact_table(target: toy_models.ToyTarget,
+                draft_rows: typing.Callable[[jax.Array], jax.Array],
+                prevs: np.ndarray, variants: list[str], chunk: int
+                ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
   """Per-row alpha and TV(w, q) of every variant over the contexts."""
-  alpha = {v: [] for v in variants}
-  tv = {v: [] for v in variants}
+  alpha: dict[str, list[np.ndarray]] = {v: [] for v in variants}
+  tv: dict[str, list[np.ndarray]] = {v: [] for v in variants}
   for s in range(0, len(prevs), chunk):
     part = prevs[s:s + chunk]
     w, status = dj.draft_weights(draft_rows(jnp.asarray(part, jnp.int32)))
@@ -159,8 +190,12 @@ def exact_table(target, draft_rows, prevs, variants, chunk):
           {v: np.concatenate(t) for v, t in tv.items()})
 
 
-def verified_rounds(target, head, backbone, prevs, variant, *, depth, seed,
-                    chunk):
+def verified_rounds(target: toy_models.ToyTarget,
+                    head: typing.Callable[[jax.Array], jax.Array],
+                    backbone: typing.Callable[[jax.Array], jax.Array],
+                    prevs: np.ndarray, variant: str, *, depth: int,
+                    seed: int, chunk: int
+                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
   """Real rounds: drafted chains of one dyadic q, then verify_chain.
 
   Args:
@@ -186,7 +221,9 @@ def verified_rounds(target, head, backbone, prevs, variant, *, depth, seed,
     keys = jax.vmap(lambda r: dj.round_key(seed, 0, r))(
         jnp.arange(s, s + len(part)))
     base = backbone(part)                                # [B, D, V]
-    prev, tokens, q_rows, q_dense = part, [], [], []
+    prev, q_dense = part, []
+    drawn: list[jax.Array] = []
+    q_rows: list[typing.Any] = []
     for i in range(depth):
       # Row i depends on x_{i-1}: the Markov head runs after each draw.
       w, status = dj.draft_weights(head(prev) + base[:, i])
@@ -197,19 +234,20 @@ def verified_rounds(target, head, backbone, prevs, variant, *, depth, seed,
       slot = dj.sample_counts(counts, u)
       prev = slot if ids is None else jnp.take_along_axis(
           ids, slot[:, None], -1)[:, 0]
-      tokens.append(prev)
+      drawn.append(prev)
       q_rows.append(counts if ids is None else (ids, counts))
       q_dense.append(q)
-    tokens = jnp.stack(tokens, 1)                        # [B, D]
+    tokens = jnp.stack(drawn, 1)                         # [B, D]
     tl = jnp.stack([target.logits([int(x0)], x)
                     for x0, x in zip(np.asarray(part), np.asarray(tokens))])
+    qq: dj.DenseQ | dj.SparseQ
     if variant == "dense":
       qq = dj.DenseQ(jnp.stack(q_rows, 1))
     else:
       ids = jnp.stack([r[0] for r in q_rows], 1)
       qq = dj.SparseQ(ids, jnp.stack([r[1] for r in q_rows], 1),
                       jnp.sum(ids >= 0, -1, dtype=jnp.int32))
-    accepted, next_token = verify(tl, qq, tokens, keys)
+    accepted, next_token, *_ = verify(tl, qq, tokens, keys)
     if np.any(np.asarray(next_token) < 0):
       raise RuntimeError("verify_chain refused a round (bad row or q)")
     sampled.append(np.asarray(accepted))
@@ -225,21 +263,22 @@ def verified_rounds(target, head, backbone, prevs, variant, *, depth, seed,
           np.concatenate(alphas))
 
 
-def mean_se(x):
+def mean_se(x: jax.typing.ArrayLike) -> tuple[float, float]:
   """(mean, standard error of the mean) of a sample."""
   x = np.asarray(x, np.float64)
   se = float(x.std(ddof=1) / math.sqrt(len(x))) if len(x) > 1 else 0.0
   return float(x.mean()), se
 
 
-def run_closeness(closeness, variants, prevs, *, depth, seed, empirical,
-                  chunk):
+def run_closeness(closeness: float, variants: list[str], prevs: np.ndarray,
+                  *, depth: int, seed: int, empirical: int,
+                  chunk: int) -> dict[str, typing.Any]:
   """All figures of one closeness value (prints its table)."""
-  config = pipeline_models.ModelConfig(
+  config = toy_models.ModelConfig(
       vocab=_VOCAB.value, seed=_MODEL_SEED.value, closeness=closeness,
       repetition_penalty=_PENALTY.value, grammar_modulus=_GRAMMAR.value,
       max_depth=max(depth, 1))
-  target, draft = pipeline_models.make_models(config)
+  target, draft = toy_models.make_models(config)
   draft_rows = jax.jit(jax.vmap(
       lambda x: draft.head(x) + draft.backbone(x, _ANCHOR, 1)[0]))
   t0 = time.perf_counter()
@@ -249,7 +288,7 @@ def run_closeness(closeness, variants, prevs, *, depth, seed, empirical,
   rows = []
   for v in variants:
     a_mean, a_se = mean_se(alpha[v])
-    row = {"q": v, "alpha": a_mean, "alpha_se": a_se,
+    row: dict[str, typing.Any] = {"q": v, "alpha": a_mean, "alpha_se": a_se,
            "alpha_min": float(alpha[v].min()),
            "alpha_max": float(alpha[v].max()),
            "alpha_loss_vs_ideal": float(np.mean(ideal - alpha[v])),
@@ -298,7 +337,7 @@ def run_closeness(closeness, variants, prevs, *, depth, seed, empirical,
           "time_s": {"exact": t1 - t0, "rounds": t2 - t1}}
 
 
-def plot(record, path):
+def plot(record: dict[str, typing.Any], path: str) -> None:
   """Bars of alpha, TV(w, q) and accepted length per q and closeness."""
   import matplotlib  # pylint: disable=g-import-not-at-top
   matplotlib.use("Agg")
@@ -340,24 +379,18 @@ def plot(record, path):
   plt.close(fig)
 
 
-def main(argv):
+def main(argv: list[str]) -> int:
   del argv
   logging.getLogger("jax._src.xla_bridge").setLevel(logging.WARNING)
   start = time.perf_counter()
   vocab, depth = _VOCAB.value, _DEPTH.value
   ks = [int(k) for k in _KS.value]
   closeness = [float(c) for c in _CLOSENESS.value]
-  if not all(1 <= k <= vocab for k in ks):
-    raise app.UsageError(f"--ks must lie in [1, {vocab}]")
-  if not all(0.0 <= c <= 1.0 for c in closeness):
-    raise app.UsageError("--closeness values must lie in [0, 1]")
-  if depth < 1 or _CONTEXTS.value < 1 or _CHUNK.value < 1:
-    raise app.UsageError("--depth, --contexts and --chunk must be >= 1")
   variants = ["ideal", "dense"] + [f"k{k}" for k in ks]
   prevs = np.random.default_rng(_SEED.value).integers(
       0, vocab, _CONTEXTS.value)
   empirical = min(_EMPIRICAL.value, _CONTEXTS.value)
-  record = {"vocab": vocab, "depth": depth, "contexts": _CONTEXTS.value,
+  record: dict[str, typing.Any] = {"vocab": vocab, "depth": depth, "contexts": _CONTEXTS.value,
             "ks": ks, "seed": _SEED.value, "model_seed": _MODEL_SEED.value,
             "repetition_penalty": _PENALTY.value,
             "grammar_modulus": _GRAMMAR.value, "empirical_rounds": empirical,
@@ -387,4 +420,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  cli.run(main)

@@ -6,7 +6,7 @@ Expected runtime: 20-30 s on a 2-core CPU with the defaults (V = 129280,
 4 requests x depth 5 = 20 rows, --repeats=5); roughly a third of it is XLA
 compilation, most of the rest is the numpy baselines.
 
-Workloads, on toy-model logits (experiments/toy_models.py):
+Workloads, on toy-model logits (dyadic_jax/testing/toy_models.py):
 
   dense     draft_weights + allocate_dense + sample_counts on [R*D, V]
   sparse-k  draft_weights + allocate_sparse(k) + sample_counts, each --ks
@@ -42,7 +42,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import dyadic_jax as dj
-from experiments import toy_models
+from dyadic_jax.testing import toy_models
 
 _VOCAB = flags.DEFINE_integer(
     "vocab", dj.DEFAULT_VOCAB, "Vocabulary size V.")

@@ -39,7 +39,7 @@ zero).
 
 Collectives: each op's private jitted program (sharding.ops._*) is compiled
 on ONE row of the benchmark data (verification: one request, D+1 target
-rows) and its call sites are listed with `sharding.hlo.collectives`, so every
+rows) and its call sites are listed with `hlo.collectives`, so every
 byte figure is per call site per row, each site counted once. A site inside
 a loop of the compiled program (a bisection, or the map over the D+1 target
 rows of a request) runs once per iteration: the "loop" column counts those.
@@ -63,8 +63,8 @@ import logging
 import re
 import statistics
 import time
+import typing
 
-from absl import app
 from absl import flags
 import jax
 import jax.numpy as jnp
@@ -72,7 +72,9 @@ import numpy as np
 
 import dyadic_jax as dj
 import sharding
+from dyadic_jax.testing import hlo
 from experiments import bench_core
+from experiments import cli
 # pylint: enable=g-import-not-at-top,g-bad-import-order
 
 # --vocab, --requests, --depth, --ks, --verify_k, --repeats, --seed and
@@ -84,6 +86,8 @@ flags.FLAGS.set_default("repeats", 3)
 _SHARDS = flags.DEFINE_list(
     "shards", ["1", "2", "4", "8"], "Shard counts n: each runs the sharded "
     "ops on sharding.vocab_mesh(n) (at most the 8 emulated devices).")
+cli.check("shards", lambda s: cli.int_list(s, 1, 8),
+          "--shards must be shard counts in [1, 8] (the emulated devices)")
 
 _SMALL = 64  # allocation._SMALL: tie keys ranked after the coarse bisection
 
@@ -92,7 +96,8 @@ _SMALL = 64  # allocation._SMALL: tie keys ranked after the coarse bisection
 # Benchmark data.
 
 
-def round_data(vocab, requests, depth, seed, verify_k):
+def round_data(vocab: int, requests: int, depth: int, seed: int,
+               verify_k: int) -> dict[str, typing.Any]:
   """The round of bench_core: proposal rows, draws, target rows, dense and
   sparse q. Everything is on the default device, unsharded."""
   logits, u, target, chain, keys, anchors = bench_core.round_inputs(
@@ -115,13 +120,14 @@ def round_data(vocab, requests, depth, seed, verify_k):
   return jax.block_until_ready(data)
 
 
-def replicate(x, mesh):
+def replicate(x: typing.Any, mesh: jax.sharding.Mesh) -> typing.Any:
   """x (a pytree) replicated on every device of the mesh."""
   return jax.device_put(
       x, jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()))
 
 
-def assert_same(name, single, sharded, vocab):
+def assert_same(name: str, single: typing.Any, sharded: typing.Any,
+                vocab: int) -> None:
   """Sharded results equal the single-device ones bit for bit.
 
   Vocabulary-sized sharded outputs are in the padded layout: compared on
@@ -139,7 +145,9 @@ def assert_same(name, single, sharded, vocab):
     assert np.array_equal(a, b), f"{name} output {i}: sharded != unsharded"
 
 
-def paired_seconds(fn, baseline, repeats):
+def paired_seconds(fn: typing.Callable[[], typing.Any],
+                   baseline: typing.Callable[[], typing.Any],
+                   repeats: int) -> tuple[float, float]:
   """Medians of fn() and baseline(), timed in alternation.
 
   One warm-up call each, then `repeats` rounds of one timed call of each
@@ -148,7 +156,7 @@ def paired_seconds(fn, baseline, repeats):
   `bench_core.median_seconds` figures.
   """
   jax.block_until_ready((fn(), baseline()))
-  times = ([], [])
+  times: tuple[list[float], list[float]] = ([], [])
   for _ in range(repeats):
     for spent, f in zip(times, (fn, baseline)):
       start = time.perf_counter()
@@ -166,15 +174,17 @@ _CALLEE = re.compile(r"\b(condition|body|calls|to_apply|branch_computations|"
                      r"(\{[^}]*\}|%?[\w.\-]+)")
 
 
-def collective_sites(hlo_text):
-  """[(loop depth, sharding.hlo.Collective)] for every collective call site.
+def collective_sites(hlo_text: str) -> list[tuple[int, hlo.Collective]]:
+  """[(loop depth, hlo.Collective)] for every collective call site.
 
   The module is split into its computations; the loop depth of a
   computation is the number of while loops (body or condition) on the call
   path from ENTRY, the largest over paths. Each computation's sites come
-  from `sharding.hlo.collectives` of its own text.
+  from `hlo.collectives` of its own text.
   """
-  texts, callees, entry, name = {}, {}, None, None
+  texts: dict[str, list[str]] = {}
+  callees: dict[str, list[tuple[str, int]]] = {}
+  entry, name = None, None
   for line in hlo_text.splitlines():
     m = _HEADER.match(line)
     if m:
@@ -193,7 +203,7 @@ def collective_sites(hlo_text):
       loop = attr.group(1) in ("condition", "body")
       for callee in re.findall(r"[\w.\-]+", attr.group(2)):
         callees[name].append((callee, loop))
-  depth = {}
+  depth: dict[str, int] = {}
 
   def visit(comp, d):
     if comp not in texts or depth.get(comp, -1) >= d:
@@ -204,18 +214,19 @@ def collective_sites(hlo_text):
 
   visit(entry, 0)
   sites = [(depth.get(comp, 0), c) for comp, lines in texts.items()
-           for c in sharding.hlo.collectives("\n".join(lines))]
-  assert len(sites) == len(sharding.hlo.collectives(hlo_text)), (
+           for c in hlo.collectives("\n".join(lines))]
+  assert len(sites) == len(hlo.collectives(hlo_text)), (
       "collective_sites lost call sites: the HLO splitter is broken")
   return sites
 
 
-def collective_report(name, hlo_text, vocab, n, bound, expect):
+def collective_report(name: str, hlo_text: str, vocab: int, n: int,
+                      bound: int, expect: str) -> dict[str, typing.Any]:
   sites = collective_sites(hlo_text)
   found = [c for _, c in sites]
-  largest = sharding.hlo.largest_dimension(found)
+  largest = hlo.largest_dimension(found)
   block = -(-vocab // n)
-  kinds = {}
+  kinds: dict[str, int] = {}
   for c in found:
     kinds[c.kind] = kinds.get(c.kind, 0) + 1
   return {"op": name, "shards": n, "sites": len(found),
@@ -230,11 +241,13 @@ def collective_report(name, hlo_text, vocab, n, bound, expect):
                         for d, c in sites]}
 
 
-def compiled_text(fn, *args):
+def compiled_text(fn: typing.Any, *args: typing.Any) -> str:
   return fn.lower(*args).compile().as_text()
 
 
-def collective_programs(data, n, mesh, ks, verify_k):
+def collective_programs(data: dict[str, typing.Any], n: int,
+                        mesh: jax.sharding.Mesh, ks: list[int],
+                        verify_k: int) -> list[tuple[str, str, int, str]]:
   """(name, compiled HLO text, bound, expectation) of each op on one row.
 
   The ops' private jits are lowered directly, so 64-bit mode is on for the
@@ -285,7 +298,7 @@ def _label(n):
   return "1dev" if n == 0 else f"n={n}"
 
 
-def main(argv):
+def main(argv: list[str]) -> None:
   del argv
   # absl shows INFO records; JAX's backend probe logs "Unable to initialize
   # backend 'tpu'" at INFO on every machine without a TPU.
@@ -297,10 +310,10 @@ def main(argv):
   shards = [int(s) for s in _SHARDS.value]
   rows = requests * depth
   if any(not 1 <= k <= vocab for k in ks + [verify_k]):
-    raise app.UsageError(f"every k must be in [1, {vocab}]")
+    cli.usage_error(f"every k (--ks, --verify_k) must be in [1, {vocab}]")
   if any(not 1 <= s <= jax.device_count() for s in shards):
-    raise app.UsageError(f"every shard count must be in [1, "
-                         f"{jax.device_count()}] (devices available)")
+    cli.usage_error(f"--shards: every shard count must be in [1, "
+                    f"{jax.device_count()}] (devices available)")
   median = lambda fn: bench_core.median_seconds(fn, repeats)
   paired = lambda fn, baseline: paired_seconds(fn, baseline, repeats)
   wall_start = time.perf_counter()
@@ -414,7 +427,7 @@ def main(argv):
         "draft_weights": lambda: sharding.draft_weights(p_logits, mesh=mesh),
         "allocate_dense": lambda: sharding.allocate_dense(w_n, mesh=mesh),
         "sample_counts": lambda: sharding.sample_counts(c_n, r_u, mesh=mesh)}
-    stage = {"shards": n}
+    stage: dict[str, typing.Any] = {"shards": n}
     for op, fn in sharded_stages.items():
       stage[op], stage[op + "_unsharded_paired"] = paired(
           fn, single_stages[op])
@@ -459,15 +472,16 @@ def main(argv):
         "sharded one and 'x 1dev' their ratio; x read / x copy are against "
         "the floors of the same input in the same layout")
   print(header + "\n" + "-" * len(header))
-  order = {}
+  order: dict[str, list[dict[str, typing.Any]]] = {}
   for e in results:
     order.setdefault(e["workload"], []).append(e)
   for workload, entries in order.items():
     for e in sorted(entries, key=lambda e: e["shards"]):
-      n = "1dev" if e["shards"] == 0 else str(e["shards"])
+      label = "1dev" if e["shards"] == 0 else str(e["shards"])
       paired_us = ("" if not e["unsharded_paired_s"] else
                    f"{e['unsharded_paired_s'] / rows * 1e6:.1f}")
-      print(f"{workload:<20} {n:>5} {e['us_per_row']:10.1f} {paired_us:>12} "
+      print(f"{workload:<20} {label:>5} {e['us_per_row']:10.1f} "
+            f"{paired_us:>12} "
             f"{e['x_unsharded']:7.2f} {e['x_floor_read']:7.1f} "
             f"{e['x_memcpy']:7.1f}")
   print("\ndense stages per row (us; sharded / unsharded timed in "
@@ -537,4 +551,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  cli.run(main)

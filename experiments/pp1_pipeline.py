@@ -2,15 +2,18 @@
 
     python -m experiments.pp1_pipeline
 
-Expected runtime: about 1 minute on a 2-core CPU with the defaults (most of
-it JAX start-up and compilation in the two processes); --tokens scales the
-rest linearly.
+Expected runtime: about 35 s on a 2-core CPU with the defaults (33 s
+measured with other jobs on the machine, 65-90 s while they kept both cores
+busy). Most of it is JAX start-up and compilation in the two processes; the
+28 rounds themselves take about 4 s, and --tokens scales only them. The
+summary's time split says where a run's time went.
 
-What runs (DESIGN.md section 1, one round per step of the progress bar):
+What runs (docs/architecture.md, "One round"; one round per step of the
+progress bar):
 
 * the draft worker, `experiments.bridge_worker`, as a subprocess on
-  loopback: a DSpark-style toy draft (parallel backbone + Markov head,
-  experiments/pipeline_models.py) drawing dyadic q rows (sparse top-k or
+  loopback: the DSpark-style toy draft of dyadic_jax/testing/toy_models.py
+  (parallel backbone + Markov head) drawing dyadic q rows (sparse top-k or
   dense) with its PROPOSAL keys;
 * the host bridge (dyadic_jax.bridge): HELLO negotiation, STEP, REPLY rows,
   COMPLETION, validation before use, COMMIT, fallback on any defect;
@@ -19,13 +22,20 @@ What runs (DESIGN.md section 1, one round per step of the progress bar):
   devices here), with the toy target and its processors (repetition
   penalty, optional grammar mask) applied unchanged.
 
+Every request runs until it has --tokens new tokens and then leaves the
+batch. Its last round may verify more tokens than it still needs (a round
+commits accepted drafts + 1): those are dropped, so "new tokens" is exactly
+--requests x --tokens, and the dropped tail is reported beside it. Every
+round of the run, the last ones included, counts in the acceptance and
+per-round figures.
+
 Modes:
 
   --multiprocess       the verifier runs as 2 jax.distributed ranks (gloo
                        collectives on 127.0.0.1, one CPU device each) plus
                        the worker: 3 processes. The leader validates and
                        broadcasts the verdict with q; both ranks verify.
-  --inject_faults=R    a loopback proxy (dyadic_jax.bridge.proxy) damages a
+  --inject_faults=R    a loopback proxy (dyadic_jax.testing.proxy) damages a
                        fraction R of the exchanges (drop, delay, duplicate,
                        reorder, truncate, corrupt, reset); the run still
                        finishes, every damaged exchange falls back to the
@@ -35,71 +45,119 @@ Modes:
                        the target's exact P/T (chi-square goodness of fit)
                        and with as many target-only samples (two-sample
                        chi-square), at --alpha. Uses --check_vocab (16).
+  --worker_bug=token_not_from_q
+                       a drill: the worker sends its q but draws its tokens
+                       elsewhere (the entry after the drawn one). The
+                       verifier's sampling audit refuses every such
+                       proposal (SAMPLING_MISMATCH), so --check_distribution
+                       still passes; with --no_sampling_audit it fails.
+
+The bridge link is authenticated (docs/security.md): by default with a
+throwaway key set made for the run (--keys_dir=DIR uses the keys of
+`python -m dyadic_jax.bridge.keys DIR`); --encrypt adds ZeroMQ CURVE;
+--insecure turns authentication off and says so at start and in the
+summary.
 
 Outputs: a summary table on stdout, --json_out (tokens, rounds,
-mean_accepted, acceptance_by_position, bytes_per_round, errors, time split,
-distribution_check) and a PNG plot at --plot_out.
+mean_accepted, acceptance_by_position, bytes_per_round, errors, the time
+split, distribution_check) and a PNG plot at --plot_out. The time split
+adds up to the wall time: start-up (worker spawn, JAX start, building the
+verifier), compile (the verifier's warm-up), worker start-up (waiting for
+the worker's READY and HELLO beyond that), then per round draft (the
+worker's proposal time), bridge (the rest of each exchange: encode,
+transport, decode, validation), verification (target rows, verify_chain,
+fallback samples), host (everything else in the loop: STEP/COMMIT,
+bookkeeping, the plan broadcast with --multiprocess), and shutdown. The wall
+time runs from the program's start to the end of the shutdown; the Python
+interpreter's own start before it and writing the JSON and the plot after
+it are not in it.
+
+Every flag is checked when the command line is parsed (bad values exit at
+once with a one-line error). The worker's session flags (--vocab, --depth,
+--requests, --q, --k, --closeness, --model_seed, --backbone, and the
+link's --keys_dir, --insecure, --encrypt, --worker_bug) are shared with
+it: experiments/pipeline_config.py.
 """
 
+import contextlib
+import ctypes
+import dataclasses
 import json
+import logging
+import math
 import os
+import select
+import shutil
+import signal
 import socket
 import subprocess
 import sys
+import tempfile
+import threading
 import time
+import typing
 
-from absl import app
 from absl import flags
-from absl import logging
+
+from experiments import cli
+from experiments import pipeline_config
+
+_START = time.perf_counter()   # the wall clock starts with the program
+
+_CHECK_RID0 = 1000             # request ids of the distribution check
+_MAX_RID = 0xFFFE              # wire: 0xFFFF means "every request"
+# A request's seed, seed * 1000003 + rid, must fit the keys' int64.
+_MAX_SEED = ((1 << 63) - 1 - _MAX_RID) // 1_000_003
 
 _TOKENS = flags.DEFINE_integer(
-    "tokens", 48, "New tokens to generate per request.")
-_REQUESTS = flags.DEFINE_integer(
-    "requests", 4, "Requests verified together in one batch slot.")
-_DEPTH = flags.DEFINE_integer("depth", 5, "Fixed draft depth D.")
-_Q = flags.DEFINE_enum(
-    "q", "sparse", ["sparse", "dense"],
-    "Wire representation of q: sparse top-k rows or dense V rows.")
-_K = flags.DEFINE_integer(
-    "k", 32, "Support of sparse q rows (capped at V / 2 when not given, "
-    "e.g. for the check's small vocabulary).")
-_VOCAB = flags.DEFINE_integer(
-    "vocab", None, "Vocabulary size V (default 129280; --check_distribution: "
-    "--check_vocab).")
-_CLOSENESS = flags.DEFINE_float(
-    "closeness", 0.9, "How closely the toy draft tracks the toy target.")
+    "tokens", 48, "New tokens to generate per request (>= 1).",
+    lower_bound=1, upper_bound=1_000_000)
 _PENALTY = flags.DEFINE_float(
-    "repetition_penalty", 1.3, "Target processor: repetition penalty >= 1.")
+    "repetition_penalty", 1.3, "Target processor: repetition penalty in "
+    "[1, 100] (1: off).")
 _GRAMMAR = flags.DEFINE_integer(
     "grammar_modulus", 0, "Target processor: forbid b after a when (a + b) "
-    "%% m == 0 (0: off).")
+    "% m == 0 (0: off; else m >= 2).", lower_bound=0,
+    upper_bound=(1 << 31) - 1)
 _MULTIPROCESS = flags.DEFINE_bool(
-    "multiprocess", False, "Verifier as 2 jax.distributed ranks (gloo) plus "
-    "the worker: 3 processes.")
+    "multiprocess", False, "Verifier as 2 jax.distributed ranks (gloo, one "
+    "CPU device each) plus the worker: 3 processes.")
 _DEVICES = flags.DEFINE_integer(
     "verifier_devices", 2, "Vocabulary mesh size of the single-process "
-    "verifier (emulated CPU devices when on CPU).")
+    "verifier, 1..64 (emulated CPU devices when on CPU).", lower_bound=1,
+    upper_bound=64)
 _FAULTS = flags.DEFINE_float(
-    "inject_faults", 0.0, "Fraction of exchanges a loopback proxy damages.")
-_SEED = flags.DEFINE_integer("seed", 0, "Request seeds are seed + request.")
+    "inject_faults", 0.0, "Fraction of exchanges a loopback proxy damages, "
+    "in [0, 1].")
+_SEED = flags.DEFINE_integer(
+    "seed", 0, f"Request seeds are seed * 1000003 + request id; seed in [0, "
+    f"{_MAX_SEED}].", lower_bound=0, upper_bound=_MAX_SEED)
 _TIMEOUT = flags.DEFINE_float(
-    "timeout", 2.0, "Verifier deadline of one exchange, seconds.")
+    "timeout", 2.0, "Verifier deadline of one exchange, seconds, in (0, "
+    "3600].")
 _TRANSPORT = flags.DEFINE_enum(
     "transport", "tcp", ["tcp", "ipc"], "Loopback TCP or an ipc socket.")
 _CHECK = flags.DEFINE_bool(
     "check_distribution", False, "Run the distribution check instead of "
     "open-ended generation.")
 _CHECK_SAMPLES = flags.DEFINE_integer(
-    "check_samples", 2000, "Independent first tokens in the check.")
+    "check_samples", 2000, "Independent first tokens in the check (at "
+    "least --requests; rounded down to a multiple of it).", lower_bound=1,
+    upper_bound=_MAX_RID - _CHECK_RID0 - pipeline_config.MAX_REQUESTS)
 _CHECK_VOCAB = flags.DEFINE_integer(
-    "check_vocab", 16, "Vocabulary of the check (small, for power).")
+    "check_vocab", 16, "Vocabulary of the check when --vocab is not given "
+    "(small, for power).", lower_bound=2, upper_bound=cli.MAX_VOCAB)
 _ALPHA = flags.DEFINE_float(
-    "alpha", 1e-3, "Significance level of the check (its false-failure "
-    "rate for a correct pipeline).")
+    "alpha", 1e-3, "Significance level of the check, in (0, 1): its "
+    "false-failure rate for a correct pipeline.")
 _MUTANT = flags.DEFINE_enum(
     "mutant", "none", ["none", "uniform_q"], "Deliberately wrong verifier "
-    "for the check's power test: uniform_q verifies against a uniform q "
-    "instead of the q the draft sampled from.")
+    "for the check's power test (needs --check_distribution): uniform_q "
+    "verifies against a uniform q instead of the q the draft sampled from.")
+_NO_AUDIT = flags.DEFINE_bool(
+    "no_sampling_audit", False, "Turn the sampling audit off: the verifier "
+    "then no longer recomputes each drafted token from its q and the "
+    "PROPOSAL key (for the --worker_bug drill).")
 _JSON_OUT = flags.DEFINE_string(
     "json_out", "pp1_pipeline.json", "Where to write the JSON record ('' "
     "for none).")
@@ -110,56 +168,122 @@ _KILL_AT = flags.DEFINE_integer(
     "kill_worker_at", 0, "Fault drill: kill the worker process after this "
     "many rounds and start a new one on the same address, as a supervisor "
     "would (0: never). The verifier falls back while it is gone and "
-    "negotiates a new session with the new process.")
-_KEYS_DIR = flags.DEFINE_string(
-    "keys_dir", None, "Directory of the bridge keys (python -m "
-    "dyadic_jax.bridge.keys DIR). Default: a throwaway key set made for "
-    "this run (and removed at its end).")
-_INSECURE = flags.DEFINE_bool(
-    "insecure", False, "No authentication on the bridge (CRC32C tags "
-    "only); said loudly at start and in the summary. Benchmarks only.")
-_ENCRYPT = flags.DEFINE_bool(
-    "encrypt", False, "Encrypt the bridge link with ZeroMQ CURVE.")
-_WORKER_BUG = flags.DEFINE_enum(
-    "worker_bug", "none", ["none", "token_not_from_q"], "Fault drill: the "
-    "worker sends its q but each drafted token is the entry after the one "
-    "its draw picked. The sampling audit refuses every such proposal and "
-    "--check_distribution still passes; with --no_sampling_audit it fails.")
-_NO_AUDIT = flags.DEFINE_bool(
-    "no_sampling_audit", False, "Turn the sampling audit off (the verifier "
-    "then no longer recomputes each drafted token from its q and the "
-    "PROPOSAL key; for the --worker_bug drill).")
-flags.register_multi_flags_validator(
-    ["insecure", "keys_dir", "encrypt"],
-    lambda f: not (f["insecure"] and (f["keys_dir"] or f["encrypt"])),
-    "--insecure excludes --keys_dir and --encrypt")
+    "negotiates a new session with the new process.", lower_bound=0)
 # Internal: the follower rank of --multiprocess.
-_RANK = flags.DEFINE_integer("rank", 0, "Internal: jax.distributed rank.")
+_RANK = flags.DEFINE_integer("rank", 0, "Internal: jax.distributed rank.",
+                             lower_bound=0, upper_bound=1)
 _COORDINATOR = flags.DEFINE_string("coordinator", "",
                                    "Internal: host:port of rank 0.")
-_WORKER_ADDRESS = flags.DEFINE_string("worker_address", "",
-                                      "Internal: the worker's address.")
-_INSECURE_WARNING = ("WARNING: --insecure: the bridge link is NOT "
-                     "authenticated; any process that reaches the socket "
-                     "can talk to either side")
+
+
+def _finite_in(lo, hi, *, open_lo=False):
+  def ok(x):
+    return math.isfinite(x) and (lo < x if open_lo else lo <= x) and x <= hi
+  return ok
+
+
+cli.check("repetition_penalty", _finite_in(1.0, 100.0),
+          "--repetition_penalty must be a number in [1, 100]")
+cli.check("grammar_modulus", lambda m: m != 1,
+          "--grammar_modulus must be 0 (off) or >= 2")
+cli.check("inject_faults", _finite_in(0.0, 1.0),
+          "--inject_faults must be a fraction in [0, 1]")
+cli.check("timeout", _finite_in(0.0, 3600.0, open_lo=True),
+          "--timeout must be a number of seconds in (0, 3600]")
+cli.check("alpha", lambda a: math.isfinite(a) and 0.0 < a < 1.0,
+          "--alpha must be in (0, 1)")
+cli.check("q", lambda q: q != "greedy", "--q=greedy is the worker's v1 "
+          "mode (no q on the wire); the pipeline verifies sparse or dense q")
+cli.check(["check_samples", "requests"], lambda check_samples, requests:
+          check_samples >= requests, "--check_samples must be >= --requests")
+cli.check(["k", "vocab", "check_distribution", "check_vocab", "q"],
+          lambda k, vocab, check_distribution, check_vocab, q: (
+              q != "sparse" or vocab is not None
+              or not flags.FLAGS["k"].present
+              or k <= (check_vocab if check_distribution
+                       else cli.DEFAULT_VOCAB)),
+          "--k must be <= the vocabulary (--vocab, or --check_vocab with "
+          "--check_distribution)")
+cli.check(["mutant", "check_distribution"], lambda mutant, check_distribution:
+          mutant == "none" or check_distribution,
+          "--mutant needs --check_distribution (it is the check's power test)")
+cli.check(["kill_worker_at", "check_distribution"],
+          lambda kill_worker_at, check_distribution:
+          not (kill_worker_at and check_distribution),
+          "--kill_worker_at is a drill of the generation run, not of "
+          "--check_distribution")
+cli.check(["multiprocess", "verifier_devices"],
+          lambda multiprocess, verifier_devices: not (
+              multiprocess and flags.FLAGS["verifier_devices"].present),
+          "--verifier_devices is the single-process mesh; --multiprocess "
+          "always runs 2 ranks of one device")
+cli.check(["rank", "coordinator"],
+          lambda rank, coordinator: rank == 0 or bool(coordinator),
+          "--rank=1 is internal: it needs --coordinator")
+cli.check_output_path("json_out")
+cli.check_output_path("plot_out")
+cli.parse_flags_early(__name__)
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # The seed's size table: q bytes per request and round (exact arithmetic).
 _SEED_BYTES = {"dense": lambda v, d, k: 4 * v * d,
                "sparse": lambda v, d, k: 8 * k * d}
+_READY_TIMEOUT_S = 600   # worker start-up: JAX import and one compile
 
 
-def _vocab():
-  if _VOCAB.value is not None:
-    return _VOCAB.value
-  from dyadic_jax import DEFAULT_VOCAB  # pylint: disable=g-import-not-at-top
-  return _CHECK_VOCAB.value if _CHECK.value else DEFAULT_VOCAB
+def _config():
+  return pipeline_config.from_flags(
+      default_vocab=_CHECK_VOCAB.value if _CHECK.value else cli.DEFAULT_VOCAB)
 
 
-def _k(vocab):
-  if flags.FLAGS["k"].present:
-    return _K.value
-  return min(_K.value, max(1, vocab // 2))
+def _request_spec(rid, vocab):
+  """(prompt, seed) of request rid: the same on every rank."""
+  prompt = [1] if rid >= _CHECK_RID0 else [(7 * rid + 1) % vocab]
+  return prompt, _SEED.value * 1_000_003 + rid
+
+
+# -- time --------------------------------------------------------------------
+
+
+class _Stopwatch:
+  """Named phases of the wall time; a phase nested in another is not
+  counted twice (the outer one gets only its own, exclusive time)."""
+
+  def __init__(self, start):
+    self.start = start
+    self.end = None
+    self.seconds = {}
+    self._open = []      # [name, start, seconds of nested phases]
+
+  @contextlib.contextmanager
+  def phase(self, name):
+    frame = [name, time.perf_counter(), 0.0]
+    self._open.append(frame)
+    try:
+      yield
+    finally:
+      self._open.pop()
+      elapsed = time.perf_counter() - frame[1]
+      self.seconds[name] = self.seconds.get(name, 0.0) + elapsed - frame[2]
+      if self._open:
+        self._open[-1][2] += elapsed
+
+  def timed(self, name, fn, block=lambda out: out):
+    """fn, with its calls (until `block` returns) counted in phase `name`."""
+    def call(*args, **kwargs):
+      with self.phase(name):
+        return block(fn(*args, **kwargs))
+    return call
+
+  def stop(self):
+    self.end = time.perf_counter()
+
+  @property
+  def wall(self):
+    return (self.end or time.perf_counter()) - self.start
+
+
+# -- child processes ---------------------------------------------------------
 
 
 def _free_port():
@@ -179,44 +303,127 @@ def _child_env(devices=None):
   return env
 
 
-def _key_flags(keys_dir):
-  if _INSECURE.value:
-    return ["--insecure"]
-  return [f"--keys_dir={keys_dir}"] + (["--encrypt"] if _ENCRYPT.value
-                                       else [])
-
-
-def _start_worker(vocab, tmp, keys_dir, address=None):
-  address = address or ("tcp://127.0.0.1:0" if _TRANSPORT.value == "tcp"
-                        else f"ipc://{tmp}/pp1-worker-{os.getpid()}.sock")
-  cmd = [sys.executable, "-m", "experiments.bridge_worker",
-         f"--address={address}", f"--vocab={vocab}",
-         f"--depth={_DEPTH.value}", f"--requests={_REQUESTS.value}",
-         f"--q={_Q.value}", f"--k={_k(vocab)}",
-         f"--closeness={_CLOSENESS.value}",
-         f"--worker_bug={_WORKER_BUG.value}"] + _key_flags(keys_dir)
-  env = _child_env()
-  env["JAX_PLATFORMS"] = "cpu"   # the worker's draft runs on the host CPU
-  proc = subprocess.Popen(cmd, cwd=_ROOT, env=env, stdout=subprocess.PIPE,
-                          stderr=subprocess.DEVNULL, text=True)
-  line = proc.stdout.readline()
-  if not line.startswith("READY "):
-    proc.kill()
-    raise RuntimeError(f"the worker did not start: {line!r}")
-  return proc, line.split()[1]
-
-
-def _stop_worker(proc):
-  proc.terminate()
+def _die_with_parent():
+  """Runs in a child before exec: SIGTERM it when this process dies, even
+  by a signal or an abort, so no worker outlives its pipeline (Linux)."""
   try:
-    out, _ = proc.communicate(timeout=20)
-  except subprocess.TimeoutExpired:
-    proc.kill()
-    out, _ = proc.communicate()
-  for line in (out or "").splitlines():
-    if line.startswith("STATS "):
-      return json.loads(line[6:])
-  return {}
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PDEATHSIG
+  except (OSError, AttributeError):
+    pass
+
+
+def _tail(path, lines=6):
+  """The last lines of a child's log, for an error message."""
+  try:
+    with open(path, errors="replace") as f:
+      text = f.read().strip().splitlines()
+  except OSError:
+    return "(no output)"
+  return "\n".join(text[-lines:]) or "(no output)"
+
+
+class _ChildFailed(Exception):
+  """A child process failed; the message carries its own error text."""
+
+
+class _Worker:
+  """The worker process: started, awaited, stopped; its stderr in a log."""
+
+  def __init__(self, config, tmp, on_death, address=None):
+    self.log = os.path.join(tmp, "worker.log")
+    address = address or ("tcp://127.0.0.1:0" if _TRANSPORT.value == "tcp"
+                          else f"ipc://{tmp}/pp1-worker.sock")
+    env = _child_env()
+    env["JAX_PLATFORMS"] = "cpu"   # the worker's draft runs on the host CPU
+    with open(self.log, "a") as log:
+      self.proc = subprocess.Popen(
+          [sys.executable, "-m", "experiments.bridge_worker",
+           f"--address={address}", *config.to_flags()], cwd=_ROOT, env=env,
+          stdout=subprocess.PIPE, stderr=log, text=True,
+          preexec_fn=_die_with_parent)
+    self.address = None
+    # A worker that dies while this process compiles ends the run at once.
+    _watch(self.proc, self.log, "worker", on_death)
+
+  def wait_ready(self, timeout_s=_READY_TIMEOUT_S):
+    """Blocks until the worker prints READY; _ChildFailed if it dies."""
+    self.proc.watched = False       # from here on, this wait sees it
+    deadline = time.monotonic() + timeout_s
+    while (left := deadline - time.monotonic()) > 0:
+      ready, _, _ = select.select([self.proc.stdout], [], [], left)
+      if not ready:
+        break
+      line = self.proc.stdout.readline()
+      if line.startswith("READY "):
+        self.address = line.split()[1]
+        return self.address
+      if not line:         # end of output: the worker exited
+        self.proc.wait()
+        raise _ChildFailed(f"the worker exited with status "
+                           f"{self.proc.returncode} before it was ready:\n"
+                           f"{_tail(self.log)}")
+    self.proc.kill()
+    raise _ChildFailed(f"the worker was not ready after {timeout_s} s:\n"
+                       f"{_tail(self.log)}")
+
+  def kill(self):
+    self.proc.kill()
+    self.proc.wait()
+
+  def stop(self):
+    """Stops the worker; returns its STATS counters ({} if none)."""
+    self.proc.terminate()
+    try:
+      out, _ = self.proc.communicate(timeout=20)
+    except subprocess.TimeoutExpired:
+      self.proc.kill()
+      out, _ = self.proc.communicate()
+    for line in (out or "").splitlines():
+      if line.startswith("STATS "):
+        return json.loads(line[6:])
+    return {}
+
+
+def _watch(proc, log, name, on_death):
+  """Ends this program with the child's error if it dies during start-up.
+
+  Start-up waits (the collective rendezvous of --multiprocess) cannot see
+  a dead peer and cannot be interrupted; this thread can see it, and then
+  runs `on_death` and exits. It stops watching once `proc.watched` is set
+  to False.
+  """
+  proc.watched = True
+
+  def watch():
+    while proc.watched and proc.poll() is None:
+      time.sleep(0.2)
+    if proc.watched and proc.returncode:
+      sys.stderr.write(f"\n{cli.program()}: the {name} exited with status "
+                       f"{proc.returncode}:\n{_tail(log)}\n")
+      sys.stderr.flush()
+      on_death()
+      os._exit(1)   # pylint: disable=protected-access
+  threading.Thread(target=watch, daemon=True).start()
+
+
+@contextlib.contextmanager
+def _stdout_to_devnull():
+  """Silences native code that prints to stdout (gloo's "[Gloo] Rank 0 is
+  connected to 1 peer ranks" when the collective group forms)."""
+  sys.stdout.flush()
+  saved = os.dup(1)
+  devnull = os.open(os.devnull, os.O_WRONLY)
+  os.dup2(devnull, 1)
+  try:
+    yield
+  finally:
+    sys.stdout.flush()
+    os.dup2(saved, 1)
+    os.close(saved)
+    os.close(devnull)
+
+
+# -- JAX and the verifier ----------------------------------------------------
 
 
 def _setup_jax(multiprocess, rank, coordinator):
@@ -226,116 +433,185 @@ def _setup_jax(multiprocess, rank, coordinator):
     jax.config.update("jax_num_cpu_devices", 1)
     jax.distributed.initialize(coordinator, num_processes=2,
                                process_id=rank, initialization_timeout=120)
-  elif jax.default_backend() == "cpu" and jax.device_count() < (
-      _DEVICES.value):
-    raise app.UsageError(
-        f"--verifier_devices={_DEVICES.value} needs that many devices; run "
-        "with XLA_FLAGS=--xla_force_host_platform_device_count=N (the "
-        "pipeline sets it itself when XLA_FLAGS does not name a count)")
+  elif jax.device_count() < _DEVICES.value:
+    backend = jax.default_backend()
+    cli.usage_error(
+        f"--verifier_devices={_DEVICES.value} needs that many devices; "
+        f"{backend} has {jax.device_count()}. "
+        + ("Give XLA_FLAGS=--xla_force_host_platform_device_count=N a "
+           "count >= the flag, or leave XLA_FLAGS without one (the pipeline "
+           "then sets it)" if backend == "cpu" else
+           f"Pass --verifier_devices={jax.device_count()}, or run the "
+           "verifier on emulated CPU devices with JAX_PLATFORMS=cpu"))
   return jax
 
 
-def _capabilities(vocab):
-  from dyadic_jax import bridge  # pylint: disable=g-import-not-at-top
-  from dyadic_jax.wire import layouts  # pylint: disable=g-import-not-at-top
-  rep = (layouts.Representation.SPARSE if _Q.value == "sparse"
-         else layouts.Representation.DENSE)
-  return bridge.Capabilities(vocab=vocab, max_depth=_DEPTH.value,
-                             max_requests=_REQUESTS.value,
-                             representation=rep, max_support=_k(vocab))
+def _build_verifier(jax: typing.Any, config: pipeline_config.PipelineConfig,
+                    address: str | None,
+                    share_fn: typing.Callable[..., typing.Any] | None,
+                    watch: _Stopwatch) -> typing.Any:
+  """A Verifier over a vocabulary mesh with the toy target, compiled.
 
+  Every function the rounds call is traced and compiled here, before the
+  first round (and on every rank, in the same order: the sharded ones are
+  collectives), so that compilation is a phase of its own.
+  """
+  # pylint: disable=g-import-not-at-top
+  import functools
+  import jax.numpy as jnp
+  import numpy as np
+  import dyadic_jax as dj
+  from dyadic_jax import bridge
+  from dyadic_jax import models
+  from dyadic_jax.testing import toy_models
+  import sharding
+  # pylint: enable=g-import-not-at-top
 
-def _request_spec(rid, vocab):
-  """(prompt, seed) of request rid: the same on every rank."""
-  return [(7 * rid + 1) % vocab], _SEED.value * 1_000_003 + rid
-
-
-def _build_verifier(jax, caps, address, share_fn, timer, keys_dir):
-  """A Verifier over a vocabulary mesh with the toy target."""
-  import functools  # pylint: disable=g-import-not-at-top
-  from dyadic_jax import bridge  # pylint: disable=g-import-not-at-top
-  import sharding  # pylint: disable=g-import-not-at-top
-  from experiments import pipeline_models  # pylint: disable=g-import-not-at-top
-
+  caps = config.capabilities()
   devices = jax.devices() if _MULTIPROCESS.value else jax.devices()[
       :_DEVICES.value]
   mesh = sharding.vocab_mesh(len(devices), devices)
-  target, _ = pipeline_models.make_models(pipeline_models.ModelConfig(
-      vocab=caps.vocab, closeness=_CLOSENESS.value,
-      repetition_penalty=_PENALTY.value, grammar_modulus=_GRAMMAR.value,
-      max_depth=caps.max_depth))
+  target: models.TargetModel
+  target, _ = toy_models.make_models(_model_config(config))
   verify = functools.partial(sharding.verify_chain, mesh=mesh)
   sample = functools.partial(sharding.sample_target, mesh=mesh)
   if _MUTANT.value == "uniform_q":
     verify = functools.partial(_uniform_q_verify, verify, caps)
+  block = jax.block_until_ready
 
-  def timed(name, fn):
-    def call(*args, **kwargs):
-      start = time.perf_counter()
-      out = fn(*args, **kwargs)
-      jax.block_until_ready(out)
-      timer[name] = timer.get(name, 0.0) + time.perf_counter() - start
-      return out
-    return call
+  with watch.phase("compile"):
+    d, k = config.depth, caps.width
+    prefix = np.asarray(_request_spec(0, config.vocab)[0], np.int32)
+    draft = np.zeros(d, np.int32)
+    logits = target.logits(prefix, draft)
+    target.logits(prefix, draft[:0])           # the fallback's single row
+    # A valid q of the run's shapes: M split evenly over the row.
+    width = config.vocab if config.q == "dense" else k
+    counts = np.full((d, width), dj.M // width, np.int32)
+    counts[:, 0] += dj.M - counts[0].sum()
+    q: dj.DenseQ | dj.SparseQ
+    if config.q == "dense":
+      q = dj.DenseQ(jnp.asarray(counts))
+    else:
+      q = dj.SparseQ(jnp.tile(jnp.arange(k, dtype=jnp.int32), (d, 1)),
+                     jnp.asarray(counts), jnp.full(d, k, jnp.int32))
+    key = dj.round_key(0, 0, 0)
+    block(verify(logits, q, draft, key, anchor=len(prefix)))
+    block(sample(logits[0], key))
 
-  from dyadic_jax.bridge import keys as keys_lib  # pylint: disable=g-import-not-at-top
-  secret = curve = None
-  if not _INSECURE.value and keys_dir is not None:
-    secret, curve = keys_lib.load(keys_dir, "verifier",
-                                  encrypt=_ENCRYPT.value)
-  verifier = bridge.Verifier(
-      caps, address, target_fn=timed("verify", target.logits),
-      verify_fn=timed("verify", verify), sample_fn=timed("verify", sample),
+  secret, curve = (None, None) if address is None else config.link_keys(
+      "verifier")       # a follower rank never talks to the worker
+  return bridge.Verifier(
+      caps, address,
+      target_fn=watch.timed("verification", target.logits, block),
+      verify_fn=watch.timed("verification", verify, block),
+      sample_fn=watch.timed("verification", sample, block),
       timeout_s=_TIMEOUT.value, share_fn=share_fn, secret=secret,
       curve=curve, sampling_audit=not _NO_AUDIT.value,
       request_factory=lambda rid: _request_spec(rid, caps.vocab))
-  return verifier
+
+
+def _model_config(config):
+  return config.model_config(repetition_penalty=_PENALTY.value,
+                             grammar_modulus=_GRAMMAR.value)
 
 
 def _uniform_q_verify(verify, caps, logits, q, draft, key, *, anchor):
   """The mutant: verifies against a uniform q, not the sampled one."""
   import numpy as np  # pylint: disable=g-import-not-at-top
   import dyadic_jax as dj  # pylint: disable=g-import-not-at-top
+  del q
   v, depth = caps.vocab, len(draft)
   counts = np.full((depth, v), dj.M // v, np.int32)
   counts[:, :dj.M - (dj.M // v) * v] += 1
   return verify(logits, dj.DenseQ(counts), draft, key, anchor=anchor)
 
 
+# -- rounds ------------------------------------------------------------------
+
+
 class _Progress:
-  """A one-line progress bar on stderr."""
+  """A progress bar on stderr that log records do not break.
+
+  On a terminal it redraws one line; a log record first ends that line,
+  so the record starts on a line of its own. Elsewhere (a pipe, a CI log)
+  it prints a line at every tenth of the way instead of redrawing.
+  """
 
   def __init__(self, total, label):
-    self.total, self.label, self.start = max(total, 1), label, time.time()
+    self.total, self.label = max(total, 1), label
+    self.start = time.perf_counter()
+    self.tty = sys.stderr.isatty()
+    self.drawn = False          # a partial bar line is on the terminal
+    self.step = -1
+    self.handlers = [h for h in logging.getLogger().handlers]
+    for h in self.handlers:
+      h.addFilter(self._before_record)
+
+  def _before_record(self, record):
+    del record
+    if self.drawn:
+      sys.stderr.write("\n")
+      self.drawn = False
+    return True
 
   def update(self, done, extra=""):
     frac = min(done / self.total, 1.0)
-    bar = "#" * int(30 * frac) + "." * (30 - int(30 * frac))
-    sys.stderr.write(f"\r{self.label} [{bar}] {done}/{self.total} "
-                     f"{time.time() - self.start:5.1f}s {extra}   ")
+    filled = int(30 * frac)
+    text = (f"{self.label} [{'#' * filled}{'.' * (30 - filled)}] "
+            f"{done}/{self.total} {time.perf_counter() - self.start:5.1f}s "
+            f"{extra}")
+    if self.tty:
+      sys.stderr.write(f"\r{text}   ")
+      self.drawn = True
+    elif int(10 * frac) > self.step:
+      self.step = int(10 * frac)
+      sys.stderr.write(text.rstrip() + "\n")
     sys.stderr.flush()
 
   def close(self):
-    sys.stderr.write("\n")
+    if self.drawn:
+      sys.stderr.write("\n")
+      self.drawn = False
+    for h in self.handlers:
+      h.removeFilter(self._before_record)
 
 
-def _generate(verifier, caps, progress, on_round=None):
-  """Rounds over all requests until each has --tokens new tokens."""
+class _Run(typing.NamedTuple):
+  """What the rounds produced."""
+  results: list              # RoundResult of every request-round
+  rounds: int                # verifier rounds (batches)
+  outputs: dict              # rid -> its new tokens (--tokens of them, or
+                             # the check's first token)
+
+
+def _generate(verifier, caps, progress, drill=None):
+  """Rounds until every request has --tokens new tokens.
+
+  A request leaves the batch as soon as it has them. `drill(rounds, live)`
+  may run rounds of its own (the --kill_worker_at fault drill).
+  """
   rids = list(range(caps.max_requests))
   for rid in rids:
     verifier.add_request(rid, *_request_spec(rid, caps.vocab))
-  results = []
-  goal = {rid: len(verifier.requests[rid].tokens) + _TOKENS.value
-          for rid in rids}
-  done = lambda: sum(min(len(verifier.requests[r].tokens), goal[r]) -
-                     goal[r] + _TOKENS.value for r in rids)
-  while any(len(verifier.requests[r].tokens) < goal[r] for r in rids):
-    results += verifier.round(rids)
-    if on_round:   # a fault drill may run rounds of its own
-      results += on_round(len(results) // len(rids))
-    progress.update(done(), f"fallbacks {verifier.counters.events('fallbacks')}")
+  start = {rid: len(verifier.requests[rid].tokens) for rid in rids}
+  new = lambda r: len(verifier.requests[r].tokens) - start[r]
+  results, rounds = [], 0
+  live = rids
+  while live:
+    results += verifier.round(live)
+    rounds += 1
+    live = [r for r in live if new(r) < _TOKENS.value]
+    if drill and (lost := drill(rounds, live)):
+      results += lost
+      rounds += 1
+      live = [r for r in live if new(r) < _TOKENS.value]
+    progress.update(sum(min(new(r), _TOKENS.value) for r in rids),
+                    f"fallbacks {verifier.counters.events('fallbacks')}")
   progress.close()
-  return results
+  outputs = {rid: verifier.requests[rid].tokens[start[rid]:][:_TOKENS.value]
+             for rid in rids}
+  return _Run(results, rounds, outputs)
 
 
 def _check(verifier, caps, progress):
@@ -344,47 +620,50 @@ def _check(verifier, caps, progress):
   r = caps.max_requests
   n = _CHECK_SAMPLES.value - _CHECK_SAMPLES.value % r
   first, results = [], []
+  rounds = 0
   for start in range(0, n, r):
-    rids = list(range(1000 + start, 1000 + start + r))
+    rids = list(range(_CHECK_RID0 + start, _CHECK_RID0 + start + r))
     for rid in rids:     # one fixed prompt, a fresh seed per request
-      verifier.add_request(rid, [1], _SEED.value * 1_000_003 + rid)
+      verifier.add_request(rid, *_request_spec(rid, caps.vocab))
     out = verifier.round(rids)
+    rounds += 1
     results += out
     first += [res.committed[0] for res in out]
     progress.update(start + r)
   progress.close()
-  return np.asarray(first), results
+  outputs = {res.rid: list(res.committed[:1]) for res in results}
+  return np.asarray(first), _Run(results, rounds, outputs)
 
 
-def _distribution_check(first, caps, rids_seed):
+def _distribution_check(first, config):
   """Goodness of fit to the exact P/T and a two-sample test vs target-only."""
-  import jax  # pylint: disable=g-import-not-at-top
-  import numpy as np  # pylint: disable=g-import-not-at-top
-  import dyadic_jax as dj  # pylint: disable=g-import-not-at-top
-  from experiments import chi2  # pylint: disable=g-import-not-at-top
-  from experiments import pipeline_models  # pylint: disable=g-import-not-at-top
+  # pylint: disable=g-import-not-at-top
+  import jax
+  import numpy as np
+  import dyadic_jax as dj
+  from dyadic_jax.testing import stats
+  from dyadic_jax.testing import toy_models
+  # pylint: enable=g-import-not-at-top
 
-  target, _ = pipeline_models.make_models(pipeline_models.ModelConfig(
-      vocab=caps.vocab, closeness=_CLOSENESS.value,
-      repetition_penalty=_PENALTY.value, grammar_modulus=_GRAMMAR.value,
-      max_depth=caps.max_depth))
-  row = target.row(np.array([1], np.int32))
+  target, _ = toy_models.make_models(_model_config(config))
+  row = target.row(np.asarray(_request_spec(_CHECK_RID0, config.vocab)[0],
+                              np.int32))
   probs, _ = dj.target_probs(row)
   p_fixed, total = dj.quantize_target(probs)
   expected = np.asarray(p_fixed, np.float64) / int(total)
   # Target-only samples with keys of their own (a domain of the check).
-  keys = jax.vmap(lambda i: dj.draw_key(dj.round_key(rids_seed, 1 << 20, i),
+  keys = jax.vmap(lambda i: dj.draw_key(dj.round_key(_SEED.value, 1 << 20, i),
                                         0, dj.Domain.TARGET_ONLY))(
                                             np.arange(len(first)))
   target_only, _ = jax.vmap(dj.sample_target, in_axes=(None, 0))(row, keys)
   target_only = np.asarray(target_only)
-  v = caps.vocab
+  v = config.vocab
   spec = np.bincount(first, minlength=v)
   ref = np.bincount(target_only, minlength=v)
   # Bins with expected count < 5 pooled into one, for both samples alike.
-  e, s_obs, r_obs = chi2.pool_small(expected * len(first), spec, ref)
-  gof, _, gof_p = chi2.goodness_of_fit(s_obs, e / e.sum())
-  two, _, two_p = chi2.two_sample(s_obs, r_obs)
+  e, s_obs, r_obs = stats.pool_small(expected * len(first), spec, ref)
+  gof, _, gof_p = stats.goodness_of_fit(s_obs, e / e.sum())
+  two, _, two_p = stats.two_sample(s_obs, r_obs)
   passed = gof_p >= _ALPHA.value and two_p >= _ALPHA.value
   return {"samples": int(len(first)), "alpha": _ALPHA.value,
           "bins": int(len(e)), "statistic": gof, "p_value": gof_p,
@@ -394,68 +673,109 @@ def _distribution_check(first, caps, rids_seed):
           "target_only": ref.tolist()}
 
 
-def _summarize(results, verifier, caps, worker_stats, proxy, timer, wall,
-               check):
+# -- the record --------------------------------------------------------------
+
+
+def _time_split(watch, worker_stats):
+  """{phase: seconds} that adds up to the wall time (see the docstring)."""
+  s = dict(watch.seconds)
+  exchange = s.pop("exchange", 0.0)
+  # The worker's own time drawing proposals, inside the exchanges (a
+  # worker killed by the drill takes its figure with it: bridge gets it).
+  draft = min(worker_stats.get("events", {}).get("propose_us", 0) / 1e6,
+              exchange)
+  split = {}
+  for name in ("start-up", "compile", "worker start-up"):
+    split[name] = s.pop(name, 0.0)
+  split.update({"draft": draft, "bridge": exchange - draft,
+                "verification": s.pop("verification", 0.0),
+                "host": s.pop("rounds", 0.0)})
+  split.update(s)      # worker restart, distribution check, shutdown
+  split["other"] = watch.wall - sum(split.values())
+  return split
+
+
+def _summarize(run, verifier, config, worker_stats, proxy, watch, check):
+  """The JSON record of a run."""
   import numpy as np  # pylint: disable=g-import-not-at-top
+  caps = verifier.caps
+  results = run.results
   verified = [r for r in results if not r.fallback]
   depth = caps.max_depth
   acc = np.array([r.accepted for r in verified], np.int64)
   by_pos = [float(np.mean(acc[acc >= i] > i)) if np.any(acc >= i)
             else None for i in range(depth)]
-  exchanges = len({(r.generation, r.round, r.rid) for r in results})
-  batches = max(1, exchanges // max(1, caps.max_requests))
   counters = verifier.counters.snapshot()
+  generated = int(sum(len(r.committed) for r in results))
+  kept = int(sum(len(t) for t in run.outputs.values()))
+  batches = max(run.rounds, 1)
+  seed_q = _SEED_BYTES[config.q](caps.vocab, depth, caps.max_support)
   bytes_in = verifier.counters.events("bytes_in")
   bytes_out = verifier.counters.events("bytes_out")
-  seed_q = caps.max_requests * _SEED_BYTES[_Q.value](caps.vocab, depth,
-                                                     caps.max_support)
-  draft_s = worker_stats.get("events", {}).get("propose_us", 0) / 1e6
-  exchange_s = timer.get("exchange", 0.0)
   record = {
       "config": {"vocab": caps.vocab, "requests": caps.max_requests,
-                 "depth": depth, "q": _Q.value, "k": caps.max_support,
-                 "multiprocess": _MULTIPROCESS.value,
+                 "depth": depth, "q": config.q, "k": caps.max_support,
+                 "tokens": _TOKENS.value, "multiprocess": _MULTIPROCESS.value,
                  "inject_faults": _FAULTS.value, "seed": _SEED.value,
                  "mutant": _MUTANT.value,
-                 "authentication": ("none (--insecure)" if _INSECURE.value
+                 "authentication": ("none (--insecure)" if config.insecure
                                     else "keyed BLAKE3"),
-                 "encrypt": _ENCRYPT.value,
+                 "encrypt": config.encrypt,
                  "sampling_audit": not _NO_AUDIT.value,
-                 "worker_bug": _WORKER_BUG.value},
-      "tokens": int(sum(len(r.committed) for r in results)),
-      "rounds": batches,
+                 "worker_bug": config.worker_bug},
+      # Generation: requests x --tokens exactly; the check: one per request.
+      "tokens": kept,
+      "tokens_dropped": generated - kept,
+      "tokens_generated": generated,
+      "rounds": run.rounds,
       "request_rounds": len(results),
       "fallback_rounds": len(results) - len(verified),
       "mean_accepted": float(acc.mean()) if acc.size else 0.0,
-      "tokens_per_round": (float(np.mean([len(r.committed) for r in results]))
-                           if results else 0.0),
+      "tokens_per_round": generated / len(results) if results else 0.0,
       "acceptance_by_position": by_pos,
+      # Per request and round: a batch shrinks as its requests finish.
+      "bytes_per_request_round": {
+          "measured_in": bytes_in / max(len(results), 1),
+          "measured_out": bytes_out / max(len(results), 1),
+          "seed_estimate_q": seed_q},
       "bytes_per_round": {"measured_in": bytes_in / batches,
-                          "measured_out": bytes_out / batches,
-                          "seed_estimate_q": seed_q},
+                          "measured_out": bytes_out / batches},
       "errors": counters["errors"],
       "events": counters["events"],
       "worker": worker_stats,
       "faults": ({f"{d}/{k}": n for (d, k), n in proxy.counts().items()}
                  if proxy else {}),
-      "time_s": {"wall": wall, "draft": draft_s,
-                 "bridge": max(exchange_s - draft_s
-                               - timer.get("verify", 0.0), 0.0),
-                 "verification": timer.get("verify", 0.0)},
+      "time_s": {"wall": watch.wall, "split": _time_split(watch,
+                                                          worker_stats)},
   }
+  record["outputs"] = {str(r): t for r, t in run.outputs.items()}
+  record["generated_by_request"] = {
+      str(r): sum(len(x.committed) for x in results if x.rid == r)
+      for r in run.outputs}
   if check is not None:
     record["distribution_check"] = check
   return record
 
 
 def _print_summary(record):
+  """The summary table (stdout)."""
+  from dyadic_jax.testing import stats  # pylint: disable=g-import-not-at-top
   c = record["config"]
   print(f"\nPP1 pipeline: V={c['vocab']} requests={c['requests']} "
         f"depth={c['depth']} q={c['q']}"
         + (f" k={c['k']}" if c["q"] == "sparse" else "")
         + (" multiprocess" if c["multiprocess"] else "")
         + (f" faults={c['inject_faults']}" if c["inject_faults"] else ""))
-  rows = [("tokens committed", record["tokens"]),
+  check = record.get("distribution_check")
+  if check:
+    new = (f"{record['tokens']} = {len(record['outputs'])} requests x 1 "
+           f"(the check uses each one's first token; "
+           f"+{record['tokens_dropped']} more committed)")
+  else:
+    new = (f"{record['tokens']} = {c['requests']} requests x {c['tokens']}"
+           + (f" (+{record['tokens_dropped']} past --tokens in final "
+              "rounds, dropped)" if record["tokens_dropped"] else ""))
+  rows = [("new tokens", new),
           ("rounds (batches)", record["rounds"]),
           ("request-rounds / fallbacks",
            f"{record['request_rounds']} / {record['fallback_rounds']}"),
@@ -466,25 +786,26 @@ def _print_summary(record):
   print("  acceptance by position       " + "  ".join(
       "-" if a is None else f"{a:.3f}"
       for a in record["acceptance_by_position"]))
-  b = record["bytes_per_round"]
-  print(f"  bytes per round              in {b['measured_in']:,.0f}  out "
+  b = record["bytes_per_request_round"]
+  print(f"  bytes per request-round      in {b['measured_in']:,.0f}  out "
         f"{b['measured_out']:,.0f}  (seed estimate of q alone: "
         f"{b['seed_estimate_q']:,})")
   t = record["time_s"]
-  print(f"  time split (s)               draft {t['draft']:.2f}  bridge "
-        f"{t['bridge']:.2f}  verification {t['verification']:.2f}  wall "
-        f"{t['wall']:.2f}")
+  parts = [f"{name} {s:.2f}" for name, s in t["split"].items()]
+  print(f"  time split (s)               wall {t['wall']:.2f} = "
+        + " + ".join(parts[:4]))
+  for i in range(4, len(parts), 4):
+    print(" " * 31 + "+ " + " + ".join(parts[i:i + 4]))
   print(f"  bridge link                  {c['authentication']}"
         + (", CURVE encrypted" if c["encrypt"] else "")
         + ("" if c["sampling_audit"] else ", sampling audit OFF")
         + (f", worker bug {c['worker_bug']}" if c["worker_bug"] != "none"
            else ""))
   if c["authentication"].startswith("none"):
-    print("  " + _INSECURE_WARNING)
+    print("  " + pipeline_config.INSECURE_WARNING)
   print(f"  errors                       {record['errors'] or 'none'}")
   if record["faults"]:
     print(f"  injected faults              {record['faults']}")
-  check = record.get("distribution_check")
   if check:
     print(f"\nDistribution check: first committed token of "
           f"{check['samples']} fresh requests vs the target's exact P/T")
@@ -494,27 +815,35 @@ def _print_summary(record):
       if e * check["samples"] >= 1 or s or r:
         print(f"  {v:>6} {e:8.4f} {s:6d} {r:11d}")
     print(f"  goodness of fit: chi2={check['statistic']:.2f} "
-          f"bins={check['bins']} p={check['p_value']:.4f}; two-sample: "
-          f"chi2={check['two_sample_statistic']:.2f} "
-          f"p={check['two_sample_p_value']:.4f} -> {check['verdict'].upper()}"
-          f" at alpha={check['alpha']:g}")
+          f"bins={check['bins']} p={stats.format_p(check['p_value'])}; "
+          f"two-sample: chi2={check['two_sample_statistic']:.2f} "
+          f"p={stats.format_p(check['two_sample_p_value'])} -> "
+          f"{check['verdict'].upper()} at alpha={check['alpha']:g}")
 
 
 def _plot(record, path):
-  import matplotlib  # pylint: disable=g-import-not-at-top
+  """Acceptance by position, the time split and the check (a PNG)."""
+  # Matplotlib logs "building the font cache" once per fresh install.
+  logging.getLogger("matplotlib").setLevel(logging.ERROR)
+  # pylint: disable=g-import-not-at-top
+  import matplotlib
   matplotlib.use("Agg")
-  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  import matplotlib.pyplot as plt
+  from dyadic_jax.testing import stats
+  # pylint: enable=g-import-not-at-top
   check = record.get("distribution_check")
   fig, axes = plt.subplots(1, 3 if check else 2, figsize=(
-      15 if check else 10, 4))
+      16 if check else 11, 4.5))
   acc = [a or 0.0 for a in record["acceptance_by_position"]]
   axes[0].bar(range(1, len(acc) + 1), acc, color="tab:blue")
   axes[0].set(title="acceptance by draft position", xlabel="position i",
               ylabel="P(accept x_i | x_1..x_{i-1} accepted)", ylim=(0, 1))
   t = record["time_s"]
-  names = ["draft", "bridge", "verification"]
-  axes[1].bar(names, [t[n] for n in names], color="tab:orange")
-  axes[1].set(title=f"time split (wall {t['wall']:.1f} s)", ylabel="s")
+  names = list(t["split"])
+  axes[1].bar(names, [t["split"][n] for n in names], color="tab:orange")
+  axes[1].set(title=f"time split: bars add up to the wall time "
+              f"({t['wall']:.1f} s)", ylabel="s")
+  plt.setp(axes[1].get_xticklabels(), rotation=35, ha="right")
   if check:
     v = range(len(check["expected"]))
     n = check["samples"]
@@ -523,7 +852,7 @@ def _plot(record, path):
     axes[2].bar([x + 0.2 for x in v], [s / n for s in check["target_only"]],
                 0.4, label="target-only")
     axes[2].plot(list(v), check["expected"], "k.", label="exact P/T")
-    axes[2].set(title=f"first token, p={check['p_value']:.3f} "
+    axes[2].set(title=f"first token, p={stats.format_p(check['p_value'])} "
                 f"({check['verdict']})", xlabel="token")
     axes[2].legend()
   c = record["config"]
@@ -535,120 +864,134 @@ def _plot(record, path):
   plt.close(fig)
 
 
-def _follower(argv):
-  del argv
+# -- main --------------------------------------------------------------------
+
+
+def _quiet_jax_logs():
+  # absl shows INFO records; JAX logs its backend probe ("Unable to
+  # initialize backend 'tpu'") and the distributed service at INFO.
+  logging.getLogger("jax").setLevel(logging.WARNING)
+
+
+def _follower():
+  """Rank 1 of --multiprocess: runs the leader's plans (no transport)."""
+  config = _config()
   jax = _setup_jax(True, _RANK.value, _COORDINATOR.value)
-  caps = _capabilities(_vocab())
   from dyadic_jax.bridge import ranks  # pylint: disable=g-import-not-at-top
-  share = ranks.plan_broadcast(caps)
-  verifier = _build_verifier(jax, caps, _WORKER_ADDRESS.value, share, {},
-                             None)
-  rounds = verifier.follow()
-  logging.info("follower rank %d ran %d rounds", _RANK.value, rounds)
+  share = ranks.plan_broadcast(config.capabilities())
+  verifier = _build_verifier(jax, config, None, share,
+                             _Stopwatch(time.perf_counter()))
+  verifier.follow()
   jax.distributed.shutdown()
 
 
-def main(argv):
-  # absl shows INFO records; JAX's backend probe logs "Unable to initialize
-  # backend 'tpu'" at INFO on every machine without a TPU.
-  import logging as std_logging  # pylint: disable=g-import-not-at-top
-  std_logging.getLogger("jax._src.xla_bridge").setLevel(std_logging.WARNING)
+def main(argv: list[str]) -> int | None:
+  del argv
+  _quiet_jax_logs()
   if _RANK.value:
-    return _follower(argv)
-  if not _MULTIPROCESS.value and "force_host_platform_device_count" not in (
-      os.environ.get("XLA_FLAGS", "")):
-    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
-                               " --xla_force_host_platform_device_count="
-                               f"{_DEVICES.value}").strip()
-  vocab = _vocab()
-  if _Q.value == "sparse" and not 1 <= _k(vocab) <= vocab:
-    raise app.UsageError(f"--k must be in [1, {vocab}]")
-  import tempfile  # pylint: disable=g-import-not-at-top
-  tmp = tempfile.mkdtemp(prefix="pp1-")
-  start = time.time()
-  keys_dir, temp_keys = _KEYS_DIR.value, None
-  if _INSECURE.value:
-    print(_INSECURE_WARNING, file=sys.stderr, flush=True)
-  elif keys_dir is None:   # one command stays one command: throwaway keys
-    from dyadic_jax.bridge import keys as keys_lib  # pylint: disable=g-import-not-at-top
-    temp_keys = keys_lib.temporary()
-    keys_dir = str(temp_keys.path)
-  worker, worker_address = _start_worker(vocab, tmp, keys_dir)
-  follower = proxy = jax = None
-  coordinator = f"127.0.0.1:{_free_port()}"
+    return _follower()
+  with tempfile.TemporaryDirectory(prefix="pp1-") as tmp:
+    try:
+      return _lead(tmp)
+    except _ChildFailed as e:
+      sys.stderr.write(f"{cli.program()}: {e}\n")
+      return 1
+
+
+def _lead(tmp):
+  """The leader rank: the whole run, its record and its outputs."""
+  config = _config()
+  if config.insecure:
+    print(pipeline_config.INSECURE_WARNING, file=sys.stderr, flush=True)
+  elif config.keys_dir is None:
+    # One command stays one command: a throwaway key set, removed with tmp.
+    from dyadic_jax.bridge import keys  # pylint: disable=g-import-not-at-top
+    config = dataclasses.replace(config, keys_dir=str(keys.make(
+        os.path.join(tmp, "keys"))))
+  watch = _Stopwatch(_START)
+  multiprocess = _MULTIPROCESS.value
+  workers, follower, proxy, jax = [], None, None, None
   try:
-    if _MULTIPROCESS.value:
-      follower = subprocess.Popen(
-          [sys.executable, "-m", "experiments.pp1_pipeline", "--rank=1",
-           f"--coordinator={coordinator}",
-           f"--worker_address={worker_address}"] + [
-               a for a in sys.argv[1:] if not a.startswith("--rank")],
-          cwd=_ROOT, env=_child_env(), stdout=subprocess.DEVNULL)
-    jax = _setup_jax(_MULTIPROCESS.value, 0, coordinator)
-    caps = _capabilities(vocab)
-    address = worker_address
-    if _FAULTS.value > 0:
-      from dyadic_jax.testing import proxy as proxy_lib  # pylint: disable=g-import-not-at-top
-      proxy = proxy_lib.Proxy("tcp://127.0.0.1:0", worker_address,
-                              rate=_FAULTS.value, seed=_SEED.value,
-                              deadline_s=_TIMEOUT.value).start()
-      address = proxy.address
-    share = None
-    if _MULTIPROCESS.value:
-      from dyadic_jax.bridge import ranks  # pylint: disable=g-import-not-at-top
-      share = ranks.plan_broadcast(caps)
-    timer = {}
-    verifier = _build_verifier(jax, caps, address, share, timer, keys_dir)
-    verifier.open()
-    # Every round: STEP out to COMMIT (draft + bridge + verification).
-    real_round = verifier.round
-
-    def timed_round(*args):
-      t0 = time.perf_counter()
-      out = real_round(*args)
-      timer["exchange"] = timer.get("exchange", 0.0) + (
-          time.perf_counter() - t0)
-      return out
-    verifier.round = timed_round
+    with watch.phase("start-up"):
+      if not multiprocess and "force_host_platform_device_count" not in (
+          os.environ.get("XLA_FLAGS", "")):
+        os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
+                                   " --xla_force_host_platform_device_count="
+                                   f"{_DEVICES.value}").strip()
+      # The worker starts (and compiles) while this process does the same.
+      on_death = lambda: _cleanup(workers, tmp)
+      workers.append(_Worker(config, tmp, on_death))
+      coordinator = f"127.0.0.1:{_free_port()}"
+      if multiprocess:
+        log = os.path.join(tmp, "follower.log")
+        with open(log, "w") as out:
+          follower = subprocess.Popen(
+              [sys.executable, "-m", "experiments.pp1_pipeline", "--rank=1",
+               f"--coordinator={coordinator}"] + [
+                   a for a in sys.argv[1:] if not a.startswith("--rank")],
+              cwd=_ROOT, env=_child_env(), stdout=out,
+              stderr=subprocess.STDOUT, preexec_fn=_die_with_parent)
+        # A follower that dies would leave the rendezvous waiting.
+        _watch(follower, log, "follower rank", on_death)
+      # gloo prints "[Gloo] Rank 0 is connected ..." on stdout.
+      with (_stdout_to_devnull() if multiprocess
+            else contextlib.nullcontext()):
+        jax = _setup_jax(multiprocess, 0, coordinator)
+        caps = config.capabilities()
+        share = None
+        if multiprocess:
+          from dyadic_jax.bridge import ranks  # pylint: disable=g-import-not-at-top
+          share = ranks.plan_broadcast(caps)
+        verifier = _build_verifier(jax, config, None, share, watch)
+      if follower:
+        follower.watched = False
+    with watch.phase("worker start-up"):
+      address = workers[0].wait_ready()
+      if _FAULTS.value > 0:
+        from dyadic_jax.testing import proxy as proxy_lib  # pylint: disable=g-import-not-at-top
+        proxy = proxy_lib.Proxy("tcp://127.0.0.1:0", address,
+                                rate=_FAULTS.value, seed=_SEED.value,
+                                deadline_s=_TIMEOUT.value).start()
+        address = proxy.address
+      verifier.address = address
+      verifier.open()
+    # Every exchange (STEP out to replies validated): the draft + the bridge.
+    verifier._exchange = watch.timed(  # pylint: disable=protected-access
+        "exchange", verifier._exchange)  # pylint: disable=protected-access
     check = None
+    with watch.phase("rounds"):
+      if _CHECK.value:
+        first, run = _check(verifier, caps, _Progress(
+            _CHECK_SAMPLES.value - _CHECK_SAMPLES.value % caps.max_requests,
+            "check"))
+      else:
+        drill = (_drill(verifier, workers, config, tmp, watch, on_death)
+                 if _KILL_AT.value else None)
+        run = _generate(verifier, caps, _Progress(
+            _TOKENS.value * caps.max_requests, "tokens"), drill)
     if _CHECK.value:
-      first, results = _check(verifier, caps, _Progress(
-          _CHECK_SAMPLES.value, "check"))
-      check = _distribution_check(first, caps, _SEED.value)
-    else:
-      workers = [worker]
-
-      def drill(rounds):
-        if rounds != _KILL_AT.value:
-          return []
-        workers[0].kill()
-        workers[0].wait()
-        # One round runs against nobody, then the supervisor restarts it.
-        lost = verifier.round(list(range(caps.max_requests)))
-        workers[0], _ = _start_worker(vocab, tmp, keys_dir, worker_address)
-        logging.info("fault drill: worker killed and restarted")
-        return lost
-
-      results = _generate(verifier, caps, _Progress(
-          _TOKENS.value * caps.max_requests, "tokens"),
-                          on_round=drill if _KILL_AT.value else None)
-      worker = workers[0]
-    verifier.stop_followers()
-    verifier.close()
+      with watch.phase("distribution check"):
+        check = _distribution_check(first, config)
+    with watch.phase("shutdown"):
+      verifier.stop_followers()
+      verifier.close()
   finally:
-    worker_stats = _stop_worker(worker)
-    if temp_keys is not None:
-      temp_keys.cleanup()
-    import shutil  # pylint: disable=g-import-not-at-top
-    shutil.rmtree(tmp, ignore_errors=True)
-    if proxy:
-      proxy.stop()
-    if follower:
-      # The shutdown is a barrier with the follower's own: before the wait.
-      jax.distributed.shutdown()
-      follower.wait(timeout=120)
-  record = _summarize(results, verifier, caps, worker_stats, proxy, timer,
-                      time.time() - start, check)
+    with watch.phase("shutdown"):
+      worker_stats = workers[-1].stop() if workers else {}
+      if proxy:
+        proxy.stop()
+      if follower:
+        follower.watched = False
+        if jax is not None:
+          # A barrier with the follower's own shutdown: before the wait.
+          jax.distributed.shutdown()
+        try:
+          follower.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+          follower.kill()
+  watch.stop()
+  record = _summarize(run, verifier, config, worker_stats, proxy, watch,
+                      check)
   _print_summary(record)
   if _JSON_OUT.value:
     with open(_JSON_OUT.value, "w") as f:
@@ -662,5 +1005,30 @@ def main(argv):
   return 0
 
 
+def _cleanup(workers, tmp):
+  """Last-resort cleanup before an abrupt exit: no orphan, no /tmp litter."""
+  for w in workers:
+    if w.proc.poll() is None:
+      w.kill()
+  shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _drill(verifier, workers, config, tmp, watch, on_death):
+  """The --kill_worker_at fault drill (a `_generate` hook)."""
+
+  def drill(rounds, live):
+    if rounds != _KILL_AT.value or not live:
+      return []
+    workers[-1].kill()
+    # One round runs against nobody, then the supervisor restarts it.
+    lost = verifier.round(live)
+    with watch.phase("worker restart"):
+      workers.append(_Worker(config, tmp, on_death, workers[-1].address))
+      workers[-1].wait_ready()
+    logging.info("fault drill: worker killed and restarted")
+    return lost
+  return drill
+
+
 if __name__ == "__main__":
-  app.run(main)
+  cli.run(main)

@@ -5,7 +5,8 @@
 Expected runtime: 20-30 s on a 2-core CPU at the default V = 129280 and
 --check_samples=2000 (most of it compilation); smaller --vocab is faster.
 
-The round (DESIGN.md section 1, steps 1 and 3, without the wire):
+The round (docs/architecture.md, "One round": the worker's and the
+verifier's steps, without the wire):
 
 1. Draft: for i = 1..D, draft logits of the position after x_{i-1} (x_0 is
    the committed prefix token), `draft_weights`, `allocate_sparse` (top-k),
@@ -23,46 +24,70 @@ The exit status is 1 when either test rejects at --alpha.
 
 import json
 import logging
+import typing
 
-from absl import app
 from absl import flags
+
+from experiments import cli
+
+_VOCAB = flags.DEFINE_integer(
+    "vocab", cli.DEFAULT_VOCAB, f"Vocabulary size V of the toy target and "
+    f"draft, 2..{cli.MAX_VOCAB}.", lower_bound=2, upper_bound=cli.MAX_VOCAB)
+_DEPTH = flags.DEFINE_integer(
+    "depth", 5, "Draft depth D: tokens proposed in the round, 1..64.",
+    lower_bound=1, upper_bound=64)
+_K = flags.DEFINE_integer(
+    "k", 32, "Sparse draft support: top-k tokens per proposal row, in "
+    "[1, V].", lower_bound=1)
+_SEED = flags.DEFINE_integer(
+    "seed", 0, "Request seed of the RNG key schedule, in [0, 2^31) (the toy "
+    "models always use their own fixed seed).", lower_bound=0,
+    upper_bound=(1 << 31) - 1)
+_CLOSENESS = flags.DEFINE_float(
+    "closeness", 0.9, "Draft closeness to the target in [0, 1]; 1 makes the "
+    "draft logits equal to the target's.")
+_PREFIX_TOKEN = flags.DEFINE_integer(
+    "prefix_token", 0, "Committed token x_0 the round starts after, in "
+    "[0, V).", lower_bound=0)
+_CHECK_SAMPLES = flags.DEFINE_integer(
+    "check_samples", 2000, "Independent rounds (and target-only samples) in "
+    "the empirical check, 0..10^6; 0 skips it.", lower_bound=0,
+    upper_bound=1_000_000)
+_ALPHA = flags.DEFINE_float(
+    "alpha", 1e-3, "Significance level of the chi-square tests, in (0, 1) "
+    "(their false failure rate for a correct implementation).")
+_JSON_OUT = flags.DEFINE_string(
+    "json_out", None, "Optional path for a JSON record of the round and the "
+    "check.")
+
+cli.check(["k", "vocab"], lambda k, vocab: k <= vocab,
+          "--k must be <= --vocab")
+cli.check(["prefix_token", "vocab"],
+          lambda prefix_token, vocab: prefix_token < vocab,
+          "--prefix_token must be < --vocab")
+cli.check("closeness", lambda c: 0.0 <= c <= 1.0,
+          "--closeness must be a number in [0, 1]")
+cli.check("alpha", cli.in_open_unit, "--alpha must be in (0, 1)")
+cli.check_output_path("json_out")
+cli.parse_flags_early(__name__)
+
+# pylint: disable=g-import-not-at-top,g-bad-import-order,wrong-import-position
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 import dyadic_jax as dj
-from experiments import chi2
-from experiments import toy_models
-
-_VOCAB = flags.DEFINE_integer(
-    "vocab", dj.DEFAULT_VOCAB, "Vocabulary size V of the toy target and draft.")
-_DEPTH = flags.DEFINE_integer(
-    "depth", 5, "Draft depth D: tokens proposed in the round.")
-_K = flags.DEFINE_integer(
-    "k", 32, "Sparse draft support: top-k tokens per proposal row.")
-_SEED = flags.DEFINE_integer(
-    "seed", 0, "Request seed of the RNG key schedule (the toy models always "
-    "use their own fixed seed).")
-_CLOSENESS = flags.DEFINE_float(
-    "closeness", 0.9, "Draft closeness to the target in [0, 1]; 1 makes the "
-    "draft logits equal to the target's.")
-_PREFIX_TOKEN = flags.DEFINE_integer(
-    "prefix_token", 0, "Committed token x_0 the round starts after.")
-_CHECK_SAMPLES = flags.DEFINE_integer(
-    "check_samples", 2000, "Independent rounds (and target-only samples) in "
-    "the empirical check; 0 skips it.")
-_ALPHA = flags.DEFINE_float(
-    "alpha", 1e-3, "Significance level of the chi-square tests (their false "
-    "failure rate for a correct implementation).")
-_JSON_OUT = flags.DEFINE_string(
-    "json_out", None, "Optional path for a JSON record of the round and the "
-    "check.")
+from dyadic_jax.testing import stats
+from dyadic_jax.testing import toy_models
+# pylint: enable=g-import-not-at-top,g-bad-import-order,wrong-import-position
 
 _TOP = 10          # histogram bins: the top target tokens, then "other"
 _CHECK_BATCH = 50  # rounds per vmapped chunk: bounds the [B, 2, V] buffers
 
 
-def propose(toy, key, prefix_token, *, depth, k, anchor):
+def propose(toy: toy_models.ToyModel, key: jax.Array, prefix_token: int, *,
+            depth: int, k: int, anchor: int
+            ) -> tuple[jax.Array, jax.Array, dj.SparseQ, jax.Array]:
   """Draws x_1..x_D from sparse dyadic draft rows (worker side).
 
   Returns (tokens int32[D], slots int32[D], q, status int32[D]): slots[i]
@@ -88,31 +113,37 @@ def propose(toy, key, prefix_token, *, depth, k, anchor):
   return jnp.stack(tokens), jnp.stack(slots), q, jnp.stack(status)
 
 
-def chain_target_logits(toy, prefix_token, tokens):
+def chain_target_logits(toy: toy_models.ToyModel, prefix_token: int,
+                        tokens: jax.Array) -> jax.Array:
   """Target logits f32[D+1, V] for the positions of x_1..x_D and the bonus."""
   prev = jnp.concatenate([jnp.asarray([prefix_token], jnp.int32), tokens])
   return toy_models.target_logits(toy, prev)
 
 
-def first_emitted(toy, prefix_token, q_row, key, *, anchor):
+def first_emitted(toy: toy_models.ToyModel, prefix_token: int,
+                  q_row: tuple[jax.Array, jax.Array, jax.Array],
+                  key: jax.Array, *, anchor: int) -> jax.Array:
   """First emitted token of a D = 1 round (the drafted one if accepted)."""
   ids, counts, n = q_row
   u = dj.draw24(dj.draw_key(key, anchor, dj.Domain.PROPOSAL))
   x1 = ids[dj.sample_counts(counts, u)]
   tl = chain_target_logits(toy, prefix_token, x1[None])
   q = dj.SparseQ(ids[None], counts[None], n[None])
-  accepted, token = dj.verify_chain(tl, q, x1[None], key, anchor=anchor)
+  accepted, token, *_ = dj.verify_chain(tl, q, x1[None], key, anchor=anchor)
   return jnp.where(accepted > 0, x1, token)
 
 
-def histogram(tokens, top_ids):
+def histogram(tokens: jax.typing.ArrayLike,
+              top_ids: np.ndarray) -> np.ndarray:
   """Counts of each of top_ids, then of everything else."""
   tokens = np.asarray(tokens)
   hits = [int(np.sum(tokens == t)) for t in top_ids]
   return np.array(hits + [tokens.size - sum(hits)], np.int64)
 
 
-def run_check(toy, prefix_token, *, k, seed, anchor, samples, alpha):
+def run_check(toy: toy_models.ToyModel, prefix_token: int, *, k: int,
+              seed: int, anchor: int, samples: int,
+              alpha: float) -> dict[str, typing.Any]:
   """Speculative first token vs target-only sampling; prints a table."""
   t0 = toy_models.target_logits(toy, prefix_token)
   w, _ = dj.draft_weights(toy_models.draft_logits(toy, prefix_token))
@@ -157,32 +188,26 @@ def run_check(toy, prefix_token, *, k, seed, anchor, samples, alpha):
           f"{t:7d} {t / samples:7.4f}")
     rows.append({"token": label, "expected": e, "speculative": int(s),
                  "target_only": int(t)})
-  stat2, dof2, p2 = chi2.two_sample(spec_hist, target_hist)
-  stat1, dof1, p1 = chi2.goodness_of_fit(spec_hist, expected)
+  stat2, dof2, p2 = stats.two_sample(spec_hist, target_hist)
+  stat1, dof1, p1 = stats.goodness_of_fit(spec_hist, expected)
   verdict = lambda p: "consistent" if p >= alpha else "REJECTED"
   print(f"  two-sample chi2 (speculative vs target-only): stat={stat2:.2f} "
-        f"dof={dof2} p={p2:.4f} -> {verdict(p2)} at alpha={alpha:g}")
+        f"dof={dof2} p={stats.format_p(p2)} -> {verdict(p2)} at alpha={alpha:g}")
   print(f"  goodness of fit (speculative vs exact P/T):   stat={stat1:.2f} "
-        f"dof={dof1} p={p1:.4f} -> {verdict(p1)} at alpha={alpha:g}")
+        f"dof={dof1} p={stats.format_p(p1)} -> {verdict(p1)} at alpha={alpha:g}")
   return {"samples": samples, "alpha": alpha, "bins": rows,
           "two_sample": {"stat": stat2, "dof": dof2, "p": p2},
           "goodness_of_fit": {"stat": stat1, "dof": dof1, "p": p1},
           "passed": bool(p2 >= alpha and p1 >= alpha)}
 
 
-def main(argv):
+def main(argv: list[str]) -> int:
   del argv
   # absl shows INFO records; JAX's backend probe logs "Unable to initialize
   # backend 'tpu'" at INFO on every machine without a TPU.
   logging.getLogger("jax._src.xla_bridge").setLevel(logging.WARNING)
   config = toy_models.ToyConfig(vocab=_VOCAB.value,
                                 closeness=_CLOSENESS.value)
-  if not 1 <= _K.value <= config.vocab:
-    raise app.UsageError(f"--k must be in [1, {config.vocab}]")
-  if _DEPTH.value < 1:
-    raise app.UsageError("--depth must be >= 1")
-  if not 0 <= _PREFIX_TOKEN.value < config.vocab:
-    raise app.UsageError(f"--prefix_token must be in [0, {config.vocab})")
   toy = toy_models.make_toy(config)
   prefix, depth, k = _PREFIX_TOKEN.value, _DEPTH.value, _K.value
   anchor = 1  # x_0 sits at position 0; x_1 is decided at position 1
@@ -210,7 +235,8 @@ def main(argv):
                      "count": c, "q": c / dj.M, "p": float(p_x[i]),
                      "support": n})
 
-  accepted, next_token = dj.verify_chain(tl, q, tokens, key, anchor=anchor)
+  accepted, next_token, *_ = dj.verify_chain(tl, q, tokens, key,
+                                             anchor=anchor)
   accepted, next_token = int(accepted), int(next_token)
   if next_token < 0:
     raise RuntimeError("verify_chain refused the round (bad target row or q)")
@@ -219,7 +245,7 @@ def main(argv):
   print(f"Verified: accepted {accepted}/{depth}, next token {next_token} "
         f"({kind}), emitted {emitted}")
 
-  record = {"vocab": config.vocab, "depth": depth, "k": k,
+  record: dict[str, typing.Any] = {"vocab": config.vocab, "depth": depth, "k": k,
             "closeness": config.closeness, "seed": _SEED.value,
             "prefix_token": prefix, "proposed": proposed,
             "accepted": accepted, "next_token": next_token,
@@ -237,4 +263,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  cli.run(main)

@@ -6,9 +6,10 @@
 Expected runtime: about 10 s on a 2-core CPU with the defaults (--samples
 20000); most of it is XLA compilation.
 
-(a) The toy of DESIGN.md section 6: q = p uniform on {0, 1}. Fixed depth
-always verifies x_1 (`dj.verify_chain`); the inspecting admission keeps x_1
-only if it is 0 and otherwise falls back to the target-only sampler
+(a) The selection-bias toy (docs/architecture.md, "Admission"): q = p
+uniform on {0, 1}. Fixed depth always verifies x_1 (`dj.verify_chain`); the
+inspecting admission keeps x_1 only if it is 0 and otherwise falls back to
+the target-only sampler
 (`dj.sample_target`). Exact output distributions from the oracle
 (`reference.selection_bias_toy`: [3/4, 1/4] vs [1/2, 1/2]) beside the
 library's empirical frequencies (fixed keys) with Clopper-Pearson
@@ -64,9 +65,43 @@ import fractions
 import json
 import logging
 import time
+import typing
 
-from absl import app
 from absl import flags
+
+from experiments import cli
+
+_SAMPLES = flags.DEFINE_integer(
+    "samples", 20000, "Draws (one round key each) per empirical "
+    "distribution, in (a) per admission and in (b) shared by all policies "
+    "(2..10^7).", lower_bound=2, upper_bound=10_000_000)
+_SEED = flags.DEFINE_integer(
+    "seed", 0, "Request seed of the round keys (fixed: reproducible), in "
+    "[0, 2^31).", lower_bound=0, upper_bound=(1 << 31) - 1)
+_THRESHOLD = flags.DEFINE_string(
+    "threshold", "1/2", "Confidence threshold of the confidence-scheduled "
+    "policies in (b), as a fraction in [0, 1] (e.g. 1/2).")
+_CI_LEVEL = flags.DEFINE_float(
+    "ci_level", 0.999, "Confidence level of the Clopper-Pearson intervals "
+    "printed for (a), in (0, 1).")
+_ALPHA = flags.DEFINE_float(
+    "alpha", 1e-6, "Level of the chi-square tests in (b), in (0, 1): the "
+    "probability that a correct comparison rejects over the choice of keys.")
+_JSON_OUT = flags.DEFINE_string(
+    "json_out", None, "Optional path for a JSON record (exact values as "
+    "fraction strings).")
+_PLOT_OUT = flags.DEFINE_string(
+    "plot_out", None, "Optional path for a PNG plot (matplotlib Agg).")
+
+cli.check("threshold", lambda t: cli.fraction_in(t, 0, 1),
+          "--threshold must be a fraction in [0, 1], e.g. 1/2")
+cli.check("ci_level", cli.in_open_unit, "--ci_level must be in (0, 1)")
+cli.check("alpha", cli.in_open_unit, "--alpha must be in (0, 1)")
+cli.check_output_path("json_out")
+cli.check_output_path("plot_out")
+cli.parse_flags_early(__name__)
+
+# pylint: disable=g-import-not-at-top,g-bad-import-order,wrong-import-position
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -74,29 +109,10 @@ import scipy.stats
 
 import dyadic_jax as dj
 from dyadic_jax import reference
-from experiments import chi2
+from dyadic_jax.testing import stats
+# pylint: enable=g-import-not-at-top,g-bad-import-order,wrong-import-position
 
 F = fractions.Fraction
-
-_SAMPLES = flags.DEFINE_integer(
-    "samples", 20000, "Draws (one round key each) per empirical "
-    "distribution, in (a) per admission and in (b) shared by all policies.")
-_SEED = flags.DEFINE_integer(
-    "seed", 0, "Request seed of the round keys (fixed: reproducible).")
-_THRESHOLD = flags.DEFINE_string(
-    "threshold", "1/2", "Confidence threshold of the confidence-scheduled "
-    "policies in (b), as a fraction (e.g. 1/2).")
-_CI_LEVEL = flags.DEFINE_float(
-    "ci_level", 0.999, "Confidence level of the Clopper-Pearson intervals "
-    "printed for (a).")
-_ALPHA = flags.DEFINE_float(
-    "alpha", 1e-6, "Level of the chi-square tests in (b): the probability "
-    "that a correct comparison rejects over the choice of keys.")
-_JSON_OUT = flags.DEFINE_string(
-    "json_out", None, "Optional path for a JSON record (exact values as "
-    "fraction strings).")
-_PLOT_OUT = flags.DEFINE_string(
-    "plot_out", None, "Optional path for a PNG plot (matplotlib Agg).")
 
 _ANCHOR = 1  # x_0 sits at position 0; x_1 is decided at position 1
 
@@ -119,19 +135,20 @@ Q2 = [[F(1, 2), F(1, 4), F(1, 8), F(1, 8)],
 P3 = [F(1, 4)] * 4
 
 
-def frac_str(xs):
+def frac_str(xs: typing.Iterable[F]) -> list[str]:
   return [str(x) for x in xs]
 
 
-def total_variation(a, b):
-  return sum(abs(F(x) - F(y)) for x, y in zip(a, b)) / 2
+def total_variation(a: typing.Sequence[typing.Any],
+                    b: typing.Sequence[typing.Any]) -> F:
+  return sum((abs(F(x) - F(y)) for x, y in zip(a, b)), F(0)) / 2
 
 
 # ---------------------------------------------------------------------------
 # Policies: depth(x_1, x_2) in {0, 1, 2}, and legal ones as StoppingRules.
 
 
-def confidence(x1):
+def confidence(x1: int) -> F:
   """The draft's confidence at position 2: max_v q2(v | x_1)."""
   return max(Q2[x1])
 
@@ -148,7 +165,7 @@ class ConfidenceRule:
     return ctx.position == 1 and confidence(ctx.drafted[0]) >= self.threshold
 
 
-def policies(threshold):
+def policies(threshold: F) -> dict[str, typing.Any]:
   """name -> (depth(x1, x2), StoppingRule or None when it inspects x_i)."""
   return {
       "fixed_depth_1": (lambda x1, x2: 1, dj.FixedDepth(depth=1)),
@@ -167,7 +184,7 @@ def policies(threshold):
 # Exact enumeration (depth <= 2) under the standard rule, in Fractions.
 
 
-def step(p, q, x):
+def step(p: list[F], q: list[F], x: int) -> tuple[F, list[F]]:
   """(P(accept x), residual distribution) of one verification step."""
   accept = min(F(1), p[x] / q[x])
   residual = [max(a - b, F(0)) for a, b in zip(p, q)]
@@ -176,12 +193,13 @@ def step(p, q, x):
   return accept, [r / mass if mass else F(0) for r in residual]
 
 
-def target_joint():
+def target_joint() -> list[list[F]]:
   """p1(t1) p2(t2 | t1) as a V x V table."""
   return [[P1[a] * P2[a][b] for b in range(len(P1))] for a in range(len(P1))]
 
 
-def exact_joint(depth_of):
+def exact_joint(depth_of: typing.Callable[[int, int], int]
+                ) -> list[list[F]]:
   """Exact joint distribution of (t1, t2) under a policy."""
   v = len(P1)
   out = [[F(0)] * v for _ in range(v)]
@@ -214,30 +232,30 @@ def exact_joint(depth_of):
   return out
 
 
-def marginals(joint):
+def marginals(joint: list[list[F]]) -> tuple[list[F], list[F]]:
   v = len(joint)
-  return ([sum(joint[a]) for a in range(v)],
-          [sum(joint[a][b] for a in range(v)) for b in range(v)])
+  return ([sum(joint[a], F(0)) for a in range(v)],
+          [sum((joint[a][b] for a in range(v)), F(0)) for b in range(v)])
 
 
 # ---------------------------------------------------------------------------
 # The library side.
 
 
-def logits_of(p):
+def logits_of(p: typing.Sequence[F]) -> np.ndarray:
   """float32 logits whose softmax is p (all p > 0 here)."""
   return np.log(np.asarray([float(x) for x in p], np.float64)).astype(
       np.float32)
 
 
-def counts_of(q):
+def counts_of(q: typing.Sequence[F]) -> np.ndarray:
   """Exact dyadic counts of a q whose entries are multiples of 2^-24."""
   counts = [x * dj.M for x in q]
   assert all(c.denominator == 1 for c in counts) and sum(counts) == dj.M
   return np.asarray([int(c) for c in counts], np.int32)
 
 
-def toy_a_library(samples, seed):
+def toy_a_library(samples: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
   """(fixed-depth outputs, inspecting outputs) of the 3/4-vs-1/2 toy."""
   logits = jnp.asarray(logits_of([F(1, 2)] * 2)[None].repeat(2, 0))
   counts = jnp.asarray(counts_of([F(1, 2)] * 2)[None])
@@ -246,8 +264,8 @@ def toy_a_library(samples, seed):
     key = dj.round_key(seed, 0, r)
     x1 = dj.sample_counts(counts[0], dj.draw24(
         dj.draw_key(key, _ANCHOR, dj.Domain.PROPOSAL)))
-    accepted, token = dj.verify_chain(logits, dj.DenseQ(counts), x1[None],
-                                      key, anchor=_ANCHOR)
+    accepted, token, *_ = dj.verify_chain(
+        logits, dj.DenseQ(counts), x1[None], key, anchor=_ANCHOR)
     fixed = jnp.where(accepted > 0, x1, token)
     # The inspecting scheduler looked at x_1 and dropped it unless it was 0.
     fallback, _ = dj.sample_target(
@@ -258,7 +276,7 @@ def toy_a_library(samples, seed):
   return np.asarray(fixed), np.asarray(inspecting)
 
 
-def toy_b_draws(samples, seed):
+def toy_b_draws(samples: int, seed: int) -> dict[str, np.ndarray]:
   """Per sample: x1, x2, both verifications, target-only tokens.
 
   Returns a dict of numpy arrays: x1, x2; acc1, tok1 (depth-1 chain);
@@ -277,11 +295,12 @@ def toy_b_draws(samples, seed):
     u = lambda i: dj.draw24(dj.draw_key(key, _ANCHOR + i, dj.Domain.PROPOSAL))
     x1 = dj.sample_counts(c1, u(0))
     x2 = dj.sample_counts(c2[x1], u(1))
-    acc1, tok1 = dj.verify_chain(jnp.stack([l1, l2[x1]]), dj.DenseQ(c1[None]),
-                                 x1[None], key, anchor=_ANCHOR)
-    acc2, tok2 = dj.verify_chain(jnp.stack([l1, l2[x1], l3]),
-                                 dj.DenseQ(jnp.stack([c1, c2[x1]])),
-                                 jnp.stack([x1, x2]), key, anchor=_ANCHOR)
+    acc1, tok1, *_ = dj.verify_chain(
+        jnp.stack([l1, l2[x1]]), dj.DenseQ(c1[None]), x1[None], key,
+        anchor=_ANCHOR)
+    acc2, tok2, *_ = dj.verify_chain(
+        jnp.stack([l1, l2[x1], l3]), dj.DenseQ(jnp.stack([c1, c2[x1]])),
+        jnp.stack([x1, x2]), key, anchor=_ANCHOR)
     only1, _ = dj.sample_target(
         l1, dj.draw_key(key, _ANCHOR, dj.Domain.TARGET_ONLY))
     # The next round (generation 1 of the same request), target-only.
@@ -295,7 +314,8 @@ def toy_b_draws(samples, seed):
   return {k: np.asarray(a) for k, a in out.items()}
 
 
-def committed_pairs(draws, depths):
+def committed_pairs(draws: dict[str, np.ndarray], depths: np.ndarray
+                    ) -> tuple[np.ndarray, np.ndarray]:
   """(t1, t2) per sample given each sample's depth in {0, 1, 2}."""
   n = len(depths)
   rows = np.arange(n)
@@ -316,7 +336,8 @@ def committed_pairs(draws, depths):
   return t1, t2
 
 
-def depths_of(name, depth_of, rule, x1, x2):
+def depths_of(name: str, depth_of: typing.Callable[[int, int], int],
+              rule: typing.Any, x1: np.ndarray, x2: np.ndarray) -> np.ndarray:
   """Per-sample depths; legal policies go through dj.draft_chain."""
   if rule is None:  # built outside the interface on purpose: it sees x_i
     return np.asarray([depth_of(a, b) for a, b in zip(x1, x2)])
@@ -333,7 +354,7 @@ def depths_of(name, depth_of, rule, x1, x2):
   return depths
 
 
-def clopper_pearson(k, n, level):
+def clopper_pearson(k: int, n: int, level: float) -> tuple[float, float]:
   lo = scipy.stats.beta.ppf((1 - level) / 2, k, n - k + 1) if k else 0.0
   hi = scipy.stats.beta.isf((1 - level) / 2, k + 1, n - k) if k < n else 1.0
   return float(lo), float(hi)
@@ -342,7 +363,7 @@ def clopper_pearson(k, n, level):
 # ---------------------------------------------------------------------------
 
 
-def part_a(samples, seed, level):
+def part_a(samples: int, seed: int, level: float) -> dict[str, typing.Any]:
   exact = reference.selection_bias_toy()
   fixed, inspecting = toy_a_library(samples, seed)
   print(f"(a) q = p uniform on {{0, 1}}: P(first token = 0), {samples} "
@@ -364,7 +385,8 @@ def part_a(samples, seed, level):
   return out
 
 
-def part_b(samples, seed, threshold, alpha):
+def part_b(samples: int, seed: int, threshold: F,
+           alpha: float) -> tuple[dict[str, typing.Any], bool]:
   v = len(P1)
   target = target_joint()
   target_flat = [x for row in target for x in row]
@@ -386,8 +408,8 @@ def part_b(samples, seed, threshold, alpha):
     observed = np.bincount(t1 * v + t2, minlength=v * v)
     emp = observed / samples
     flat = [x for row in joint for x in row]
-    _, _, p_exact = chi2.goodness_of_fit(observed, flat)
-    _, dof, p_target = chi2.goodness_of_fit(observed, target_flat)
+    _, _, p_exact = stats.goodness_of_fit(observed, flat)
+    _, dof, p_target = stats.goodness_of_fit(observed, target_flat)
     tv = total_variation(flat, target_flat)
     tv1 = total_variation(first, t_first)
     tv2 = total_variation(second, t_second)
@@ -425,7 +447,7 @@ def part_b(samples, seed, threshold, alpha):
   return out, ok
 
 
-def plot(record, path):
+def plot(record: dict[str, typing.Any], path: str) -> None:
   import matplotlib  # pylint: disable=g-import-not-at-top
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
@@ -480,18 +502,13 @@ def plot(record, path):
   plt.close(fig)
 
 
-def main(argv):
+def main(argv: list[str]) -> int:
   del argv
   logging.getLogger("jax._src.xla_bridge").setLevel(logging.WARNING)
   start = time.perf_counter()
   samples = _SAMPLES.value
-  if samples < 2:
-    raise app.UsageError("--samples must be >= 2")
-  try:
-    threshold = F(_THRESHOLD.value)
-  except (ValueError, ZeroDivisionError) as e:
-    raise app.UsageError(f"--threshold: {e}") from e
-  record = {"samples": samples, "seed": _SEED.value,
+  threshold = F(_THRESHOLD.value)
+  record: dict[str, typing.Any] = {"samples": samples, "seed": _SEED.value,
             "threshold": str(threshold), "ci_level": _CI_LEVEL.value,
             "alpha": _ALPHA.value,
             "toy_b_rows": {"p1": frac_str(P1), "q1": frac_str(Q1),
@@ -515,4 +532,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  cli.run(main)

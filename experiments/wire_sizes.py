@@ -4,7 +4,8 @@
         [--fleet=1,4,16,64,256 --round_ms=20]
 
 Expected runtime: about 2 s (no JAX computation; it encodes one frame of
-each layout with dyadic_jax.wire).
+each layout with dyadic_jax.wire). Every flag is checked when the command
+line is parsed: a bad value exits at once with a one-line error.
 
 Estimated sizes are exact shape arithmetic, excluding headers and
 checksums, as in the seed (MB = 10^6 bytes): dense FP32 q at V=129280 over
@@ -30,29 +31,51 @@ concurrent requests (link bytes per round = link_gbps 10^9 / 8 x round_ms
 
 from fractions import Fraction
 import json
+import math
+import typing
 
-from absl import app
 from absl import flags
+
+from experiments import cli
+
+_VOCAB = flags.DEFINE_integer(
+    "vocab", cli.DEFAULT_VOCAB, f"Vocabulary size V, 2..{cli.MAX_VOCAB}.",
+    lower_bound=2, upper_bound=cli.MAX_VOCAB)
+_DEPTH = flags.DEFINE_integer(
+    "depth", 5, "Draft depth D (rows per request), 1..255.", lower_bound=1,
+    upper_bound=255)
+_REQUESTS = flags.DEFINE_integer(
+    "requests", 4, "Requests per batch (>= 1).", lower_bound=1,
+    upper_bound=1 << 20)
+_KS = flags.DEFINE_list("ks", ["16", "32", "64", "256"],
+                        "Sparse support sizes k, each in [1, V].")
+_LINK_GBPS = flags.DEFINE_float(
+    "link_gbps", 40.0, "Nominal link rate for the ideal bounds, Gb/s (> 0).")
+_JSON_OUT = flags.DEFINE_string("json_out", None,
+                                "Optional path for a JSON record.")
+_FLEET = flags.DEFINE_list(
+    "fleet", ["1", "4", "16", "64", "256"], "Concurrent requests N (each "
+    ">= 1) on one worker -> verifier link for the fleet table.")
+_ROUND_MS = flags.DEFINE_float(
+    "round_ms", 20.0, "Verification round time in ms (> 0): every request "
+    "ships one round of q (depth rows) per round time.")
+
+cli.check(["ks", "vocab"], lambda ks, vocab: cli.int_list(ks, 1, vocab),
+          "--ks must be integers in [1, --vocab]")
+cli.check("fleet", lambda n: cli.int_list(n, 1, 1 << 40),
+          "--fleet must be positive integers")
+for _name in ("link_gbps", "round_ms"):
+  cli.check(_name, lambda x: math.isfinite(x) and 0 < x <= 1e9,
+            f"--{_name} must be a positive number")
+cli.check_output_path("json_out")
+cli.parse_flags_early(__name__)
+
+# pylint: disable=g-import-not-at-top,g-bad-import-order,wrong-import-position
 import numpy as np
 
 import dyadic_jax as dj
 from dyadic_jax.wire import codec, layouts
-
-_VOCAB = flags.DEFINE_integer("vocab", dj.DEFAULT_VOCAB, "Vocabulary size V.")
-_DEPTH = flags.DEFINE_integer("depth", 5, "Draft depth D (rows per request).")
-_REQUESTS = flags.DEFINE_integer("requests", 4, "Requests per batch.")
-_KS = flags.DEFINE_list("ks", ["16", "32", "64", "256"],
-                        "Sparse support sizes k.")
-_LINK_GBPS = flags.DEFINE_float("link_gbps", 40.0,
-                                "Nominal link rate for the ideal bounds.")
-_JSON_OUT = flags.DEFINE_string("json_out", None,
-                                "Optional path for a JSON record.")
-_FLEET = flags.DEFINE_list(
-    "fleet", ["1", "4", "16", "64", "256"], "Concurrent requests N on one "
-    "worker -> verifier link for the fleet table.")
-_ROUND_MS = flags.DEFINE_float(
-    "round_ms", 20.0, "Verification round time in ms: every request ships "
-    "one round of q (depth rows) per round time.")
+# pylint: enable=g-import-not-at-top,g-bad-import-order,wrong-import-position
 
 # The seed's table (V=129280, depth 5, four requests), bytes.
 _SEED = {"dense": (2_585_600, 10_342_400), "k16": (640, 2_560),
@@ -71,7 +94,7 @@ def _bounds(vocab, k, depth):
 
 def _reply_frame(vocab, k, depth):
   """One encoded REPLY frame of a request's D valid rows (dense, or sparse
-  with k ids)."""
+  with k ids), and its Bounds."""
   bounds = _bounds(vocab, k, depth)
   buf = bytearray(bounds.reply_bytes(depth))
   _, rows = codec.begin_reply(buf, bounds=bounds, session=1, generation=0,
@@ -84,20 +107,22 @@ def _reply_frame(vocab, k, depth):
   return bytes(buf), bounds
 
 
-def link_bytes_per_round(link_gbps, round_ms):
+def link_bytes_per_round(link_gbps: float, round_ms: float) -> int:
   """Whole bytes the link carries in one round (exact decimal arithmetic)."""
   exact = (Fraction(repr(link_gbps)) * 10 ** 9 / 8
            * Fraction(repr(round_ms)) / 1000)
   return exact.numerator // exact.denominator
 
 
-def fleet_table(rows, *, depth, fleet, round_ms, link_gbps):
+def fleet_table(rows: list[dict[str, typing.Any]], *, depth: int,
+                fleet: list[int], round_ms: float,
+                link_gbps: float) -> dict[str, typing.Any]:
   """Link load of N concurrent requests, and requests one link sustains.
 
   Args:
     rows: the size records of `main` (its dense and sparse layouts are
       used; the TP2 shard is one half of a split link, not a request).
-    depth: draft depth D (REPLY frames per request and round).
+    depth: draft depth D (rows of each request's REPLY frame, per round).
     fleet: the concurrent request counts N.
     round_ms: verification round time in ms.
     link_gbps: nominal link rate in Gb/s.
@@ -106,12 +131,13 @@ def fleet_table(rows, *, depth, fleet, round_ms, link_gbps):
     The JSON record of the table (also printed).
   """
   if round_ms <= 0 or not fleet or min(fleet) < 1:
-    raise app.UsageError("--round_ms must be > 0 and --fleet values >= 1")
+    raise ValueError("fleet_table: round_ms must be > 0 and fleet values >= 1")
   link_round = link_bytes_per_round(link_gbps, round_ms)
   completion = layouts.FIXED_BYTES[layouts.Kind.COMPLETION]
-  out = {"round_ms": round_ms, "link_gbps": link_gbps, "depth": depth,
-         "link_bytes_per_round": link_round, "completion_frame": completion,
-         "requests": fleet, "layouts": []}
+  out: dict[str, typing.Any] = {
+      "round_ms": round_ms, "link_gbps": link_gbps, "depth": depth,
+      "link_bytes_per_round": link_round, "completion_frame": completion,
+      "requests": fleet, "layouts": []}
   for r in rows:
     if r["layout"] == "tp2_shard":
       continue  # one shard of a split link, not a whole request's q
@@ -154,7 +180,7 @@ def fleet_table(rows, *, depth, fleet, round_ms, link_gbps):
   return out
 
 
-def main(argv):
+def main(argv: list[str]) -> int:
   del argv
   vocab, depth, requests = _VOCAB.value, _DEPTH.value, _REQUESTS.value
   ks = [int(k) for k in _KS.value]
@@ -166,13 +192,13 @@ def main(argv):
         f"(MB = 10^6 bytes; estimate = payload only, as in the seed)")
   print(f"{'layout':>10} {'est/request':>13} {'est/batch':>13} "
         f"{'REPLY/request':>15} {'overhead':>9} {'ideal ms/req':>13}")
-  record = {"vocab": vocab, "depth": depth, "requests": requests, "rows": []}
+  record: dict[str, typing.Any] = {"vocab": vocab, "depth": depth, "requests": requests, "rows": []}
   for name, row_bytes in rows.items():
     per_request = row_bytes * depth
     k = int(name[1:]) if name.startswith("k") else None
     frame, bounds = _reply_frame(-(-vocab // 2) if name == "tp2_shard"
                                  else vocab, k, depth)
-    codec.decode(frame, bounds, validate_rows=True)  # a valid frame
+    codec.decode(frame, bounds, validate_rows=True)   # a valid frame
     measured = len(frame)
     ideal_ms = per_request / link_bytes_per_ms
     print(f"{name:>10} {per_request:>13,} {per_request * requests:>13,} "
@@ -219,4 +245,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  cli.run(main)

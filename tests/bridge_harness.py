@@ -18,7 +18,7 @@ from dyadic_jax import bridge
 from dyadic_jax.bridge.effects import Send
 from dyadic_jax.wire import auth, codec, layouts
 from dyadic_jax.wire.layouts import FIXED_BYTES, Kind, Representation
-from experiments import toy_models
+from dyadic_jax.testing import toy_models
 
 V = 16
 DEPTH = 3

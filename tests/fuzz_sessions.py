@@ -267,7 +267,7 @@ class Pair:
     answer = self.worker.receive(message, self.now)
     for p in answer.propose:
       fake_propose(self.caps, fdp, p)
-    failed = {p.index: 31 for p in answer.propose if fdp.ConsumeIntInRange(
+    failed = {p.entry: 31 for p in answer.propose if fdp.ConsumeIntInRange(
         0, 15) == 0}
     out = []
     for send in self.worker.finish(answer, failed):

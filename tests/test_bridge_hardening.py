@@ -594,7 +594,7 @@ def test_views_are_bounded_without_removal():
     client.exchange = None
     for p in answer.propose:
       p.rows.n[:] = 0
-    session.finish(answer, {p.index: Code.PROPOSER_FAILED
+    session.finish(answer, {p.entry: Code.PROPOSER_FAILED
                             for p in answer.propose})
   assert len(session.views) == 8
   assert session.counters.events("views_evicted") == 92

@@ -77,8 +77,8 @@ from dyadic_jax.bridge import digest as digest_lib
 from dyadic_jax.testing import proxy as proxy_lib
 from dyadic_jax.wire.errors import Code
 from dyadic_jax.wire.layouts import Representation
-from experiments import toy_models
-from tests import stats
+from dyadic_jax.testing import toy_models
+from dyadic_jax.testing import stats
 
 M = dj.M
 V = 16

@@ -38,3 +38,12 @@ def test_vocab_mesh(n):
 def test_vocab_mesh_too_many():
   with pytest.raises(ValueError, match="devices available"):
     sharding.vocab_mesh(jax.device_count() + 1)
+
+
+def test_vocab_mesh_error_says_how_to_get_cpu_devices():
+  cpus = jax.devices("cpu")
+  n = len(cpus) + 1
+  with pytest.raises(ValueError, match=(
+      rf"jax_num_cpu_devices\", {n}\).*"
+      rf"xla_force_host_platform_device_count={n}")):
+    sharding.vocab_mesh(n, cpus)

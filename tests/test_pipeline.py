@@ -1,104 +1,177 @@
 """The PP1 pipeline end to end, as a user runs it (subprocesses, real sockets).
 
 Each test runs `python -m experiments.pp1_pipeline` with small --tokens and
-checks its JSON record. The distribution checks use a fixed seed and
-alpha = 1e-8 per statistic (two statistics, two passing runs: a false
-failure rate of at most 4e-8 for this file); the mutant (a verifier that
-verifies against a uniform q instead of the sampled one) moves the
-first-token distribution far enough that 2,000 samples reject it at any
-reasonable alpha (chi2 ~ 130 on 5 degrees of freedom, p ~ 1e-26, measured),
-so the same harness demonstrably has power.
+checks its JSON record and what it printed: totals that add up (requests x
+tokens exactly, a time split that sums to the wall time), no noise on the
+terminal, no leftover temporary directory. The distribution checks use a
+fixed seed and alpha = 1e-8 per statistic (two statistics, two passing
+runs: a false failure rate of at most 4e-8 for this file); the mutant (a
+verifier that verifies against a uniform q instead of the sampled one)
+moves the first-token distribution far enough that 2,000 samples reject it
+at any reasonable alpha (chi2 ~ 130 on 5 degrees of freedom, p ~ 1e-26,
+measured), so the same harness demonstrably has power.
 """
 
 import json
 import os
+import re
 import subprocess
 import sys
 
 import pytest
 
+from dyadic_jax.testing import stats
+
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _ALPHA = "1e-8"
+# Lines nobody should see: JAX's TPU probe, gloo's greeting, matplotlib's
+# first-run font cache notice, absl's "logging before flag parsing".
+_NOISE = ("Unable to initialize backend", "[Gloo]", "font cache",
+          "before flag parsing", "Traceback")
+_LOG_LINE = re.compile(r"^[IWEF]\d{4} ")   # an absl log record
 
 
-def _run(tmp_path, *flags, expect=0):
+def _run(tmp_path, *flags, expect=0, finished=True, tmpdir=None):
+  """Runs the pipeline; returns (record or None, stdout, stderr).
+
+  TMPDIR points at a fresh folder, which must be empty afterwards: the run
+  removed its pp1-* directory. A run that `finished` wrote its record and
+  plot and printed no noise.
+  """
   out = tmp_path / "pp1.json"
   plot = tmp_path / "pp1.png"
-  env = dict(os.environ, PYTHONPATH=_ROOT)
+  tmpdir = tmpdir or tmp_path / "tmp"
+  tmpdir.mkdir(exist_ok=True)
+  env = dict(os.environ, PYTHONPATH=_ROOT, TMPDIR=str(tmpdir))
   env.pop("XLA_FLAGS", None)       # the pipeline sets its own device count
   proc = subprocess.run(
       [sys.executable, "-m", "experiments.pp1_pipeline", f"--json_out={out}",
        f"--plot_out={plot}", *flags], cwd=_ROOT, env=env,
-      capture_output=True, text=True, timeout=600)
+      capture_output=True, text=True, timeout=900)
   assert proc.returncode == expect, proc.stdout[-3000:] + proc.stderr[-3000:]
+  assert not os.listdir(tmpdir), os.listdir(tmpdir)
+  if not finished:
+    return None, proc.stdout, proc.stderr
   assert plot.stat().st_size > 0
-  return json.loads(out.read_text()), proc.stdout
+  record = json.loads(out.read_text())
+  for text in (proc.stdout, proc.stderr):
+    for noise in _NOISE:
+      assert noise not in text, f"{noise!r} in the output:\n{text[-3000:]}"
+  # Log records start lines of their own: never glued to a progress bar.
+  for line in proc.stderr.splitlines():
+    if "] " in line and re.search(r"[IWEF]\d{4} \d\d:\d\d", line):
+      assert _LOG_LINE.match(line), line
+  return record, proc.stdout, proc.stderr
 
 
 def _healthy(record, requests=4, tokens=8):
-  assert record["tokens"] >= requests * tokens
+  depth = record["config"]["depth"]
+  # Exactly what was asked for: every request leaves with --tokens tokens,
+  # and its last round overshoots by at most D (a round commits <= D + 1).
+  assert record["tokens"] == requests * tokens
+  assert sorted(len(t) for t in record["outputs"].values()) == (
+      [tokens] * requests)
+  generated = record["generated_by_request"]
+  assert all(tokens <= g <= tokens + depth for g in generated.values())
+  assert record["tokens_generated"] == sum(generated.values()) == (
+      record["tokens"] + record["tokens_dropped"])
+  assert record["tokens_per_round"] * record["request_rounds"] == (
+      pytest.approx(record["tokens_generated"]))
   assert record["rounds"] >= 1
-  assert 0 < record["mean_accepted"] <= record["config"]["depth"]
+  assert 0 < record["mean_accepted"] <= depth
   assert all(a is None or 0 <= a <= 1
              for a in record["acceptance_by_position"])
-  assert record["acceptance_by_position"][0] is not None
   assert 0 < record["acceptance_by_position"][0] <= 1
-  assert record["bytes_per_round"]["measured_in"] > 0
-  for key in ("tokens", "rounds", "mean_accepted", "acceptance_by_position",
-              "bytes_per_round", "errors"):
-    assert key in record
+  assert record["bytes_per_request_round"]["measured_in"] > 0
+  _time_split_adds_up(record)
+
+
+def _time_split_adds_up(record):
+  t = record["time_s"]
+  split = t["split"]
+  assert sum(split.values()) == pytest.approx(t["wall"], rel=1e-9)
+  assert all(v >= -1e-6 for v in split.values()), split
+  for name in ("start-up", "compile", "draft", "bridge", "verification",
+               "host", "shutdown", "other"):
+    assert name in split, name
+  # What no phase claims is bookkeeping between phases, not a lost minute.
+  assert split["other"] <= 0.05 * t["wall"] + 0.5, split
 
 
 def test_default_pipeline_single_process(tmp_path):
-  record, stdout = _run(tmp_path, "--tokens=8")
+  record, stdout, _ = _run(tmp_path, "--tokens=8")
   _healthy(record)
   assert record["errors"] == {} and record["fallback_rounds"] == 0
   assert record["config"]["vocab"] == 129280
   assert "PP1 pipeline" in stdout and "acceptance by position" in stdout
-  # Sparse k=32 q: the measured reply bytes carry the seed's q estimate
-  # plus framing (48 B per row, 40+32 B per COMPLETION).
-  assert record["bytes_per_round"]["measured_in"] >= (
-      record["bytes_per_round"]["seed_estimate_q"])
+  assert "new tokens                   32 = 4 requests x 8" in stdout
+  # Sparse k=32 q: a request-round's replies are D rows of at most k
+  # entries (8 B each) with 48 B of framing per row, and a 72 B COMPLETION.
+  per_request = record["bytes_per_request_round"]
+  assert per_request["seed_estimate_q"] == 8 * 32 * 5
+  assert 5 * 48 + 72 < per_request["measured_in"] <= 5 * (48 + 8 * 32) + 72
 
 
 @pytest.mark.multidevice
 def test_default_pipeline_multiprocess(tmp_path):
-  single, _ = _run(tmp_path, "--tokens=8", "--vocab=4096")
-  multi, _ = _run(tmp_path, "--tokens=8", "--vocab=4096", "--multiprocess")
+  single, _, _ = _run(tmp_path, "--tokens=8", "--vocab=4096")
+  multi, _, _ = _run(tmp_path, "--tokens=8", "--vocab=4096", "--multiprocess")
   _healthy(multi)
   assert multi["errors"] == {} and multi["config"]["multiprocess"]
   # Two gloo ranks commit exactly what one process with two devices does.
-  for key in ("tokens", "rounds", "mean_accepted", "acceptance_by_position"):
+  for key in ("tokens", "outputs", "rounds", "mean_accepted",
+              "acceptance_by_position"):
     assert multi[key] == single[key], key
 
 
 def test_distribution_check_passes(tmp_path):
-  record, stdout = _run(tmp_path, "--check_distribution", f"--alpha={_ALPHA}")
+  record, stdout, _ = _run(tmp_path, "--check_distribution",
+                           f"--alpha={_ALPHA}")
   check = record["distribution_check"]
   assert check["verdict"] == "pass" and check["samples"] == 2000
   assert "Distribution check" in stdout
+  assert record["tokens"] == 2000 and len(record["outputs"]) == 2000
+  _time_split_adds_up(record)
 
 
 def test_distribution_check_passes_with_faults(tmp_path):
-  record, _ = _run(tmp_path, "--check_distribution", f"--alpha={_ALPHA}",
-                   "--inject_faults=0.05", "--timeout=0.5")
+  record, _, stderr = _run(tmp_path, "--check_distribution",
+                           f"--alpha={_ALPHA}", "--inject_faults=0.05",
+                           "--timeout=0.5")
   assert record["distribution_check"]["verdict"] == "pass"
   assert record["faults"], "no fault was injected"
   assert record["fallback_rounds"] > 0
   assert sum(record["errors"].values()) > 0
+  assert "refused" in stderr        # the warnings _run checks for glue
 
 
 def test_distribution_check_rejects_the_mutant(tmp_path):
-  record, _ = _run(tmp_path, "--check_distribution", f"--alpha={_ALPHA}",
-                   "--mutant=uniform_q", expect=1)
+  record, stdout, _ = _run(tmp_path, "--check_distribution",
+                           f"--alpha={_ALPHA}", "--mutant=uniform_q",
+                           expect=1)
   check = record["distribution_check"]
   assert check["verdict"] == "fail" and check["p_value"] < 1e-12
+  # The printed p-value is the JSON's, to two digits: never "0.0000".
+  assert f"p={stats.format_p(check['p_value'])};" in stdout
+  assert "p=0.0000" not in stdout
 
 
 def test_worker_killed_mid_run(tmp_path):
-  record, _ = _run(tmp_path, "--tokens=16", "--vocab=4096",
-                   "--kill_worker_at=2", "--timeout=1.0")
+  record, _, _ = _run(tmp_path, "--tokens=16", "--vocab=4096",
+                      "--kill_worker_at=2", "--timeout=1.0")
   _healthy(record, tokens=16)
   assert record["fallback_rounds"] >= 4            # the dead round, at least
   assert record["errors"].get("TIMEOUT", 0) >= 4
   assert record["events"]["hellos"] >= 2           # a new session after it
+  assert record["time_s"]["split"]["worker restart"] > 0
+
+
+def test_a_failing_worker_shows_its_own_error(tmp_path):
+  """The worker cannot bind its ipc socket (the path is longer than a
+  sockaddr_un holds): the pipeline ends at once with the worker's own
+  error text, status 1, and no directory or process left behind."""
+  deep = tmp_path / ("d" * 120)
+  _, _, stderr = _run(tmp_path, "--transport=ipc", "--vocab=1024",
+                      "--tokens=4", expect=1, finished=False, tmpdir=deep)
+  assert "pp1_pipeline: the worker exited with status 1" in stderr
+  assert "bind" in stderr                          # the worker's traceback

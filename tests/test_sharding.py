@@ -16,6 +16,7 @@ import pytest
 
 import dyadic_jax as dj
 import sharding
+from dyadic_jax.testing import hlo
 
 M = dj.M
 pytestmark = pytest.mark.multidevice
@@ -247,9 +248,9 @@ def _check_collectives():
   }
   print(f"\ncollectives per op (V={v}, {n} shards, 2 rows; per call site):")
   for name, text in programs.items():
-    found = sharding.hlo.collectives(text)
+    found = hlo.collectives(text)
     assert found, f"{name}: no collectives found; the parser is broken"
-    largest = sharding.hlo.largest_dimension(found)
+    largest = hlo.largest_dimension(found)
     print(f"  {name:20s} {len(found):3d} sites, "
           f"{sum(c.nbytes for c in found):7d} bytes, largest dim {largest}")
     assert largest < block, f"{name} moves a vocabulary-sized array"

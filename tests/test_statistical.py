@@ -17,7 +17,7 @@ import pytest
 import dyadic_jax as dj
 from dyadic_jax import reference as ref
 from dyadic_jax import verification
-from tests import stats
+from dyadic_jax.testing import stats
 from tests import verify_cases as vc
 
 M = dj.M

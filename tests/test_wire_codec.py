@@ -235,6 +235,64 @@ def test_bit_flips_of_a_frame():
   assert peak < 64 * 1024, peak
 
 
+# Bytes a decode may allocate at its peak (views, scalars, the error
+# object): a few KB; an allocation sized by a corrupted length, depth or
+# width would be far above it.
+_DECODE_PEAK_BOUND = 16 * 1024
+# Fields whose value sizes something: version, kind, length (header);
+# depth, representation, width (REPLY body).
+_BODY = layouts.HEADER_BYTES
+_SIZE_FIELDS = [(4, 2), (6, 2), (8, 4), (_BODY + 2, 2), (_BODY + 4, 2),
+                (_BODY + 8, 4)]
+
+
+def test_a_corrupted_size_never_sizes_an_allocation():
+  """A decode's peak allocation stays bounded under every 1- and 2-bit
+  flip of a field that sizes something, raw and resealed (a buggy peer's
+  authenticated frame), whatever the flipped value claims; the bound
+  counts bytes, not seconds, so it holds on any machine. The same harness
+  catches a decoder that trusts the declared width before checking it.
+  """
+  good = _reply()
+  size_bits = [8 * offset + b for offset, width in _SIZE_FIELDS
+               for b in range(8 * width)]
+
+  def flips(bits):
+    for i, j in itertools.combinations_with_replacement(bits, 2):
+      buf = bytearray(good)
+      buf[i // 8] ^= 1 << (i % 8)
+      if j != i:
+        buf[j // 8] ^= 1 << (j % 8)
+      yield bytes(buf)
+      auth.seal(buf, KEY)
+      yield bytes(buf)
+
+  def peak(decode, frame):
+    tracemalloc.reset_peak()
+    base = tracemalloc.get_traced_memory()[0]
+    try:
+      decode(frame)
+    except wire.ProtocolError:
+      pass
+    return tracemalloc.get_traced_memory()[1] - base
+
+  def trusting_decode(frame):   # the mutant: allocates what the peer says
+    width = int.from_bytes(frame[_BODY + 8:_BODY + 12], "little")
+    np.empty(min(width, 1 << 24), np.float32)
+    return codec.decode(frame, SPARSE, KEY)
+
+  tracemalloc.start()
+  try:
+    worst = max(peak(lambda f: codec.decode(f, SPARSE, KEY), f)
+                for f in flips(size_bits))
+    mutant = max(peak(trusting_decode, f) for f in flips(
+        [8 * (_BODY + 8) + b for b in range(32)]))
+  finally:
+    tracemalloc.stop()
+  assert 0 < worst <= _DECODE_PEAK_BOUND, worst
+  assert mutant > 100 * _DECODE_PEAK_BOUND, mutant
+
+
 @hypothesis.given(st.binary(max_size=200))
 def test_arbitrary_bytes_decode_or_refuse(data):
   frames = [data]

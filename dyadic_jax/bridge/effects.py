@@ -29,8 +29,9 @@ class Send(typing.NamedTuple):
 class Propose(typing.NamedTuple):
   """Draw request `request`'s proposal with the PROPOSAL keys of (seed,
   generation, round, anchor + i) into `rows` (writable views of the REPLY
-  frame: tokens, n and the q rows), then call `WorkerSession.finish`."""
-  index: int
+  frame: tokens, n and the q rows), then call `WorkerSession.finish`.
+  entry: its place in the answer (the key of `finish`'s `failed`)."""
+  entry: int
   request: int
   seed: int
   generation: int

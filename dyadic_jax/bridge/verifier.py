@@ -197,13 +197,18 @@ class Verifier:
 
   def round(self, rids, depth=None):
     """Runs one round for requests `rids`; returns their RoundResults."""
-    session = self.session
     depth = depth or self.caps.max_depth
-    if not session.is_open:
+    if not self.session.is_open:
       try:
         self.open(attempts=1)
       except ProtocolError as e:
-        return self.execute(session.fallback(rids, e.code).plan)
+        return self.execute(self.session.fallback(rids, e.code).plan)
+    return self.execute(self._exchange(rids, depth).plan)
+
+  def _exchange(self, rids, depth):
+    """STEP out, answers in, rows validated and audited: the round's
+    `Verify` (its Plan). Never waits past the exchange's deadline."""
+    session = self.session
     send = session.begin(rids, depth, self.clock())
     sent = self._send(send)
     draws = None
@@ -219,7 +224,7 @@ class Verifier:
     effect = effects[0]
     if isinstance(effect, Stage):
       effect = self.validate(effect, draws)
-    return self.execute(effect.plan)
+    return effect
 
   def validate(self, stage, draws=None):
     """The verdict of a Stage's rows (the q format's kernel, the audit)."""

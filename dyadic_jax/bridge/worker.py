@@ -65,7 +65,7 @@ class Worker:
         # round (a counted fallback on both sides), never the worker.
         logging.log_every_n_seconds(logging.ERROR, "proposer failed: %r",
                                     1.0, e)
-        failed[p.index] = Code.PROPOSER_FAILED
+        failed[p.entry] = Code.PROPOSER_FAILED
       self.counters.event("propose_us",
                           int((time.perf_counter() - start) * 1e6))
     return self.session.finish(answer, failed)

@@ -378,7 +378,7 @@ class WorkerSession:
   def finish(self, answer, failed=None):
     """Seals a fresh answer once its proposals are drawn; returns its Sends.
 
-    failed: {Propose.index: Code} of proposals the driver could not draw
+    failed: {Propose.entry: Code} of proposals the driver could not draw
     (the proposer raised): each is answered by a COMPLETION with that
     status instead of its rows.
     """

@@ -136,11 +136,17 @@ HEADER_BYTES = HEADER.itemsize
 assert HEADER_BYTES == TAG_OFFSET + TAG_BYTES
 
 
+def _fields(dtype):
+  """[(name, numpy dtype)] of a structured dtype."""
+  fields = typing.cast(typing.Mapping[str, tuple], dtype.fields)
+  return [(name, fields[name][0]) for name in typing.cast(tuple,
+                                                          dtype.names)]
+
+
 def _struct_of(dtype):
   codes = {"u1": "B", "u2": "H", "u4": "I", "u8": "Q", "i4": "i"}
   parts = []
-  for name in dtype.names:
-    sub = dtype.fields[name][0]
+  for _, sub in _fields(dtype):
     if sub.kind == "S":
       parts.append(f"{sub.itemsize}s")
     else:
@@ -166,10 +172,10 @@ class Header(typing.NamedTuple):
   tag: bytes
 
 
-BODY_TYPES = {kind: typing.NamedTuple(
+BODY_TYPES = {kind: typing.NamedTuple(  # type: ignore[misc]
     f"{kind.name.title()}Body",
-    [(name, bytes if dtype.fields[name][0].kind == "S" else int)
-     for name in dtype.names]) for kind, dtype in BODIES.items()}
+    [(name, bytes if sub.kind == "S" else int)
+     for name, sub in _fields(dtype)]) for kind, dtype in BODIES.items()}
 
 FIXED_BYTES = {kind: HEADER_BYTES + dtype.itemsize
                for kind, dtype in BODIES.items()}

@@ -72,9 +72,10 @@ EXTRA_TAGS = {name: ["slow"] for name in (
 
 # Deps and data that a file's import statements do not show, by target name:
 # test_readme execs the README's code blocks (dyadic_jax and sharding);
-# test_multiprocess starts tests/multiprocess_worker.py as a subprocess.
+# test_multiprocess starts tests/multiprocess_worker.py as a subprocess;
+# test_cli runs every experiment as a subprocess.
 EXTRA_DEPS = {"test_readme": ["dyadic_jax", "sharding", "dyadic_jax_bridge",
-                              "experiments_pipeline_models"],
+                              "dyadic_jax_testing_toy_models"],
               "test_multiprocess": ["tests_multiprocess_worker"],
               "test_wire_sizes": ["experiments_wire_sizes"],
               "test_pipeline": ["experiments_pp1_pipeline",
@@ -86,6 +87,13 @@ EXTRA_DEPS = {"test_readme": ["dyadic_jax", "sharding", "dyadic_jax_bridge",
                                    "experiments_selection_bias",
                                    "experiments_wire_sizes"],
               "test_bench_bridge": ["experiments_bench_bridge"],
+              "test_cli": ["experiments_pp1_pipeline",
+                           "experiments_bridge_worker",
+                           "experiments_round_demo", "experiments_acceptance",
+                           "experiments_selection_bias",
+                           "experiments_wire_sizes",
+                           "experiments_bench_sharding",
+                           "experiments_pipeline_config"],
               "test_wire_fuzz": ["tests_fuzz_wire"]}
 _CORPUS = "tests/fuzz_corpus/wire"
 EXTRA_DATA = {"test_readme": ["README.md"],

@@ -1,8 +1,10 @@
 """Collectives in compiled programs: what each sharded op moves.
 
-Used by the tests (no collective may move vocabulary-sized data) and by
-experiments/bench_sharding.py (bytes per collective). Counts are per call
-site in the program text; a site inside a loop runs once per iteration.
+Reads the text of a compiled HLO module (`jax.jit(f).lower(...).compile()
+.as_text()`). Used by the tests (no collective may move vocabulary-sized
+data) and by experiments/bench_sharding.py (bytes per collective). Counts
+are per call site in the program text; a site inside a loop runs once per
+iteration.
 """
 
 import re
@@ -19,12 +21,13 @@ _ARRAY = re.compile(r"\b(" + "|".join(_BYTES) + r")\[([0-9,]*)\]")
 
 
 class Collective(typing.NamedTuple):
+  """One collective call site of a compiled program."""
   kind: str                          # all-reduce, all-gather, ...
   shapes: tuple[tuple[int, ...], ...]
   nbytes: int                        # bytes of the result, all operands
 
 
-def collectives(hlo_text):
+def collectives(hlo_text: str) -> list[Collective]:
   """Every collective call site of a compiled HLO module's text."""
   found = []
   for line in hlo_text.splitlines():
@@ -43,6 +46,6 @@ def collectives(hlo_text):
   return found
 
 
-def largest_dimension(found):
+def largest_dimension(found: list[Collective]) -> int:
   """The largest array dimension any collective moves (0 if none)."""
   return max((d for c in found for s in c.shapes for d in s), default=0)

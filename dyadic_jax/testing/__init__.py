@@ -1,0 +1,10 @@
+"""Test tools users may reuse, as chex ships its fakes.
+
+  toy_models  deterministic toy target/draft models (no downloads, any V)
+  stats       chi-square helpers with a stated false-failure rate and power
+  hlo         the collectives of a compiled program and the bytes they move
+
+Import the submodule you need (`from dyadic_jax.testing import stats`):
+this package imports nothing eagerly, so tools with optional dependencies
+cost nothing to the ones without. The library never imports it.
+"""

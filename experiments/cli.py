@@ -1,0 +1,155 @@
+"""Command-line plumbing shared by the experiments (absl only: cheap to import).
+
+Every experiment validates every flag at parse time (absl bounds, enums and
+validators) and reports a bad value in one line, with exit status 2, before
+JAX is imported or anything is compiled:
+
+    $ python -m experiments.pp1_pipeline --depth=0
+    pp1_pipeline: flag --depth=0: 0 is not a positive integer (--helpfull lists every flag)
+
+The pattern, at the top of an experiment module:
+
+    from absl import flags
+    from experiments import cli
+
+    _DEPTH = flags.DEFINE_integer("depth", 5, "...", lower_bound=1)
+    cli.parse_flags_early(__name__)    # a bad flag exits here, in ~0.3 s
+
+    import jax                         # the heavy imports come after it
+    ...
+
+    if __name__ == "__main__":
+      cli.run(main)
+
+`parse_flags_early` parses only when the module runs as a program (tests
+and other modules that import it are unaffected); `run` is `app.run` with
+the same one-line errors and without a second parse. `usage_error` is the
+one-line exit for a problem found later (e.g. fewer devices than asked for).
+
+Constants of `dyadic_jax` that flag bounds need are mirrored here, because
+importing `dyadic_jax` starts JAX (tests/test_experiments.py holds them
+equal).
+"""
+
+import fractions
+import os
+import sys
+import typing
+
+from absl import app
+from absl import flags
+
+FLAGS = flags.FLAGS
+
+DEFAULT_VOCAB = 129280      # dyadic_jax.DEFAULT_VOCAB
+MAX_VOCAB = 1 << 21         # dyadic_jax.MAX_VOCAB
+
+_parsed_argv: list[str] | None = None
+
+
+def program() -> str:
+  """The running experiment's short name (pp1_pipeline, round_demo ...)."""
+  main = sys.modules.get("__main__")
+  spec = getattr(main, "__spec__", None)
+  name = spec.name if spec is not None else os.path.basename(sys.argv[0])
+  return name.rsplit(".", 1)[-1].removesuffix(".py")
+
+
+def usage_error(message: str) -> typing.NoReturn:
+  """Prints `<program>: <message>` as one line on stderr and exits 2."""
+  text = " ".join(str(message).split())   # one line, whatever the source
+  sys.stderr.write(f"{program()}: {text} (--helpfull lists every flag)\n")
+  sys.stderr.flush()
+  sys.exit(2)
+
+
+def _parse(argv: list[str]) -> list[str]:
+  """Parses argv into FLAGS (validators included); one-line errors."""
+  global _parsed_argv
+  if _parsed_argv is not None:
+    return _parsed_argv
+  app.define_help_flags()    # --help & co. work before the heavy imports
+  try:
+    rest = FLAGS(argv)
+  except flags.Error as e:
+    usage_error(str(e))
+  if len(rest) > 1:
+    usage_error(f"unexpected argument {rest[1]!r} (flags are --name=value)")
+  _parsed_argv = rest
+  return rest
+
+
+def parse_flags_early(module_name: str) -> None:
+  """Parses sys.argv now if `module_name` is "__main__" (see the docstring).
+
+  Every flag the program uses must be defined before this call.
+  """
+  if module_name == "__main__":
+    _parse(sys.argv)
+
+
+def run(main: typing.Callable[[list[str]], typing.Any]) -> None:
+  """`absl.app.run(main)` with one-line flag errors and a single parse."""
+  app.run(main, flags_parser=_parse)
+
+
+# -- validators ---------------------------------------------------------------
+
+
+def check(names: str | typing.Sequence[str],
+          predicate: typing.Callable[..., bool], message: str) -> None:
+  """Registers a validator of one flag (a str) or several (a sequence).
+
+  With several flags the predicate takes their values as keyword arguments,
+  and the message should name them ("--k must be <= --vocab").
+  """
+  if isinstance(names, str):
+    flags.register_validator(names, predicate, message)
+  else:
+    names = list(names)
+    flags.register_multi_flags_validator(
+        names, lambda values: predicate(**values), message)
+
+
+def writable_path(path: str | None) -> bool:
+  """True for '' / None (no output) or a file path whose folder exists."""
+  if not path:
+    return True
+  folder = os.path.dirname(os.path.abspath(path))
+  return os.path.isdir(folder) and os.access(folder, os.W_OK) and (
+      not os.path.isdir(path))
+
+
+def check_output_path(name: str) -> None:
+  """Registers the standard check of an output-file flag."""
+  check(name, writable_path,
+        f"--{name} must be a file path in an existing, writable folder")
+
+
+def int_list(values: typing.Sequence[str], lo: int, hi: int) -> bool:
+  """True if every item of a list flag is an integer in [lo, hi]."""
+  try:
+    return bool(values) and all(lo <= int(v) <= hi for v in values)
+  except ValueError:
+    return False
+
+
+def float_list(values: typing.Sequence[str], lo: float, hi: float) -> bool:
+  """True if every item of a list flag is a number in [lo, hi]."""
+  try:
+    return bool(values) and all(lo <= float(v) <= hi for v in values)
+  except ValueError:
+    return False
+
+
+def in_open_unit(x: float) -> bool:
+  """True for a number in (0, 1) (a level or a probability); NaN is not."""
+  return 0.0 < x < 1.0
+
+
+def fraction_in(text: str, lo: float, hi: float) -> bool:
+  """True if `text` is a fraction ("1/2", "0.25") in [lo, hi]."""
+  try:
+    return lo <= fractions.Fraction(text) <= hi
+  except (ValueError, ZeroDivisionError):
+    return False

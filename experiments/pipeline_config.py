@@ -1,0 +1,197 @@
+"""One configuration for the PP1 pipeline's worker and verifier.
+
+`PipelineConfig` is what both ends must agree on (their HELLO: vocabulary,
+depth, batch, q representation and support) plus the draft model's knobs.
+Its flags are defined here, once, with their bounds, so that
+`experiments.pp1_pipeline` and `experiments.bridge_worker` accept the same
+names and values; the pipeline resolves its config and hands it to the
+worker process as flags (`PipelineConfig.to_flags`), so the two can never
+disagree about a default.
+
+Adding a shared setting: a field of `PipelineConfig`, its flag below (with
+its bounds), and its value in `from_flags`; `to_flags` forwards every field.
+Settings of one side only (the pipeline's --tokens, the worker's --address)
+are that program's own flags.
+
+Importing this module costs absl only (no JAX): the bounds are checked when
+the command line is parsed, before any heavy import.
+"""
+
+import dataclasses
+import typing
+
+from absl import flags
+
+from experiments import cli
+
+if typing.TYPE_CHECKING:
+  from dyadic_jax import bridge
+  from dyadic_jax.testing import toy_models
+
+MAX_DEPTH = 32        # drafted positions per round (the toy's backbone is
+                      # [depth, 16, V] floats: 8 MB per position at V=129280)
+MAX_REQUESTS = 64     # requests per batch slot
+MAX_MODEL_SEED = (1 << 31) - 2    # jax.random.key(seed + 1) in int32
+Q_CHOICES = ("sparse", "dense", "greedy")
+
+VOCAB = flags.DEFINE_integer(
+    "vocab", None, f"Vocabulary size V in [2, {cli.MAX_VOCAB}] (default "
+    f"{cli.DEFAULT_VOCAB}; the pipeline's --check_distribution: "
+    "--check_vocab).", lower_bound=2, upper_bound=cli.MAX_VOCAB)
+DEPTH = flags.DEFINE_integer(
+    "depth", 5, f"Fixed draft depth D: positions drafted per request and "
+    f"round (1..{MAX_DEPTH}).", lower_bound=1, upper_bound=MAX_DEPTH)
+REQUESTS = flags.DEFINE_integer(
+    "requests", 4, f"Requests verified together in one batch slot "
+    f"(1..{MAX_REQUESTS}).", lower_bound=1, upper_bound=MAX_REQUESTS)
+Q = flags.DEFINE_enum(
+    "q", "sparse", list(Q_CHOICES), "Wire representation of q: sparse "
+    "top-k rows, dense V rows, or greedy (v1: token ids only, worker only).")
+K = flags.DEFINE_integer(
+    "k", 32, "Support of sparse q rows, in [1, V] (when not given: "
+    "min(32, V / 2), e.g. for the distribution check's small vocabulary).",
+    lower_bound=1)
+CLOSENESS = flags.DEFINE_float(
+    "closeness", 0.9, "How closely the toy draft tracks the toy target, in "
+    "[0, 1] (1: the target's bigram without its processors).",
+    lower_bound=0.0, upper_bound=1.0)
+MODEL_SEED = flags.DEFINE_integer(
+    "model_seed", 0, f"Seed of the toy models' factors, in [0, "
+    f"{MAX_MODEL_SEED}].", lower_bound=0, upper_bound=MAX_MODEL_SEED)
+BACKBONE = flags.DEFINE_bool(
+    "backbone", True, "Give the draft its parallel backbone (DSpark-style); "
+    "--nobackbone: a purely sequential Markov draft.")
+KEYS_DIR = flags.DEFINE_string(
+    "keys_dir", None, "Directory of the bridge keys (python -m "
+    "dyadic_jax.bridge.keys DIR): the secret every frame's MAC is keyed "
+    "with, and the CURVE keys of --encrypt. The pipeline makes a throwaway "
+    "set when it is not given; the worker needs it (or --insecure).")
+INSECURE = flags.DEFINE_bool(
+    "insecure", False, "No authentication on the bridge link (CRC32C "
+    "tags only): any process that reaches the socket can talk to either "
+    "side. Said loudly at start and in the summary. Benchmarks only.")
+ENCRYPT = flags.DEFINE_bool(
+    "encrypt", False, "Encrypt the bridge link with ZeroMQ CURVE (keys from "
+    "--keys_dir; docs/security.md has its measured cost).")
+WORKER_BUG = flags.DEFINE_enum(
+    "worker_bug", "none", ["none", "token_not_from_q"], "Fault drill: "
+    "token_not_from_q: the worker sends its q but each drafted token is "
+    "the entry after the one its draw picked (never drawn from that q); "
+    "the verifier's sampling audit refuses every such proposal.")
+INSECURE_WARNING = ("WARNING: --insecure: the bridge link is NOT "
+                    "authenticated; any process that reaches the socket "
+                    "can talk to either side")
+
+cli.check("closeness", lambda c: 0.0 <= c <= 1.0,   # NaN fails it too
+          "--closeness must be a number in [0, 1]")
+cli.check(["k", "vocab"], lambda k, vocab: vocab is None or k <= vocab,
+          "--k must be <= --vocab")
+cli.check(["insecure", "keys_dir", "encrypt"],
+          lambda insecure, keys_dir, encrypt: not (insecure and (
+              keys_dir or encrypt)),
+          "--insecure excludes --keys_dir and --encrypt")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class PipelineConfig:
+  """What the worker and the verifier share.
+
+  Attributes:
+    vocab: V.
+    depth: D, drafted positions per request and round.
+    requests: requests per batch slot.
+    q: "sparse", "dense" or "greedy" (v1, token ids only).
+    k: support of sparse rows (ignored otherwise).
+    closeness: the toy draft's closeness to the target, in [0, 1].
+    model_seed: seed of the toy models.
+    backbone: the draft's parallel backbone on or off.
+    keys_dir: the bridge keys (None: a throwaway set, or --insecure).
+    insecure: no authentication on the link.
+    encrypt: ZeroMQ CURVE on the link.
+    worker_bug: "none" or the "token_not_from_q" drill.
+  """
+  vocab: int = cli.DEFAULT_VOCAB
+  depth: int = 5
+  requests: int = 4
+  q: str = "sparse"
+  k: int = 32
+  closeness: float = 0.9
+  model_seed: int = 0
+  backbone: bool = True
+  keys_dir: str | None = None
+  insecure: bool = False
+  encrypt: bool = False
+  worker_bug: str = "none"
+
+  def __post_init__(self):
+    if self.q not in Q_CHOICES:
+      raise ValueError(f"PipelineConfig: q must be one of {Q_CHOICES}")
+    if not (2 <= self.vocab <= cli.MAX_VOCAB and 1 <= self.depth <= MAX_DEPTH
+            and 1 <= self.requests <= MAX_REQUESTS
+            and 0.0 <= self.closeness <= 1.0
+            and 0 <= self.model_seed <= MAX_MODEL_SEED):
+      raise ValueError(f"PipelineConfig: a value out of bounds: {self}")
+    if self.q == "sparse" and not 1 <= self.k <= self.vocab:
+      raise ValueError(f"PipelineConfig: k={self.k} not in [1, V={self.vocab}]")
+
+  def to_flags(self) -> list[str]:
+    """The command-line flags that reproduce this config in another process."""
+    out = []
+    for field in dataclasses.fields(self):
+      value = getattr(self, field.name)
+      if value is None:
+        continue
+      if isinstance(value, bool):
+        out.append(f"--{field.name}" if value else f"--no{field.name}")
+      else:
+        out.append(f"--{field.name}={value}")
+    return out
+
+  def capabilities(self) -> "bridge.Capabilities":
+    """The bridge Capabilities (HELLO) of this config; imports the bridge."""
+    from dyadic_jax import bridge  # pylint: disable=g-import-not-at-top
+    from dyadic_jax.wire import layouts  # pylint: disable=g-import-not-at-top
+    representation = {"sparse": layouts.Representation.SPARSE,
+                      "dense": layouts.Representation.DENSE,
+                      "greedy": layouts.Representation.TOKEN}[self.q]
+    mode = (layouts.Mode.GREEDY if self.q == "greedy"
+            else layouts.Mode.SAMPLED)
+    return bridge.Capabilities(
+        mode=mode, vocab=self.vocab, max_depth=self.depth,
+        max_requests=self.requests, representation=representation,
+        max_support=self.k)
+
+  def link_keys(self, role: str) -> tuple[typing.Any, typing.Any]:
+    """(secret, curve) of one side: (None, None) when insecure."""
+    if self.insecure:
+      return None, None
+    from dyadic_jax.bridge import keys  # pylint: disable=g-import-not-at-top
+    loaded = keys.load(self.keys_dir, role, encrypt=self.encrypt)
+    return loaded.secret, loaded.curve
+
+  def model_config(self, **target_knobs: typing.Any
+                   ) -> "toy_models.ModelConfig":
+    """The toy pair's ModelConfig; `target_knobs`: the target's processors."""
+    from dyadic_jax.testing import toy_models  # pylint: disable=g-import-not-at-top
+    return toy_models.ModelConfig(
+        vocab=self.vocab, seed=self.model_seed, closeness=self.closeness,
+        max_depth=self.depth, **target_knobs)
+
+
+def from_flags(default_vocab: int = cli.DEFAULT_VOCAB) -> PipelineConfig:
+  """The PipelineConfig of the parsed flags.
+
+  Args:
+    default_vocab: V when --vocab is not given.
+
+  When --k is not given it is min(--k default, V // 2) (at least 1).
+  """
+  vocab = VOCAB.value if VOCAB.value is not None else default_vocab
+  k = K.value if flags.FLAGS["k"].present else min(K.value,
+                                                    max(1, vocab // 2))
+  return PipelineConfig(vocab=vocab, depth=DEPTH.value,
+                        requests=REQUESTS.value, q=Q.value, k=k,
+                        closeness=CLOSENESS.value,
+                        model_seed=MODEL_SEED.value, backbone=BACKBONE.value,
+                        keys_dir=KEYS_DIR.value, insecure=INSECURE.value,
+                        encrypt=ENCRYPT.value, worker_bug=WORKER_BUG.value)

@@ -1,0 +1,166 @@
+"""Bad flags fail at parse time: one line, exit status 2, before JAX starts.
+
+Every experiment is run as a user runs it (`python -m experiments.X`, a
+fresh process) with a bad value. The error must be one line on stderr,
+name the flag, carry no traceback, and come before any heavy work: the
+process must not even import JAX (`python -X importtime` lists every module
+it imported), except bench_sharding, whose flags partly live in
+bench_core, which imports JAX; there the bound is "nothing compiled"
+(JAX_LOG_COMPILES=1 logs every compilation). No test here reads a clock.
+"""
+
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+import dyadic_jax as dj
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# (experiment, bad flags, the flag the error must name)
+_BAD = [
+    # The issue's list for the main job.
+    ("pp1_pipeline", ["--depth=0"], "depth"),
+    ("pp1_pipeline", ["--depth=-1"], "depth"),
+    ("pp1_pipeline", ["--requests=0"], "requests"),
+    ("pp1_pipeline", ["--vocab=1"], "vocab"),
+    ("pp1_pipeline", ["--seed=-5"], "seed"),
+    ("pp1_pipeline", ["--check_samples=0"], "check_samples"),
+    ("pp1_pipeline", ["--inject_faults=2"], "inject_faults"),
+    ("pp1_pipeline", ["--verifier_devices=0"], "verifier_devices"),
+    ("pp1_pipeline", ["--timeout=0"], "timeout"),
+    ("pp1_pipeline", ["--tokens=0"], "tokens"),
+    ("pp1_pipeline", ["--tokens=-1"], "tokens"),
+    ("pp1_pipeline", ["--alpha=5"], "alpha"),
+    # ... and the rest of its flags.
+    ("pp1_pipeline", ["--alpha=nan"], "alpha"),
+    ("pp1_pipeline", ["--timeout=inf"], "timeout"),
+    ("pp1_pipeline", ["--closeness=nan"], "closeness"),
+    ("pp1_pipeline", ["--k=0"], "k"),
+    ("pp1_pipeline", ["--vocab=64", "--k=65"], "k"),
+    ("pp1_pipeline", ["--check_distribution", "--k=17"], "k"),
+    ("pp1_pipeline", ["--q=greedy"], "q"),
+    ("pp1_pipeline", ["--q=bogus"], "q"),
+    ("pp1_pipeline", ["--repetition_penalty=0.5"], "repetition_penalty"),
+    ("pp1_pipeline", ["--grammar_modulus=1"], "grammar_modulus"),
+    ("pp1_pipeline", ["--model_seed=-1"], "model_seed"),
+    ("pp1_pipeline", ["--check_vocab=1"], "check_vocab"),
+    ("pp1_pipeline", ["--requests=8", "--check_samples=4"], "check_samples"),
+    ("pp1_pipeline", ["--mutant=uniform_q"], "mutant"),
+    ("pp1_pipeline", ["--kill_worker_at=-1"], "kill_worker_at"),
+    ("pp1_pipeline", ["--check_distribution", "--kill_worker_at=2"],
+     "kill_worker_at"),
+    ("pp1_pipeline", ["--multiprocess", "--verifier_devices=4"],
+     "verifier_devices"),
+    ("pp1_pipeline", ["--transport=udp"], "transport"),
+    ("pp1_pipeline", ["--json_out=/nonexistent/dir/x.json"], "json_out"),
+    ("pp1_pipeline", ["--plot_out=/nonexistent/dir/x.png"], "plot_out"),
+    ("pp1_pipeline", ["--rank=1"], "rank"),
+    ("pp1_pipeline", ["--depth=five"], "depth"),
+    ("pp1_pipeline", ["--nosuchflag=1"], "nosuchflag"),
+    ("pp1_pipeline", ["depth=0"], "depth=0"),        # a stray argument
+    ("bridge_worker", ["--depth=0"], "depth"),
+    ("bridge_worker", ["--address=localhost:5555"], "address"),
+    ("bridge_worker", ["--vocab=16", "--k=32"], "k"),
+    ("bridge_worker", ["--closeness=2"], "closeness"),
+    ("round_demo", ["--vocab=16", "--k=17"], "k"),
+    ("round_demo", ["--prefix_token=-1"], "prefix_token"),
+    ("round_demo", ["--vocab=64", "--prefix_token=64"], "prefix_token"),
+    ("round_demo", ["--check_samples=-1"], "check_samples"),
+    ("round_demo", ["--alpha=0"], "alpha"),
+    ("round_demo", ["--seed=-1"], "seed"),
+    ("acceptance", ["--ks=16,0"], "ks"),
+    ("acceptance", ["--ks=16,x"], "ks"),
+    ("acceptance", ["--closeness=0.9,1.5"], "closeness"),
+    ("acceptance", ["--contexts=0"], "contexts"),
+    ("acceptance", ["--chunk=0"], "chunk"),
+    ("acceptance", ["--empirical_rounds=-1"], "empirical_rounds"),
+    ("acceptance", ["--grammar_modulus=1"], "grammar_modulus"),
+    ("acceptance", ["--plot_out=/nonexistent/dir/x.png"], "plot_out"),
+    ("selection_bias", ["--samples=1"], "samples"),
+    ("selection_bias", ["--threshold=3/2"], "threshold"),
+    ("selection_bias", ["--threshold=half"], "threshold"),
+    ("selection_bias", ["--ci_level=1"], "ci_level"),
+    ("selection_bias", ["--alpha=0"], "alpha"),
+    ("wire_sizes", ["--ks=0"], "ks"),
+    ("wire_sizes", ["--fleet=4,0"], "fleet"),
+    ("wire_sizes", ["--round_ms=0"], "round_ms"),
+    ("wire_sizes", ["--link_gbps=-40"], "link_gbps"),
+    ("wire_sizes", ["--depth=0"], "depth"),
+    ("bench_sharding", ["--shards=1,16"], "shards"),
+]
+
+
+def _run(module, args, **env):
+  environ = dict(os.environ, PYTHONPATH=_ROOT, **env)
+  environ.pop("XLA_FLAGS", None)
+  return subprocess.run(
+      [sys.executable, "-X", "importtime", "-m", f"experiments.{module}",
+       *args], cwd=_ROOT, env=environ, capture_output=True, text=True,
+      timeout=300)
+
+
+def _split(stderr):
+  """(modules imported, the other stderr lines) of an -X importtime run."""
+  modules, lines = set(), []
+  for line in stderr.splitlines():
+    if line.startswith("import time:"):
+      modules.add(line.rsplit("|", 1)[-1].strip())
+    elif line.strip():
+      lines.append(line)
+  return modules, lines
+
+
+@pytest.mark.parametrize("module,args,flag", _BAD,
+                         ids=[f"{m}:{' '.join(a)}" for m, a, _ in _BAD])
+def test_bad_flag_is_one_line_at_parse_time(module, args, flag):
+  run = _run(module, args, JAX_LOG_COMPILES="1")
+  modules, lines = _split(run.stderr)
+  assert run.returncode == 2, run.stdout + run.stderr
+  assert len(lines) == 1, lines
+  assert lines[0].startswith(f"{module}: "), lines[0]
+  assert re.search(rf"(--|\b|'){re.escape(flag)}\b", lines[0]), lines[0]
+  assert "Traceback" not in run.stderr and not run.stdout
+  if module == "bench_sharding":
+    assert "Compiling" not in run.stderr and "compil" not in lines[0]
+  else:
+    assert "jax" not in modules, f"{module} imported JAX before failing"
+
+
+def test_good_flags_pass_the_same_gate():
+  """--help parses every flag's default (no validator rejects a default),
+  prints the docstring and exits before JAX."""
+  for module in ("pp1_pipeline", "bridge_worker", "round_demo", "acceptance",
+                 "selection_bias", "wire_sizes"):
+    run = _run(module, ["--helpfull"])
+    modules, _ = _split(run.stderr)
+    assert "jax" not in modules, module
+    assert f"experiments.{module}" in run.stdout, module
+    assert "%%" not in run.stdout, module  # absl prints help text verbatim
+    assert "DESIGN.md" not in run.stdout, module
+
+
+def test_constants_mirror_the_library():
+  from experiments import cli  # pylint: disable=g-import-not-at-top
+  assert cli.DEFAULT_VOCAB == dj.DEFAULT_VOCAB
+  assert cli.MAX_VOCAB == dj.MAX_VOCAB
+
+
+def test_worker_config_round_trips_through_its_flags():
+  """The pipeline hands its resolved config to the worker as flags; the
+  worker's parse of them gives back the same config, field for field."""
+  code = (
+      "from absl import flags\n"
+      "from experiments import pipeline_config as pc\n"
+      "c = pc.PipelineConfig(vocab=77, depth=3, requests=5, q='dense', k=7,\n"
+      "                      closeness=0.25, model_seed=9, backbone=False)\n"
+      "flags.FLAGS(['worker', *c.to_flags()])\n"
+      "print(pc.from_flags() == c, pc.from_flags(default_vocab=5) == c)\n")
+  run = subprocess.run([sys.executable, "-c", code], cwd=_ROOT,
+                       env=dict(os.environ, PYTHONPATH=_ROOT),
+                       capture_output=True, text=True, timeout=120)
+  assert run.returncode == 0, run.stderr
+  assert run.stdout.split() == ["True", "True"]

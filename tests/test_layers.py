@@ -1,0 +1,112 @@
+"""Imports point one way (docs/architecture.md, "Layers").
+
+Reads every first-party module's imports with `ast` (function-level imports
+included, so a lazy import cannot hide an edge) and checks each against the
+layer table: the core imports only the core; the wire only itself and the
+core; the bridge never `sharding`; `sharding` only itself and the core; no
+library layer imports `dyadic_jax.testing` or `experiments`; and
+`dyadic_jax.testing/__init__.py` imports nothing (a tool with an optional
+dependency, such as zmq, costs nothing to the others).
+"""
+
+import ast
+import pathlib
+
+import pytest
+
+_ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+# Layer -> the layers it may import (itself included).
+_ALLOWED = {
+    "core": {"core"},
+    "wire": {"wire", "core"},
+    "bridge": {"bridge", "wire", "core"},
+    "sharding": {"sharding", "core"},
+    "testing": {"testing", "bridge", "wire", "sharding", "core"},
+    "experiments": {"experiments", "testing", "bridge", "wire", "sharding",
+                    "core"},
+}
+
+
+def _layer(module):
+  """The layer of a dotted first-party module name, or None (third party)."""
+  parts = module.split(".")
+  if parts[0] == "dyadic_jax":
+    sub = parts[1] if len(parts) > 1 else ""
+    return sub if sub in ("wire", "bridge", "testing") else "core"
+  if parts[0] in ("sharding", "experiments"):
+    return parts[0]
+  return None
+
+
+def _module_name(path):
+  rel = path.relative_to(_ROOT).with_suffix("")
+  parts = list(rel.parts)
+  if parts[-1] == "__init__":
+    parts.pop()
+  return ".".join(parts)
+
+
+def _imports(source, module, is_package=False):
+  """Every module `source` imports, as dotted names (relative ones resolved).
+
+  module: the dotted name of the module the source is.
+  """
+  tree = ast.parse(source)
+  package = module if is_package else module.rpartition(".")[0]
+  found = []
+  for node in ast.walk(tree):
+    if isinstance(node, ast.Import):
+      found += [a.name for a in node.names]
+    elif isinstance(node, ast.ImportFrom):
+      base = node.module or ""
+      if node.level:
+        anchor = package.split(".")
+        anchor = anchor[:len(anchor) - node.level + 1]
+        base = ".".join(anchor + ([base] if base else []))
+      found.append(base)
+      # `from pkg import mod` imports pkg.mod when mod is a module.
+      found += [f"{base}.{a.name}" for a in node.names
+                if (_ROOT / base.replace(".", "/") / f"{a.name}.py").exists()]
+  return found
+
+
+def _sources():
+  for top in ("dyadic_jax", "sharding", "experiments"):
+    yield from sorted((_ROOT / top).rglob("*.py"))
+
+
+def _violations(source, module, is_package=False):
+  mine = _layer(module)
+  return [m for m in _imports(source, module, is_package)
+          if _layer(m) is not None and _layer(m) not in _ALLOWED[mine]]
+
+
+@pytest.mark.parametrize("path", list(_sources()),
+                         ids=lambda p: str(p.relative_to(_ROOT)))
+def test_imports_point_one_way(path):
+  module = _module_name(path)
+  bad = _violations(path.read_text(), module, path.name == "__init__.py")
+  assert not bad, f"{module} ({_layer(module)} layer) imports {bad}"
+
+
+def test_testing_package_imports_nothing_eagerly():
+  tree = ast.parse((_ROOT / "dyadic_jax" / "testing" / "__init__.py")
+                   .read_text())
+  assert not [n for n in ast.walk(tree)
+              if isinstance(n, (ast.Import, ast.ImportFrom))]
+
+
+def test_the_checker_sees_violations():
+  """The harness is not vacuous: lazy and relative imports count too."""
+  lazy = "def f():\n  from dyadic_jax.bridge import worker\n"
+  assert _violations(lazy, "dyadic_jax.weights") == [
+      "dyadic_jax.bridge", "dyadic_jax.bridge.worker"]
+  assert _violations("from .testing import hlo\n", "dyadic_jax.codec") == [
+      "dyadic_jax.testing", "dyadic_jax.testing.hlo"]
+  assert _violations("import sharding\n", "dyadic_jax.bridge.verifier") == [
+      "sharding"]
+  assert _violations("from experiments import cli\n", "sharding.ops") == [
+      "experiments", "experiments.cli"]
+  assert not _violations("import numpy\nfrom dyadic_jax import rng\n",
+                         "dyadic_jax.bridge.worker")
