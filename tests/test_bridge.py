@@ -482,3 +482,20 @@ def test_insecure_sessions_use_crc32c_and_refuse_keyed_peers():
     assert e.value.code == Code.TIMEOUT
     assert worker.counters.errors(Code.AUTH_FAILED) == 1
     keyed.close()
+
+
+def test_a_verification_refusal_is_a_counted_fallback():
+  """verify_fn returning (0, -1, status) (core's refused chain, e.g. NaN
+  target logits) falls back to the target alone with the status's code,
+  counted; it never commits -1 or raises."""
+  from dyadic_jax.constants import Status  # pylint: disable=g-import-not-at-top
+
+  def refusing(logits, q, draft, key, *, anchor):
+    del logits, q, draft, key, anchor
+    return 0, -1, int(Status.NAN)
+  with h.running(SPARSE, verify_fn=refusing) as (worker, verifier):
+    results = verifier.round([0, 1])
+    assert all(r.fallback and r.code == Code.NON_FINITE for r in results)
+    assert all(0 <= r.committed[0] < h.V for r in results)
+    assert verifier.counters.errors(Code.NON_FINITE) == 2
+    del worker
