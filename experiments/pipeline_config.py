@@ -166,6 +166,8 @@ class PipelineConfig:
     if self.insecure:
       return None, None
     from dyadic_jax.bridge import keys  # pylint: disable=g-import-not-at-top
+    if self.keys_dir is None:
+      raise ValueError("PipelineConfig: no keys_dir (and not insecure)")
     loaded = keys.load(self.keys_dir, role, encrypt=self.encrypt)
     return loaded.secret, loaded.curve
 

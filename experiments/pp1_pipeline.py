@@ -499,8 +499,9 @@ def _build_verifier(jax: typing.Any, config: pipeline_config.PipelineConfig,
     block(verify(logits, q, draft, key, anchor=len(prefix)))
     block(sample(logits[0], key))
 
-  secret, curve = (None, None) if address is None else config.link_keys(
-      "verifier")       # a follower rank never talks to the worker
+  # A follower rank never talks to the worker: it holds no keys.
+  secret, curve = ((None, None) if _RANK.value else
+                   config.link_keys("verifier"))
   return bridge.Verifier(
       caps, address,
       target_fn=watch.timed("verification", target.logits, block),

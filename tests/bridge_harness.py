@@ -11,6 +11,7 @@ import contextlib
 import functools
 import os
 import threading
+import time
 
 import numpy as np
 
@@ -19,6 +20,7 @@ from dyadic_jax.bridge.effects import Send
 from dyadic_jax.wire import auth, codec, layouts
 from dyadic_jax.wire.layouts import FIXED_BYTES, Kind, Representation
 from dyadic_jax.testing import toy_models
+from tests import wire_edits
 
 V = 16
 DEPTH = 3
@@ -93,11 +95,7 @@ def join(frame_list):
   return b"".join(frame_list)
 
 
-def reseal(frame, tagger):
-  """The frame with its tag recomputed (as if the defect came first)."""
-  buf = bytearray(frame)
-  auth.seal(buf, tagger)
-  return bytes(buf)
+reseal = wire_edits.reseal
 
 
 def set_field(frame, kind, name, value, tagger=None):
@@ -156,49 +154,101 @@ def completion_of(frame_list, rid):
 
 COMPLETION_BYTES = FIXED_BYTES[Kind.COMPLETION]
 
+# A verifier deadline no healthy exchange misses, however loaded the
+# machine: tests that need a timeout make it happen (`WarpClock`), they do
+# not wait for one.
+GENEROUS_S = 60.0
 
-@contextlib.contextmanager
-def running(c, *, worker_cls=Tampering, timeout_s=1.0, address=None,
-            verify_fn=None, secret=SECRET, sampling_audit=True,
-            requests=None):
-  """(worker, verifier) over ZeroMQ with `requests` added; tears down."""
-  worker = worker_cls(c, proposer_for(c), secret=secret)
-  endpoint = bridge.Endpoint.bind(address or "tcp://127.0.0.1:0",
-                                  max_message=worker.max_message)
+
+class WarpClock:
+  """A verifier clock that tests move forward: monotonic time plus warps.
+
+  `warp()` (any thread) moves it past any deadline set so far, e.g. when a
+  fault-injecting proxy lost an exchange (`Proxy(on_lost=clock.warp)`):
+  the verifier times the exchange out at once, under a deadline that is
+  otherwise generous. What a test asserts then depends on the faults it
+  injects, never on how fast the machine is.
+  """
+
+  def __init__(self, step_s=10 * GENEROUS_S):
+    self.step_s = step_s
+    self.offset = 0.0
+    self.warps = 0
+    self._lock = threading.Lock()
+
+  def __call__(self):
+    return time.monotonic() + self.offset
+
+  def warp(self):
+    with self._lock:
+      self.offset += self.step_s
+      self.warps += 1
+
+
+class WarpOnReject(bridge.Counters):
+  """Counters that warp `clock` after counting one of `codes`: the
+  exchange a refused message belonged to times out once the refusal is
+  counted (not before: the count is what a test checks)."""
+
+  def __init__(self, name, clock, codes):
+    super().__init__(name)
+    self.clock = clock
+    self.codes = set(codes)
+
+  def reject(self, code, detail=""):
+    super().reject(code, detail)
+    if code in self.codes:
+      self.clock.warp()
+
+
+class WarpVerifier(bridge.Verifier):
+  """A Verifier on a `WarpClock` whose socket waits in short slices, so a
+  warp ends the wait it happens in (the real driver waits once, until the
+  deadline)."""
+
+  def __init__(self, *args, clock, slice_s=0.01, **kwargs):
+    self.slice_s = slice_s
+    super().__init__(*args, clock=clock, **kwargs)
+
+  def _zmq_connect(self, address, max_message):
+    endpoint = super()._zmq_connect(address, max_message)
+    recv = endpoint.recv
+    endpoint.recv = lambda timeout_s: recv(min(timeout_s, self.slice_s))
+    return endpoint
+
+
+class Served:
+  """A worker's loop in a thread behind a real ROUTER (`serve`)."""
+
+  def __init__(self, worker, endpoint):
+    self.worker = worker
+    self.endpoint = endpoint
+    self.address = worker.address = endpoint.address
+    self.stop_event = threading.Event()
+    self.thread = threading.Thread(target=worker.serve,
+                                   args=(endpoint, self.stop_event),
+                                   daemon=True)
+    self.thread.start()
+
+  def close(self):
+    self.stop_event.set()
+    self.thread.join(10)
+    assert not self.thread.is_alive(), "the worker loop is stuck"
+    self.endpoint.close()
+
+
+def serve(worker, address="tcp://127.0.0.1:0", curve=None):
+  """Binds `address` for `worker`, compiles its proposer, serves it."""
+  endpoint = bridge.Endpoint.bind(address, max_message=worker.max_message,
+                                  curve=curve)
   worker.warmup()
-  stop = threading.Event()
-  thread = threading.Thread(target=worker.serve, args=(endpoint, stop),
-                            daemon=True)
-  thread.start()
-  kwargs = {} if verify_fn is None else {"verify_fn": verify_fn}
-  verifier = bridge.Verifier(c, endpoint.address,
-                             target_fn=target_fn_for(toy(c.vocab)),
-                             timeout_s=timeout_s, secret=secret,
-                             sampling_audit=sampling_audit, **kwargs)
-  worker.address = endpoint.address
-  try:
-    verifier.open()
-    for rid in range(c.max_requests if requests is None else requests):
-      verifier.add_request(rid, [rid + 1], seed=100 + rid)
-    yield worker, verifier
-  finally:
-    stop.set()
-    thread.join()
-    verifier.close()
-    endpoint.close()
+  return Served(worker, endpoint)
 
 
-def random_secret():
-  return os.urandom(auth.SECRET_BYTES)
-
-
-def worker_main():
-  """A worker process (`python -m tests.bridge_harness`): the SPARSE caps
-  with SECRET on a free port; prints READY <address>, serves until stdin
-  closes."""
+def serve_until_stdin_closes(worker):
+  """A worker process's loop: prints READY <address>, serves until its
+  stdin closes (the parent's signal to stop)."""
   import sys  # pylint: disable=g-import-not-at-top
-  c = caps()
-  worker = bridge.Worker(c, proposer_for(c), secret=SECRET)
   endpoint = bridge.Endpoint.bind("tcp://127.0.0.1:0",
                                   max_message=worker.max_message)
   worker.warmup()
@@ -208,6 +258,43 @@ def worker_main():
   print("READY", endpoint.address, flush=True)
   worker.serve(endpoint, stop)
   endpoint.close()
+
+
+@contextlib.contextmanager
+def running(c, *, worker_cls=Tampering, timeout_s=GENEROUS_S, address=None,
+            verify_fn=None, secret=SECRET, sampling_audit=True,
+            requests=None):
+  """(worker, verifier) over ZeroMQ with `requests` added; tears down.
+
+  The verifier is a `WarpVerifier`: a test that needs an exchange to time
+  out calls `verifier.clock.warp()` (or counts with `WarpOnReject`)."""
+  served = serve(worker_cls(c, proposer_for(c), secret=secret),
+                 address or "tcp://127.0.0.1:0")
+  kwargs = {} if verify_fn is None else {"verify_fn": verify_fn}
+  verifier = WarpVerifier(c, served.address,
+                          target_fn=target_fn_for(toy(c.vocab)),
+                          timeout_s=timeout_s, secret=secret,
+                          sampling_audit=sampling_audit, clock=WarpClock(),
+                          **kwargs)
+  try:
+    verifier.open()
+    for rid in range(c.max_requests if requests is None else requests):
+      verifier.add_request(rid, [rid + 1], seed=100 + rid)
+    yield served.worker, verifier
+  finally:
+    served.close()
+    verifier.close()
+
+
+def random_secret():
+  return os.urandom(auth.SECRET_BYTES)
+
+
+def worker_main():
+  """A worker process (`python -m tests.bridge_harness`): the SPARSE caps
+  with SECRET on a free port, until its stdin closes."""
+  c = caps()
+  serve_until_stdin_closes(bridge.Worker(c, proposer_for(c), secret=SECRET))
 
 
 if __name__ == "__main__":

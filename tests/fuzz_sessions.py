@@ -34,9 +34,7 @@ import collections
 import contextlib
 import logging
 import pathlib
-import resource
 import shlex
-import subprocess
 import sys
 
 _ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -44,6 +42,8 @@ if str(_ROOT) not in sys.path:  # run as a script: `tests` is not importable
   sys.path.insert(0, str(_ROOT))
 
 import numpy as np  # pylint: disable=g-import-not-at-top
+
+from tests import fuzz_run  # pylint: disable=g-import-not-at-top
 
 # Coverage only for the protocol modules (see tests/fuzz_wire.py).
 import dyadic_jax  # pylint: disable=g-import-not-at-top,unused-import
@@ -413,19 +413,10 @@ def TestOneInput(data):  # pylint: disable=invalid-name
 
 def run_fuzz(corpus_dirs=(), *, runs=200_000, seed=1, artifact_dir=None,
              extra_args=(), timeout=None):
-  """Runs a fixed-seed, fixed-count fuzz campaign in a subprocess.
-
-  See tests/fuzz_wire.py `run_fuzz` (same arguments and caveats).
-  """
-  peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024
-  cmd = [sys.executable, str(pathlib.Path(__file__).resolve()),
-         f"-runs={runs}", f"-seed={seed}", "-max_len=4096",
-         f"-rss_limit_mb={peak_mb + 2048}", "-print_final_stats=1"]
-  if artifact_dir is not None:
-    cmd.append(f"-artifact_prefix={pathlib.Path(artifact_dir).resolve()}/")
-  cmd += [*extra_args, *map(str, corpus_dirs)]
-  return subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                        text=True, timeout=timeout, check=False)
+  """A fixed-seed, fixed-count campaign of this target (tests/fuzz_run.py)."""
+  return fuzz_run.run(__file__, corpus_dirs, runs=runs, seed=seed,
+                      max_len=4096, artifact_dir=artifact_dir,
+                      extra_args=extra_args, timeout=timeout)
 
 
 if __name__ == "__main__":

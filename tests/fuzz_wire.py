@@ -29,17 +29,16 @@ docs/fuzzing.md):
 
 import contextlib
 import pathlib
-import resource
 import shlex
-import subprocess
 import sys
-import types
 
 _ROOT = pathlib.Path(__file__).resolve().parent.parent
 if str(_ROOT) not in sys.path:  # run as a script: `tests` is not importable
   sys.path.insert(0, str(_ROOT))
 
 import numpy as np  # pylint: disable=g-import-not-at-top
+
+from tests import fuzz_run  # pylint: disable=g-import-not-at-top
 
 # Coverage only for the wire modules: atheris instruments every module of a
 # top-level package first imported inside `instrument_imports`, so the rest
@@ -154,36 +153,10 @@ def TestOneInput(data):  # pylint: disable=invalid-name
 
 def run_fuzz(corpus_dirs=(), *, runs=200_000, seed=1, artifact_dir=None,
              extra_args=(), timeout=None):
-  """Runs a fixed-seed, fixed-count fuzz campaign in a subprocess.
-
-  Args:
-    corpus_dirs: corpus directories; libFuzzer writes new inputs into the
-      first one, so pass a copy of the checked-in corpus.
-    runs: executions in all (the corpus's included).
-    seed: libFuzzer's -seed. A run still does not repeat bit for bit (the
-      coverage atheris reports varies with memory layout), so a failure is
-      reproduced from its crash file, not by running again.
-    artifact_dir: where a crashing input is written (-artifact_prefix);
-      the current directory when None.
-    extra_args: further libFuzzer flags.
-    timeout: seconds before subprocess.TimeoutExpired.
-
-  Returns:
-    The subprocess.CompletedProcess, stdout and stderr merged in `.stdout`.
-  """
-  # libFuzzer's memory check reads the peak RSS, which Linux carries over
-  # from this (parent) process through fork and exec: a pytest worker that
-  # already peaked at 2.5 GB would trip the default 2 GB limit at once. The
-  # limit is 2 GB above what this process has already used.
-  peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024
-  cmd = [sys.executable, str(pathlib.Path(__file__).resolve()),
-         f"-runs={runs}", f"-seed={seed}", f"-max_len={MAX_LEN}",
-         f"-rss_limit_mb={peak_mb + 2048}", "-print_final_stats=1"]
-  if artifact_dir is not None:
-    cmd.append(f"-artifact_prefix={pathlib.Path(artifact_dir).resolve()}/")
-  cmd += [*extra_args, *map(str, corpus_dirs)]
-  return subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                        text=True, timeout=timeout, check=False)
+  """A fixed-seed, fixed-count campaign of this target (tests/fuzz_run.py)."""
+  return fuzz_run.run(__file__, corpus_dirs, runs=runs, seed=seed,
+                      max_len=MAX_LEN, artifact_dir=artifact_dir,
+                      extra_args=extra_args, timeout=timeout)
 
 
 if __name__ == "__main__":

@@ -58,9 +58,14 @@ def _check(verifier, results, code, failed, before, extra=None):
   assert verifier.counters.events("fallbacks") == len(failed)
 
 
-def _round(worker, verifier, tamper):
+def _round(worker, verifier, tamper, warp_on=()):
+  """A clean round, then one with the worker's answer tampered; counters
+  are fresh for the second. warp_on: codes whose refusal times the
+  exchange out at once (h.WarpOnReject), where nothing else will come."""
   verifier.round([0, 1])              # a clean round first: warm, in sync
-  verifier.session.counters = bridge.Counters("verifier")
+  verifier.session.counters = (
+      h.WarpOnReject("verifier", verifier.clock, warp_on) if warp_on
+      else bridge.Counters("verifier"))
   before = {r: (list(q.tokens), q.generation)
             for r, q in verifier.requests.items()}
   worker.tamper = tamper
@@ -236,8 +241,9 @@ _UNREADABLE = {
 
 @pytest.mark.parametrize("code", list(_UNREADABLE), ids=lambda c: c.name)
 def test_unreadable_message_is_counted_and_times_out(code):
-  with h.running(SPARSE, timeout_s=0.5) as (worker, verifier):
-    results, before = _round(worker, verifier, _UNREADABLE[code])
+  with h.running(SPARSE) as (worker, verifier):
+    results, before = _round(worker, verifier, _UNREADABLE[code],
+                             warp_on=[code])
     _check(verifier, results, Code.TIMEOUT, {0, 1}, before,
            extra={code.name: 1})
 
@@ -303,11 +309,12 @@ def test_answers_out_of_order_fail_the_batch():
 
 
 def test_timeout_discards_the_batch_and_late_reply_is_stale():
-  with h.running(SPARSE, timeout_s=0.3) as (worker, verifier):
+  with h.running(SPARSE) as (worker, verifier):
     held = []
 
     def hold(messages, tagger):
       held.extend(messages)
+      verifier.clock.warp()       # nothing will come: the deadline passes
       return None
     results, before = _round(worker, verifier, hold)
     _check(verifier, results, Code.TIMEOUT, {0, 1}, before)
@@ -347,7 +354,7 @@ def test_hello_mismatch_refused_before_allocation():
   with h.running(SPARSE) as (worker, _):
     other = h.caps(draft_id="another-draft")
     verifier = bridge.Verifier(other, worker.address, target_fn=None,
-                               secret=h.SECRET, timeout_s=1.0)
+                               secret=h.SECRET, timeout_s=h.GENEROUS_S)
     with pytest.raises(ProtocolError) as e:
       verifier.open()
     assert e.value.code == Code.IDENTITY_MISMATCH
@@ -452,9 +459,10 @@ def test_dense_rounds_over_tcp_and_ipc(address, tmp_path):
       results = verifier.round([0, 1])
       assert not any(r.fallback for r in results)
     assert verifier.counters.snapshot()["errors"] == {}
-    deadline = time.monotonic() + 5
-    while worker.counters.events("commits") < 6 and time.monotonic() < (
-        deadline):
+    # The last COMMIT is in flight: wait for it (a generous deadline).
+    deadline = time.monotonic() + h.GENEROUS_S
+    while worker.counters.events("commits") < 6:
+      assert time.monotonic() < deadline, worker.counters.snapshot()
       time.sleep(0.01)
     # The worker's committed view (from COMMITs) is the verifier's.
     for rid, req in verifier.requests.items():
@@ -478,8 +486,12 @@ def test_insecure_sessions_use_crc32c_and_refuse_keyed_peers():
     keyed = bridge.Verifier(c, worker.address, target_fn=None,
                             secret=h.SECRET, timeout_s=0.2)
     with pytest.raises(ProtocolError) as e:
-      keyed.open(attempts=1)
+      keyed.open(attempts=1)    # never answered: it times out, whenever
     assert e.value.code == Code.TIMEOUT
+    deadline = time.monotonic() + h.GENEROUS_S   # the worker's count
+    while worker.counters.errors(Code.AUTH_FAILED) < 1:
+      assert time.monotonic() < deadline, worker.counters.snapshot()
+      time.sleep(0.01)
     assert worker.counters.errors(Code.AUTH_FAILED) == 1
     keyed.close()
 

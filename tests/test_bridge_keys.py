@@ -64,21 +64,15 @@ def test_an_encrypted_session_and_a_refused_client(tmp_path):
   keys.make(tmp_path / "b")
   worker_keys, verifier_keys = _curve_pair(tmp_path / "a")
   c = h.caps()
-  worker = bridge.Worker(c, h.proposer_for(c), secret=worker_keys.secret)
-  endpoint = bridge.Endpoint.bind("tcp://127.0.0.1:0",
-                                  max_message=worker.max_message,
-                                  curve=worker_keys.curve)
-  worker.warmup()
-  import threading  # pylint: disable=g-import-not-at-top
-  stop = threading.Event()
-  thread = threading.Thread(target=worker.serve, args=(endpoint, stop),
-                            daemon=True)
-  thread.start()
+  loop = h.serve(bridge.Worker(c, h.proposer_for(c),
+                               secret=worker_keys.secret),
+                 curve=worker_keys.curve)
+  worker, endpoint = loop.worker, loop.endpoint
   target = h.target_fn_for(h.toy())
   try:
     verifier = bridge.Verifier(c, endpoint.address, target_fn=target,
                                secret=verifier_keys.secret,
-                               curve=verifier_keys.curve, timeout_s=5.0)
+                               curve=verifier_keys.curve, timeout_s=h.GENEROUS_S)
     verifier.open()
     verifier.add_request(0, [1], seed=3)
     assert not verifier.round([0])[0].fallback
@@ -104,6 +98,4 @@ def test_an_encrypted_session_and_a_refused_client(tmp_path):
     plain.close()
     assert worker.counters.total_errors() == 0   # nothing reached the bridge
   finally:
-    stop.set()
-    thread.join()
-    endpoint.close()
+    loop.close()

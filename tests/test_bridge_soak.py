@@ -61,9 +61,9 @@ import functools
 import itertools
 import json
 import os
+import select
 import subprocess
 import sys
-import threading
 import time
 
 import jax.numpy as jnp
@@ -79,6 +79,7 @@ from dyadic_jax.wire.errors import Code
 from dyadic_jax.wire.layouts import Representation
 from dyadic_jax.testing import toy_models
 from dyadic_jax.testing import stats
+from tests import bridge_harness
 
 M = dj.M
 V = 16
@@ -87,7 +88,12 @@ DEPTH = 4
 REQUESTS = 4
 SCALE = np.float32(0.25)  # logits / 4: exact in float32
 CLOSENESS = 0.5
-DEADLINE_S = 0.25       # the verifier's exchange deadline: a TIMEOUT's cost
+# The verifier's exchange deadline: generous, no healthy exchange misses it
+# on a loaded machine. A lost exchange times out at once all the same: the
+# proxy warps the verifier's clock past it (bridge_harness.WarpClock).
+DEADLINE_S = bridge_harness.GENEROUS_S
+JITTER_S = 0.025        # the benign jitter: held up to this long
+START_S = 300.0         # a worker process's start and stop, at most
 EPOCH = 200             # rounds per request lifetime (the last one clean)
 SEED = 20261201
 SECRET = bytes(range(32, 64))
@@ -149,15 +155,7 @@ def worker_main(representation):
   closes, then prints its counters as JSON."""
   caps = _caps(Representation[representation])
   worker = bridge.Worker(caps, _proposer(caps), secret=SECRET)
-  endpoint = bridge.Endpoint.bind("tcp://127.0.0.1:0",
-                                  max_message=worker.max_message)
-  worker.warmup()
-  stop = threading.Event()
-  threading.Thread(target=lambda: (sys.stdin.read(), stop.set()),
-                   daemon=True).start()
-  print("READY", endpoint.address, flush=True)
-  worker.serve(endpoint, stop)
-  endpoint.close()
+  bridge_harness.serve_until_stdin_closes(worker)
   print("COUNTERS", json.dumps(worker.counters.snapshot()), flush=True)
 
 
@@ -172,16 +170,21 @@ class _ProcessWorker:
          f"worker_main; worker_main({representation.name!r})"],
         cwd=_ROOT, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL, text=True)
-    line = self.proc.stdout.readline()
+    # A deadline on the start (import, compile), generous for a loaded
+    # machine; the child prints nothing else on stdout.
+    started = select.select([self.proc.stdout], [], [], START_S)[0]
+    line = self.proc.stdout.readline() if started else ""
     if not line.startswith("READY "):
       self.proc.kill()
-      raise RuntimeError(f"worker process did not start: {line!r}")
+      self.proc.wait()
+      raise RuntimeError(f"worker process did not start in {START_S} s: "
+                         f"{line!r}")
     self.address = line.split()[1]
 
   def stop(self):
     """The worker's counters snapshot."""
     try:
-      out, _ = self.proc.communicate(input="", timeout=60)
+      out, _ = self.proc.communicate(input="", timeout=START_S)
     finally:
       if self.proc.poll() is None:
         self.proc.kill()
@@ -196,22 +199,13 @@ class _ThreadWorker:
 
   def __init__(self, representation):
     caps = _caps(representation)
-    self.worker = bridge.Worker(caps, _proposer(caps), secret=SECRET)
-    self.endpoint = bridge.Endpoint.bind("tcp://127.0.0.1:0",
-                                         max_message=self.worker.max_message)
-    self.address = self.endpoint.address
-    self.worker.warmup()
-    self._stop = threading.Event()
-    self._thread = threading.Thread(target=self.worker.serve,
-                                    args=(self.endpoint, self._stop),
-                                    daemon=True)
-    self._thread.start()
+    self.served = bridge_harness.serve(
+        bridge.Worker(caps, _proposer(caps), secret=SECRET))
+    self.address = self.served.address
 
   def stop(self):
-    self._stop.set()
-    self._thread.join(10)
-    self.endpoint.close()
-    return self.worker.counters.snapshot()
+    self.served.close()
+    return self.served.worker.counters.snapshot()
 
 
 # -- one soak -----------------------------------------------------------------
@@ -241,14 +235,16 @@ def run_soak(rounds, *, representation=Representation.SPARSE, rate=RATE,
   caps = _caps(representation)
   worker = (_ProcessWorker if process else _ThreadWorker)(representation)
   proxy = verifier = None
+  clock = bridge_harness.WarpClock()
   start = time.monotonic()
   try:
     proxy = proxy_lib.Proxy(
         "tcp://127.0.0.1:0", worker.address, rate=rate, seed=seed,
-        deadline_s=deadline_s, kinds=kinds, directions=directions).start()
-    verifier = bridge.Verifier(caps, proxy.address, target_fn=_target_fn,
-                               verify_fn=verify_fn, timeout_s=deadline_s,
-                               secret=SECRET).open()
+        deadline_s=deadline_s, jitter_s=JITTER_S, kinds=kinds,
+        directions=directions, on_lost=clock.warp).start()
+    verifier = bridge_harness.WarpVerifier(
+        caps, proxy.address, target_fn=_target_fn, verify_fn=verify_fn,
+        timeout_s=deadline_s, secret=SECRET, clock=clock).open()
     _warm_verifier(caps, verify_fn)
     rng = np.random.default_rng(seed)
     exchanges, prompts = [], {}
@@ -613,7 +609,7 @@ def test_each_fault_kind_is_accounted(kind, direction):
   # Every exchange but the drain rounds gets this one fault.
   soak, damaged = _soak_and_check(
       f"{direction}/{kind}", 8, rate=1.0, kinds=(kind,),
-      directions=(direction,), epoch=4, deadline_s=0.2,
+      directions=(direction,), epoch=4,
       seed=SEED + SOAK_KINDS.index(kind))
   assert len(soak.faults) == 6
   assert all(f.kind == kind and f.direction == direction
@@ -675,18 +671,36 @@ def test_soak_long(representation):
 class _Scripted(proxy_lib.Proxy):
   """Forwards everything; the i-th reply message goes through script[i]
   and the i-th STEP message through steps[i] (frames -> frames to deliver,
-  or None: pass it untouched)."""
+  or None: pass it untouched). An edit that loses its exchange (`_lost`)
+  warps the verifier's clock once it is delivered (a STEP's: once the
+  worker's answer to it passed), so that the verifier times it out."""
 
   def __init__(self, *args, script, steps=(), **kwargs):
-    super().__init__(*args, rate=0.0, seed=0, deadline_s=0.3, **kwargs)
+    super().__init__(*args, rate=0.0, seed=0, deadline_s=DEADLINE_S,
+                     **kwargs)
     self.script = {proxy_lib.TO_VERIFIER: list(script),
                    proxy_lib.TO_WORKER: list(steps)}
+    self._lost_on_answer = False
 
   def _maybe_fault(self, direction, frames):
-    if self.script[direction]:
-      edit = self.script[direction].pop(0)
-      frames = edit(list(frames)) if edit else frames
-    self._send(direction, frames)
+    edit = self.script[direction].pop(0) if self.script[direction] else None
+    self._send(direction, edit(list(frames)) if edit else frames)
+    if getattr(edit, "lost", False):
+      if direction == proxy_lib.TO_VERIFIER:
+        self.lost()
+      else:
+        self._lost_on_answer = True
+
+  def _send(self, direction, frames):
+    super()._send(direction, frames)
+    if direction == proxy_lib.TO_VERIFIER and self._lost_on_answer:
+      self._lost_on_answer = False
+      self.lost()
+
+
+def _lost(edit):
+  edit.lost = True
+  return edit
 
 
 def _swap(i, j):
@@ -697,6 +711,7 @@ def _swap(i, j):
 
 
 def _flip(i, byte):
+  @_lost
   def edit(frames):
     frame = bytearray(frames[i])
     frame[byte] ^= 1
@@ -706,7 +721,7 @@ def _flip(i, byte):
 
 
 def _without(first, stop):
-  return lambda frames: frames[:first] + frames[stop:]
+  return _lost(lambda frames: frames[:first] + frames[stop:])
 
 
 def _scripted_rounds(script, rounds, before=None, steps=(),
@@ -715,11 +730,12 @@ def _scripted_rounds(script, rounds, before=None, steps=(),
   the verifier's and the worker's counters. before(verifier, i) runs
   before round i."""
   worker = _ThreadWorker(representation)
+  clock = bridge_harness.WarpClock()
   proxy = _Scripted("tcp://127.0.0.1:0", worker.address, script=script,
-                    steps=steps).start()
-  verifier = bridge.Verifier(_caps(representation), proxy.address,
-                             target_fn=_target_fn, timeout_s=0.3,
-                             secret=SECRET).open()
+                    steps=steps, on_lost=clock.warp).start()
+  verifier = bridge_harness.WarpVerifier(
+      _caps(representation), proxy.address, target_fn=_target_fn,
+      timeout_s=DEADLINE_S, secret=SECRET, clock=clock).open()
   _warm_verifier(verifier.caps, dj.verify_chain)
   results = []
   try:
@@ -815,7 +831,7 @@ def test_no_resync_without_faults_when_a_digest_ends_in_nul():
   caps = _caps(Representation.SPARSE)
   worker = _ThreadWorker(Representation.SPARSE)
   verifier = bridge.Verifier(caps, worker.address, target_fn=_target_fn,
-                             timeout_s=2.0, secret=SECRET).open()
+                             timeout_s=DEADLINE_S, secret=SECRET).open()
   try:
     verifier.add_request(0, prompt, seed=0)
     for _ in range(3):

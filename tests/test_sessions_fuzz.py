@@ -8,10 +8,9 @@ atheris is not installed. A failure prints the crashing input (hex):
 reproduce it with `python tests/fuzz_sessions.py FILE` (docs/fuzzing.md).
 """
 
-import re
-
 import pytest
 
+from tests import fuzz_run
 from tests import fuzz_sessions
 
 RUNS = 200_000
@@ -32,10 +31,4 @@ def test_fuzz_run_fixed_seed(tmp_path):
   artifacts.mkdir()
   result = fuzz_sessions.run_fuzz([corpus], runs=RUNS, seed=1,
                                   artifact_dir=artifacts, timeout=1800)
-  crashes = {p.name: p.read_bytes().hex() for p in artifacts.iterdir()}
-  assert result.returncode == 0 and not crashes, (
-      f"exit {result.returncode}, inputs (hex) {crashes}; reproduce with "
-      f"python tests/fuzz_sessions.py FILE\n{result.stdout[-6000:]}")
-  done = re.search(r"^Done (\d+) runs in (\d+) second", result.stdout,
-                   re.MULTILINE)
-  assert done and int(done.group(1)) == RUNS, result.stdout[-3000:]
+  fuzz_run.check(result, artifacts, RUNS, "tests/fuzz_sessions.py")

@@ -16,6 +16,7 @@ import pytest
 from dyadic_jax import wire
 from dyadic_jax.wire import auth, codec, layouts
 from dyadic_jax.wire.layouts import FIXED_BYTES, Kind, Representation
+from tests import wire_edits
 
 C = wire.Code
 M = 1 << 24
@@ -49,11 +50,7 @@ def _reply(bounds=SPARSE, depth=2, tagger=KEY, session=7):
 
 
 def _set(buf, offset, value, nbytes, tagger=KEY):
-  buf = bytearray(buf)
-  buf[offset:offset + nbytes] = int(value).to_bytes(nbytes, "little")
-  if tagger is not None:
-    auth.seal(buf, tagger)
-  return bytes(buf)
+  return wire_edits.set_field(buf, offset, value, nbytes, tagger)
 
 
 @pytest.mark.parametrize("kind", [k for k in Kind if k != Kind.REPLY])

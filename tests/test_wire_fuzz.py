@@ -7,12 +7,12 @@ exactly what tests/fuzz_corpus/make_wire_corpus.py writes. The fuzz run
 corpus with a fixed seed; it skips only where atheris is not installed.
 """
 
-import re
 import shutil
 
 import pytest
 
 from dyadic_jax.wire import Code
+from tests import fuzz_run
 from tests import fuzz_wire
 from tests.fuzz_corpus import make_wire_corpus
 
@@ -58,11 +58,4 @@ def test_fuzz_run_fixed_seed(tmp_path):
   artifacts.mkdir()
   result = fuzz_wire.run_fuzz([corpus], runs=RUNS, seed=1,
                               artifact_dir=artifacts, timeout=600)
-  # Runs do not repeat bit for bit: the message carries the inputs.
-  crashes = {p.name: p.read_bytes().hex() for p in artifacts.iterdir()}
-  assert result.returncode == 0 and not crashes, (
-      f"exit {result.returncode}, inputs (hex) {crashes}; reproduce with "
-      f"python tests/fuzz_wire.py FILE\n{result.stdout[-6000:]}")
-  done = re.search(r"^Done (\d+) runs in (\d+) second", result.stdout,
-                   re.MULTILINE)
-  assert done and int(done.group(1)) == RUNS, result.stdout[-3000:]
+  fuzz_run.check(result, artifacts, RUNS, "tests/fuzz_wire.py")

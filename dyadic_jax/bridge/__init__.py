@@ -3,14 +3,14 @@
 A sans-I/O protocol core (`WorkerSession`, `VerifierSession`: pure state
 machines, messages and time in, messages and typed effects out), thin
 ZeroMQ drivers around them (`Worker`, `Verifier`), capabilities and HELLO
-negotiation, staging slots, the sampling audit, key files (`keys`) and the
-plan broadcast of a multi-rank verifier (`ranks`, imported on demand). The
+negotiation, staging slots, the sampling audit, key files (`keys`, also the command
+`python -m dyadic_jax.bridge.keys DIR`) and the plan broadcast of a
+multi-rank verifier (`ranks`); those two are imported on demand. The
 verifier takes its verification function as an argument (single-device
 `dyadic_jax.verify_chain` or the sharded one); this package never imports
 `sharding` (docs/architecture.md).
 """
 
-from dyadic_jax.bridge import keys
 from dyadic_jax.bridge.counters import Counters
 from dyadic_jax.bridge.effects import Plan, Propose, Send, Stage, Verify
 from dyadic_jax.bridge.hello import Capabilities
@@ -26,5 +26,5 @@ __all__ = [
     "Capabilities", "Counters", "Curve", "Endpoint", "Outcome", "Plan",
     "Propose", "Proposal", "Request", "RoundResult", "Send", "Stage",
     "Verifier", "VerifierSession", "Verify", "Worker", "WorkerSession",
-    "draft_proposer", "keys", "serve_forever",
+    "draft_proposer", "serve_forever",
 ]

@@ -17,6 +17,7 @@ import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
+from numpy.typing import ArrayLike
 
 from dyadic_jax import rng
 
@@ -40,15 +41,16 @@ def _draws(seeds, generations, rounds, anchors, depth):
   return jax.vmap(one)(seeds, generations, rounds, anchors)
 
 
-def proposal_draws(seeds, generations, rounds, anchors, depth, *,
-                   pad_to=None):
+def proposal_draws(seeds: ArrayLike, generations: ArrayLike,
+                   rounds: ArrayLike, anchors: ArrayLike, depth: int, *,
+                   pad_to: int | None = None) -> np.ndarray:
   """uint32[R, depth] PROPOSAL draws of R requests (numpy in and out).
 
   seeds uint64[R], generations and rounds [R] (uint32 range), anchors
   int64[R]: exactly the values and dtypes the proposer uses. pad_to: pad
   the batch to this many requests (one compile for every batch size).
   """
-  r = len(seeds)
+  r = np.shape(seeds)[0]
   pad = max(0, (pad_to or r) - r)
   arrays = [np.pad(np.asarray(a, dtype), (0, pad)) for a, dtype in (
       (seeds, np.uint64), (generations, np.uint32), (rounds, np.uint32),

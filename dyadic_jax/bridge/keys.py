@@ -50,7 +50,7 @@ def _write(path, data, mode):
   os.chmod(path, mode)
 
 
-def make(directory, *, force=False):
+def make(directory: str | os.PathLike, *, force: bool = False) -> pathlib.Path:
   """Writes a fresh key set into `directory`; returns its path."""
   import zmq  # pylint: disable=g-import-not-at-top
   directory = pathlib.Path(directory)
@@ -78,7 +78,7 @@ def _read_private(path):
   return path.read_text().strip()
 
 
-def load_secret(directory):
+def load_secret(directory: str | os.PathLike) -> bytes:
   """The deployment secret (32 bytes) of `directory`."""
   text = _read_private(pathlib.Path(directory) / SECRET)
   try:
@@ -91,7 +91,8 @@ def load_secret(directory):
   return secret
 
 
-def load(directory, role, *, encrypt=False):
+def load(directory: str | os.PathLike, role: str, *,
+         encrypt: bool = False) -> Keys:
   """Keys of `role` ("worker" or "verifier") from `directory`."""
   if role not in _CURVE:
     raise ValueError(f"keys: role {role!r} is not one of {_CURVE}")

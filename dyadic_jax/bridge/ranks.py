@@ -12,6 +12,8 @@ A broadcast needs the same shapes on every rank: each plan is padded to
 travels with it; followers get back exactly the leader's plan.
 """
 
+import typing
+
 import jax
 from jax.experimental import multihost_utils
 import numpy as np
@@ -46,7 +48,7 @@ def unpad(size, plan):
               plan.n[:r, :d], plan.stop)
 
 
-def plan_broadcast(caps):
+def plan_broadcast(caps: typing.Any) -> typing.Callable[[Plan | None], Plan]:
   """A `share_fn` for `Verifier`: rank 0's plan, on every rank.
 
   On the leader it takes the round's plan; on a follower its argument is

@@ -28,6 +28,7 @@ rounds (experiments/bench_bridge.py measures it).
 """
 
 import threading
+import typing
 
 import zmq
 from zmq.utils import z85
@@ -116,7 +117,8 @@ class Endpoint:
     socket.setsockopt(zmq.MAXMSGSIZE, int(max_message))
 
   @classmethod
-  def bind(cls, address, *, max_message, curve=None, counters=None):
+  def bind(cls, address: str, *, max_message: int, curve: "Curve | None" = None,
+           counters: typing.Any = None) -> "Endpoint":
     """A ROUTER bound at `address`; tcp port 0 picks a free port.
 
     max_message: the largest message part accepted (ZMQ_MAXMSGSIZE).
@@ -141,7 +143,9 @@ class Endpoint:
     return cls(socket, address, True, counters, zap, context)
 
   @classmethod
-  def connect(cls, address, *, max_message, curve=None, counters=None):
+  def connect(cls, address: str, *, max_message: int,
+              curve: "Curve | None" = None,
+              counters: typing.Any = None) -> "Endpoint":
     """A DEALER connected to `address` (reconnects by itself)."""
     socket = _context().socket(zmq.DEALER)
     cls._options(socket, max_message, curve)
@@ -157,7 +161,8 @@ class Endpoint:
     if self.counters is not None:
       self.counters.event(name)
 
-  def send(self, message, peer=None):
+  def send(self, message: typing.Any,
+           peer: bytes | None = None) -> tuple[bool, typing.Any]:
     """Sends one message (one part) without blocking.
 
     Returns (sent, tracker): sent is False when ZeroMQ could not take it
@@ -175,7 +180,8 @@ class Endpoint:
       return False, None
     return True, (tracker if big else None)
 
-  def recv(self, timeout_s):
+  def recv(self, timeout_s: float
+           ) -> tuple[bytes | None, memoryview] | None:
     """(peer, message) of the next message, or None after `timeout_s`.
 
     message: a memoryview onto ZeroMQ's buffer (valid while referenced).
@@ -196,7 +202,7 @@ class Endpoint:
     peer = parts[0].bytes if self._routed else None
     return peer, parts[-1].buffer
 
-  def close(self):
+  def close(self) -> None:
     self.socket.close(linger=0)
     if self._zap is not None:
       self._zap.stop()

@@ -31,7 +31,7 @@ import numpy as np
 from dyadic_jax import rng, verification
 from dyadic_jax.bridge import audit as audit_lib
 from dyadic_jax.bridge import transport
-from dyadic_jax.bridge.effects import Stage
+from dyadic_jax.bridge.effects import Plan, Stage, Verify
 from dyadic_jax.bridge.verifier_session import (Request, RoundResult,
                                                 VerifierSession, empty_plan)
 from dyadic_jax.errors import raise_for_status
@@ -122,7 +122,7 @@ class Verifier:
 
   # -- session ---------------------------------------------------------------
 
-  def open(self, attempts=50):
+  def open(self, attempts: int = 50) -> "Verifier":
     """Negotiates a session (HELLO both ways); returns self.
 
     Raises ProtocolError: IDENTITY_MISMATCH (the worker or this side
@@ -153,7 +153,7 @@ class Verifier:
     raise ProtocolError(Code.TIMEOUT, f"no worker answered at {self.address}"
                         " (wrong key, or --insecure on one side only?)")
 
-  def warmup(self):
+  def warmup(self) -> None:
     """Compiles the audit and the validation kernel for a full batch at
     the maximal depth (once), so that a first round does not spend its
     deadline compiling."""
@@ -169,7 +169,7 @@ class Verifier:
     rows = self.session.slots[0].rows(r, d)
     fmt.validate(rows, vocab=self.caps.vocab, draws=draws, device=True)
 
-  def reconnect(self):
+  def reconnect(self) -> "Verifier":
     """New socket and session; invalidates every in-flight key."""
     if self.endpoint is not None:
       self.endpoint.close()
@@ -177,25 +177,27 @@ class Verifier:
     self.session.reconnect()
     return self.open()
 
-  def close(self):
+  def close(self) -> None:
     if self.endpoint is not None:
       self.endpoint.close()
       self.endpoint = None
 
-  def add_request(self, rid, prompt, seed):
+  def add_request(self, rid: int, prompt: typing.Sequence[int],
+                  seed: int) -> None:
     self.session.add_request(rid, prompt, seed)
 
-  def remove_request(self, rid):
+  def remove_request(self, rid: int) -> None:
     """Forgets request `rid` on both sides."""
     self._send(self.session.remove_request(rid))
 
-  def reset(self, rid=None):
+  def reset(self, rid: int | None = None) -> None:
     """Cancels request `rid` (all when None): new generation, RESET sent."""
     self._send(self.session.reset(rid))
 
   # -- one round -------------------------------------------------------------
 
-  def round(self, rids, depth=None):
+  def round(self, rids: typing.Sequence[int],
+            depth: int | None = None) -> list[RoundResult]:
     """Runs one round for requests `rids`; returns their RoundResults."""
     depth = depth or self.caps.max_depth
     if not self.session.is_open:
@@ -226,14 +228,15 @@ class Verifier:
       effect = self.validate(effect, draws)
     return effect
 
-  def validate(self, stage, draws=None):
+  def validate(self, stage: Stage,
+               draws: np.ndarray | None = None) -> Verify:
     """The verdict of a Stage's rows (the q format's kernel, the audit)."""
     fmt = self.caps.format
     verdict = fmt.validate(stage.rows, vocab=self.caps.vocab, draws=draws,
                            device=True)
     return self.session.staged(verdict)
 
-  def execute(self, plan):
+  def execute(self, plan: Plan) -> list[RoundResult]:
     """Shares a round's plan with the other ranks (`share_fn`), runs it,
     commits it; returns the RoundResults."""
     if self.share_fn is not None:
@@ -243,7 +246,7 @@ class Verifier:
     self._send(commit)
     return results
 
-  def follow(self):
+  def follow(self) -> int:
     """A follower rank's loop: runs the leader's plans until a stop plan.
 
     Needs `share_fn`, which on a follower ignores its argument and returns
@@ -259,7 +262,7 @@ class Verifier:
       self.session.commit(plan, self._run(plan))
       rounds += 1
 
-  def stop_followers(self):
+  def stop_followers(self) -> None:
     """Leader: tells follower ranks that there are no more rounds."""
     if self.share_fn is not None:
       r = self.caps.max_requests

@@ -51,7 +51,7 @@ from dyadic_jax.bridge import digest as digest_lib
 from dyadic_jax.bridge import hello, staging
 from dyadic_jax.bridge.counters import Counters
 from dyadic_jax.bridge.effects import Plan, Send, Stage, Verify
-from dyadic_jax.wire import auth, codec, layouts
+from dyadic_jax.wire import auth, codec, layouts, qformats
 from dyadic_jax.wire.errors import Code, ProtocolError
 from dyadic_jax.wire.layouts import ALL_REQUESTS, Kind, Policy, Reason
 
@@ -127,8 +127,10 @@ def empty_plan(caps, rids, tags, codes, depth):
 class VerifierSession:
   """The verifier's protocol state machine (see the module docstring)."""
 
-  def __init__(self, caps, *, secret, timeout_s=2.0, audit=True,
-               entropy=os.urandom, counters=None):
+  def __init__(self, caps: hello.Capabilities, *, secret: bytes | None,
+               timeout_s: float = 2.0, audit: bool = True,
+               entropy: typing.Callable[[int], bytes] = os.urandom,
+               counters: Counters | None = None):
     """caps: this side's Capabilities; secret: the deployment secret (32
     bytes) or None (`--insecure`); timeout_s: an exchange's deadline;
     audit: ask for the sampling audit in every Stage; entropy(n): n fresh
@@ -141,15 +143,15 @@ class VerifierSession:
     self._secret = secret
     self._entropy = entropy
     self._hello_keys = auth.hello_keys(secret, auth.VERIFIER)
-    self.keys = None
+    self.keys: typing.Any = None          # auth.Keys of the open session
     self.state = CLOSED
-    self.session = None
-    self._nonce = None
-    self.refused = None           # the Code of a refused HELLO
-    self.requests = {}
-    self._retired = {}            # removed rid -> next generation
-    self.exchange = None
-    self.slots = None             # allocated once the first HELLO agrees
+    self.session: typing.Any = None       # its id (int), once a HELLO left
+    self._nonce: typing.Any = None
+    self.refused: typing.Any = None       # the Code of a refused HELLO
+    self.requests: dict[int, Request] = {}
+    self._retired: dict[int, int] = {}    # removed rid -> next generation
+    self.exchange: typing.Any = None      # the _Exchange in flight
+    self.slots: typing.Any = None         # allocated once a HELLO agrees
     self._next_slot = 0
     self.max_message = self.bounds.max_reply_message
     self.max_frames = 2 * caps.max_requests
@@ -160,7 +162,8 @@ class VerifierSession:
 
   # -- requests --------------------------------------------------------------
 
-  def add_request(self, rid, prompt, seed):
+  def add_request(self, rid: int, prompt: typing.Sequence[int],
+                  seed: int) -> None:
     """A new request: its prompt (committed tokens) and RNG seed."""
     if rid in self.requests or not 0 <= rid < ALL_REQUESTS:
       raise ValueError(f"add_request: bad or duplicate request id {rid}")
@@ -174,14 +177,14 @@ class VerifierSession:
                                  generation=generation,
                                  digest=digest_lib.of(prompt))
 
-  def remove_request(self, rid):
+  def remove_request(self, rid: int) -> Send | None:
     """Forgets request `rid` here and (RESET REMOVE) on the worker."""
     req = self.requests.pop(rid)
     self._retired[rid] = req.generation + 1
     self.counters.event("removes")
     return self._reset_message([rid], Reason.REMOVE)
 
-  def reset(self, rid=None):
+  def reset(self, rid: int | None = None) -> Send | None:
     """Cancels request `rid` (all when None): a new generation, RESET."""
     targets = list(self.requests) if rid is None else [rid]
     for r in targets:
@@ -210,7 +213,7 @@ class VerifierSession:
 
   # -- the session -----------------------------------------------------------
 
-  def hello(self, now=0.0):
+  def hello(self, now: float = 0.0) -> Send:
     """The HELLO to send (again): a new session when none is opening."""
     del now
     if self.state != OPENING:
@@ -220,7 +223,7 @@ class VerifierSession:
     return Send(hello.hello_frame(self.caps, self.session, self._nonce,
                                   self._hello_keys.send))
 
-  def reconnect(self):
+  def reconnect(self) -> None:
     """A new session: every request moves to a new generation (in-flight
     keys are void); send `hello()` next."""
     self.state, self.keys, self.exchange = CLOSED, None, None
@@ -228,7 +231,7 @@ class VerifierSession:
       self._bump(req)
     self.counters.event("reconnects")
 
-  def close(self):
+  def close(self) -> None:
     """The transport is gone: the next round opens a new session."""
     self.state, self.keys = CLOSED, None
 
@@ -275,7 +278,8 @@ class VerifierSession:
 
   # -- one round -------------------------------------------------------------
 
-  def begin(self, rids, depth, now):
+  def begin(self, rids: typing.Sequence[int], depth: int,
+            now: float) -> Send:
     """Starts the round of requests `rids`; returns the STEP message."""
     if not self.is_open:
       raise RuntimeError("begin: the session is not open (send hello())")
@@ -308,7 +312,8 @@ class VerifierSession:
     self.counters.event("bytes_out", len(message))
     return Send(message)
 
-  def draw_inputs(self):
+  def draw_inputs(self) -> tuple[np.ndarray, np.ndarray, np.ndarray,
+                                 np.ndarray]:
     """(seeds, generations, rounds, anchors) of the exchange's requests:
     what the PROPOSAL draws of the sampling audit are computed from."""
     ex = self.exchange
@@ -318,7 +323,7 @@ class VerifierSession:
             np.array([ex.tags[q.rid][1] for q in reqs], np.int64),
             np.array([q.anchor for q in reqs], np.int64))
 
-  def fallback(self, rids, code):
+  def fallback(self, rids: typing.Sequence[int], code: int) -> Verify:
     """A round with no exchange (no session): every request falls back."""
     reqs = [self.requests[int(r)] for r in rids]
     tags = []
@@ -330,7 +335,8 @@ class VerifierSession:
     return Verify(empty_plan(self.caps, [q.rid for q in reqs], tags,
                              [int(code)] * len(reqs), self.caps.max_depth))
 
-  def receive(self, message, now=0.0):
+  def receive(self, message: typing.Any,
+              now: float = 0.0) -> list[Stage | Verify]:
     """Handles one received message; returns [], [Stage] or [Verify]."""
     self.counters.event("bytes_in", len(message))
     try:
@@ -525,7 +531,7 @@ class VerifierSession:
     ex.staging = True
     return [Stage(ex.rows, pending, ex.codes.copy())]
 
-  def poll(self, now):
+  def poll(self, now: float) -> list[Stage | Verify]:
     """The watchdog: past the deadline, the whole batch falls back.
 
     TIMEOUT is counted for every request whose proposal this discards
@@ -542,7 +548,7 @@ class VerifierSession:
     ex.answered[:] = True
     return [self._verify()]
 
-  def staged(self, verdict):
+  def staged(self, verdict: qformats.Verdict) -> Verify:
     """The Plan of the exchange, from the verdicts of its staged rows.
 
     verdict: a `qformats.Verdict` of the Stage's rows (counts [R, D, w],
@@ -581,7 +587,8 @@ class VerifierSession:
           plan = plan._replace(counts=counts)
     return Verify(plan)
 
-  def commit(self, plan, outcomes):
+  def commit(self, plan: Plan, outcomes: typing.Sequence[typing.Sequence[int]]
+             ) -> tuple[list[RoundResult], Send | None]:
     """Applies a round's outcomes; returns (results, Send(COMMIT) or None).
 
     outcomes: per request of the plan, (accepted, next_token[, code]): the

@@ -15,10 +15,14 @@ is the command-line entry point.
 
 import threading
 import time
+import typing
 
 from absl import logging
 
-from dyadic_jax.bridge.transport import Endpoint
+from dyadic_jax.bridge import hello
+from dyadic_jax.bridge.counters import Counters
+from dyadic_jax.bridge.effects import Send
+from dyadic_jax.bridge.transport import Curve, Endpoint
 from dyadic_jax.bridge.worker_session import WorkerSession
 from dyadic_jax.wire.errors import Code
 
@@ -26,15 +30,17 @@ from dyadic_jax.wire.errors import Code
 class Worker:
   """Serves proposals for a verifier. Not thread safe: one loop owns it."""
 
-  def __init__(self, caps, propose_fn, *, secret, counters=None,
-               max_views=4096):
+  def __init__(self, caps: hello.Capabilities,
+               propose_fn: typing.Callable[..., typing.Any], *,
+               secret: bytes | None, counters: Counters | None = None,
+               max_views: int = 4096):
     """secret: the deployment secret (32 bytes; `bridge.keys`) or None
     (`--insecure`: nothing is authenticated)."""
     self.caps = caps
     self.propose = propose_fn
     self.session = WorkerSession(caps, secret=secret, counters=counters,
                                  max_views=max_views)
-    self._trackers = {}
+    self._trackers: dict[int, list[typing.Any]] = {}
 
   @property
   def counters(self):
@@ -45,16 +51,16 @@ class Worker:
     """The largest message this worker accepts (ZMQ_MAXMSGSIZE)."""
     return self.session.max_message
 
-  def warmup(self):
+  def warmup(self) -> None:
     """Compiles the proposer before the first STEP (a STEP must not wait
     for a compile past the verifier's deadline). The draw uses a seed no
     request is given (2^64 - 1) and is thrown away."""
     self.propose(2 ** 64 - 1, 0, 0, 0, 0, self.caps.max_depth)
 
-  def handle(self, message):
+  def handle(self, message: typing.Any) -> list[Send]:
     """Answers one message: the list of `Send`s (no socket involved)."""
     answer = self.session.receive(message)
-    failed = {}
+    failed: dict[int, int] = {}
     for p in answer.propose:
       start = time.perf_counter()
       try:
@@ -76,7 +82,8 @@ class Worker:
         del self._trackers[slot]
         self.session.released(slot)
 
-  def serve(self, endpoint, stop=None, idle_s=0.05):
+  def serve(self, endpoint: Endpoint, stop: threading.Event | None = None,
+            idle_s: float = 0.05) -> None:
     """Answers messages on `endpoint` until `stop` (an Event) is set."""
     stop = stop or threading.Event()
     endpoint.counters = endpoint.counters or self.counters
@@ -96,8 +103,12 @@ class Worker:
           self.session.released(send.slot)
 
 
-def serve_forever(caps, propose_fn, address, *, secret, curve=None,
-                  ready=None, on_exit=None):
+def serve_forever(caps: hello.Capabilities,
+                  propose_fn: typing.Callable[..., typing.Any], address: str,
+                  *, secret: bytes | None, curve: Curve | None = None,
+                  ready: typing.Callable[[str], None] | None = None,
+                  on_exit: typing.Callable[["Worker"], None] | None = None
+                  ) -> None:
   """Binds `address` and serves until interrupted (SystemExit, Ctrl-C).
 
   ready(address) is called once the proposer is compiled and the socket

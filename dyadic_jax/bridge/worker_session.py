@@ -115,8 +115,9 @@ _NOTHING = WorkerAnswer([], [])
 class WorkerSession:
   """The worker's protocol state machine (see the module docstring)."""
 
-  def __init__(self, caps, *, secret, entropy=os.urandom, max_views=4096,
-               counters=None):
+  def __init__(self, caps: hello.Capabilities, *, secret: bytes | None,
+               entropy: typing.Callable[[int], bytes] = os.urandom,
+               max_views: int = 4096, counters: Counters | None = None):
     """caps: this side's Capabilities; secret: the deployment secret (32
     bytes) or None (`--insecure`: CRC32C tags, nothing authenticated);
     entropy(n): n fresh random bytes (the HELLO nonces)."""
@@ -127,10 +128,11 @@ class WorkerSession:
     self._entropy = entropy
     self._hello_keys = auth.hello_keys(secret, auth.WORKER)
     self.max_views = int(max_views)
-    self.established = None
-    self.pending = None
-    self.views = collections.OrderedDict()
-    self.slots = None                  # bytearrays, after the first HELLO
+    self.established: typing.Any = None    # _Session | None
+    self.pending: typing.Any = None        # _Session | None
+    self.views: collections.OrderedDict[int, _View] = (
+        collections.OrderedDict())
+    self.slots: typing.Any = None          # bytearrays, after a HELLO
     self._epoch = [0] * caps.max_slots
     self._busy = [False] * caps.max_slots
     self._next = 0
@@ -145,7 +147,7 @@ class WorkerSession:
 
   # -- messages --------------------------------------------------------------
 
-  def receive(self, message, now=0.0):
+  def receive(self, message: typing.Any, now: float = 0.0) -> WorkerAnswer:
     """Handles one received message; returns a WorkerAnswer (never raises)."""
     del now   # the worker keeps no deadlines of its own
     try:
@@ -203,7 +205,7 @@ class WorkerSession:
       self.counters.reject(Code.BAD_SEQUENCE, f"{Kind(kind).name} to worker")
     return _NOTHING
 
-  def released(self, slot):
+  def released(self, slot: int) -> None:
     """The transport let go of every message sent from `slot`."""
     self._busy[slot] = False
 
@@ -375,7 +377,8 @@ class WorkerSession:
       self.counters.event("proposals")
     return WorkerAnswer(sends, proposals, slot, tuple(entries))
 
-  def finish(self, answer, failed=None):
+  def finish(self, answer: WorkerAnswer,
+             failed: dict[int, int] | None = None) -> list[Send]:
     """Seals a fresh answer once its proposals are drawn; returns its Sends.
 
     failed: {Propose.entry: Code} of proposals the driver could not draw

@@ -37,6 +37,12 @@ faults):
     jitter     benign: held for a uniform time below `jitter_s` (well under
                the deadline), then delivered
 
+After a fault in LOST has acted, `on_lost()` is called (from the proxy's
+thread) when given: a test's clock moves past the verifier's deadline
+there (tests/bridge_harness.py `WarpClock`), so that the deadline can be
+generous (a loaded machine never times out a healthy exchange) while a
+lost exchange costs no wall time.
+
 An exchange is the set of (request, generation, round) tags its frames
 carry (a STEP and its reply carry the same set). Each exchange gets AT MOST
 ONE fault in both directions together, and copies the proxy itself sends
@@ -79,6 +85,9 @@ TO_VERIFIER = "to_verifier"    # reply messages (worker -> verifier)
 KINDS = ("delay", "drop", "duplicate", "reorder", "truncate", "corrupt",
          "reset")
 BENIGN = ("jitter",)
+# Kinds after which nothing of the exchange can arrive intact in time: the
+# verifier can only time it out (`on_lost` is called).
+LOST = ("delay", "drop", "truncate", "corrupt", "reset")
 RESET_SOCKETS = ("front", "back", "both")
 
 _POLL_MS = 5
@@ -182,13 +191,14 @@ class Proxy:
     reset_sockets: which sockets a reset re-creates, drawn uniformly.
     keep_frames: keep each faulted message's frames in its record.
     reset_linger_s: how long a closed socket may flush what it queued.
+    on_lost: called with no argument after a fault in LOST has acted.
   """
 
   def __init__(self, front_address, back_address, *, rate, seed, deadline_s,
                kinds=KINDS, weights=None, directions=(TO_WORKER, TO_VERIFIER),
                reset_sockets=RESET_SOCKETS,
                jitter_s=None, hold_max_s=None, keep_frames=True,
-               reset_linger_s=0.5):
+               reset_linger_s=0.5, on_lost=None):
     unknown = set(kinds) - set(KINDS) - set(BENIGN)
     if unknown or not kinds:
       raise ValueError(f"Proxy: unknown fault kinds {sorted(unknown)}")
@@ -212,6 +222,7 @@ class Proxy:
                        else hold_max_s)
     self.keep_frames = keep_frames
     self.reset_linger_ms = int(reset_linger_s * 1000)
+    self.on_lost = on_lost
     self._rng = np.random.default_rng(seed)
     self.faults = []
     self.forwarded = collections.Counter()   # (direction, kind name) -> n
@@ -486,6 +497,13 @@ class Proxy:
       self._held.append(_Held(direction, frames, frozenset(),
                               now + detail["hold_s"], index, now))
     # drop: nothing is sent.
+    if kind in LOST:
+      self.lost()
+
+  def lost(self):
+    """The exchange in flight cannot complete: tells `on_lost`."""
+    if self.on_lost is not None:
+      self.on_lost()
 
 
 def _name(kind):

@@ -45,7 +45,7 @@ class Tagger:
   """Computes the tag of a frame (`frame` any bytes-like object)."""
   authenticated = False
 
-  def tag(self, frame):
+  def tag(self, frame: typing.Any) -> bytes:
     raise NotImplementedError
 
 
@@ -77,13 +77,13 @@ class Blake3Tag(Tagger):
     return h.digest(layouts.TAG_BYTES)
 
 
-def seal(frame, tagger):
+def seal(frame: bytearray | memoryview, tagger: Tagger) -> None:
   """Writes the tag of a writable frame (a bytearray or memoryview)."""
   view = memoryview(frame).cast("B")
   view[layouts.TAG_OFFSET:_TAG_END] = tagger.tag(view)
 
 
-def check(frame, tagger):
+def check(frame: typing.Any, tagger: Tagger) -> bool:
   """True when the frame's tag is the one `tagger` computes (constant time)."""
   view = memoryview(frame).cast("B")
   if len(view) < layouts.HEADER_BYTES:
@@ -92,7 +92,7 @@ def check(frame, tagger):
                              tagger.tag(view))
 
 
-def tag_of(frame):
+def tag_of(frame: typing.Any) -> bytes:
   """The tag bytes a frame carries."""
   return bytes(memoryview(frame).cast("B")[layouts.TAG_OFFSET:_TAG_END])
 
@@ -131,7 +131,7 @@ def _check_secret(secret):
                      f"need {SECRET_BYTES}")
 
 
-def hello_keys(secret, role):
+def hello_keys(secret: bytes | None, role: str) -> Keys:
   """Keys of the HELLO exchange's unkeyed part (verifier HELLO, refusals).
 
   secret: the deployment secret (32 bytes), or None: `--insecure`.
@@ -143,7 +143,8 @@ def hello_keys(secret, role):
                Blake3Tag(_derive("hello " + _W2V, secret)))
 
 
-def session_keys(secret, session, nonce_v, nonce_w, role):
+def session_keys(secret: bytes | None, session: int, nonce_v: bytes,
+                 nonce_w: bytes, role: str) -> Keys:
   """Keys of one session: from the secret and both HELLO nonces."""
   _check_secret(secret)
   if secret is None:

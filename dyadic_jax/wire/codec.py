@@ -104,7 +104,8 @@ class Frame(typing.NamedTuple):
     return (self.header.generation, self.header.round)
 
 
-def split(message, *, max_frames, max_bytes):
+def split(message: typing.Any, *, max_frames: int,
+          max_bytes: int) -> list[memoryview]:
   """The frames of one message (memoryviews), sizes checked first.
 
   Refuses a message of more than `max_bytes` bytes (ABSURD_LENGTH), an
@@ -119,7 +120,8 @@ def split(message, *, max_frames, max_bytes):
                         f"{max_bytes}")
   if size == 0:
     raise ProtocolError(Code.TRUNCATED, "empty message")
-  frames, offset = [], 0
+  frames: list[memoryview] = []
+  offset = 0
   while offset < size:
     if size - offset < HEADER_BYTES:
       raise ProtocolError(Code.TRUNCATED, f"{size - offset} bytes after "
@@ -137,7 +139,7 @@ def split(message, *, max_frames, max_bytes):
   return frames
 
 
-def header(frame):
+def header(frame: memoryview) -> layouts.Header:
   """The header of one frame (memoryview): magic, version, kind, length."""
   if len(frame) < HEADER_BYTES:
     raise ProtocolError(Code.TRUNCATED, f"{len(frame)} bytes, header needs "
@@ -155,7 +157,8 @@ def header(frame):
   return h
 
 
-def decode(frame, bounds, recv=None, *, validate_rows=False):
+def decode(frame: typing.Any, bounds: Bounds, recv: auth.Tagger | None = None,
+           *, validate_rows: bool = False) -> Frame:
   """Decodes one frame; raises ProtocolError on any defect.
 
   bounds: the session's `Bounds` (HELLO_BOUNDS before a session).
@@ -246,8 +249,10 @@ def _body_values(kind, fields):
   return [fields.get(n, d) for n, d in zip(names, defaults)]
 
 
-def encode(kind, *, session, generation, round_id, body=None, send=None,
-           out=None):
+def encode(kind: int, *, session: int, generation: int, round_id: int,
+           body: dict[str, typing.Any] | None = None,
+           send: auth.Tagger | None = None,
+           out: typing.Any = None) -> typing.Any:
   """One fixed-size frame (any kind but REPLY), sealed with `send`.
 
   body: dict of body fields (missing ones are zero). send: the
@@ -270,8 +275,9 @@ def encode(kind, *, session, generation, round_id, body=None, send=None,
   return bytes(buf) if out is None else buf
 
 
-def begin_reply(out, *, bounds, session, generation, round_id, request,
-                depth):
+def begin_reply(out: typing.Any, *, bounds: Bounds, session: int,
+                generation: int, round_id: int, request: int,
+                depth: int) -> tuple[memoryview, qformats.Rows]:
   """Lays out a REPLY frame at the start of `out`; returns (frame, rows).
 
   The header and body are written; `rows` are writable views of the
@@ -293,7 +299,7 @@ def begin_reply(out, *, bounds, session, generation, round_id, request,
   return buf, fmt.rows(buf, FIXED_BYTES[Kind.REPLY], depth, bounds.width)
 
 
-def peek(frame):
+def peek(frame: typing.Any) -> tuple[int, int, int, int] | None:
   """(kind, session, generation, round) of a frame, unchecked, or None.
 
   For routing and records only (tools, the test proxy); nothing read here

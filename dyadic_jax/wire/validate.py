@@ -10,6 +10,7 @@ gets the same code.
 """
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from dyadic_jax import qrows
 from dyadic_jax.wire import status
@@ -39,7 +40,8 @@ def _check_ids(ids, n_values, vocab_size):
                         f"vocabulary of {vocab_size}")
 
 
-def validate_q_row(values, ids, *, vocab_size, token):
+def validate_q_row(values: ArrayLike | None, ids: ArrayLike | None, *,
+                   vocab_size: int, token: int) -> np.ndarray:
   """Validates one received q row and returns its int32 counts.
 
   Args:

@@ -38,9 +38,10 @@ import sys
 
 import numpy as np
 
-from dyadic_jax.wire import auth, codec, layouts
+from dyadic_jax.wire import auth, codec
 from dyadic_jax.wire.errors import Code, ProtocolError
 from dyadic_jax.wire.layouts import HEADER_BYTES, Kind, Representation
+from tests import wire_edits
 
 M = 1 << 24
 # Small, so that a dense REPLY is 64 + 24 + 3 x 4 x 64 = 856 bytes and the
@@ -75,16 +76,12 @@ _SPARSE_COUNTS = np.array([1, 3 << 21, 1 << 23, (1 << 20) - 1, 1 << 20])
 
 
 def _seal(buf):
-  buf = bytearray(buf)
-  auth.seal(buf, KEY)
-  return bytes(buf)
+  return wire_edits.reseal(buf, KEY)
 
 
 def _set(buf, offset, value, nbytes, seal=True):
-  buf = bytearray(buf)
-  buf[offset:offset + nbytes] = int(value).to_bytes(nbytes, "little",
-                                                    signed=value < 0)
-  return _seal(buf) if seal else bytes(buf)
+  return wire_edits.set_field(buf, offset, value, nbytes,
+                              KEY if seal else None)
 
 
 def _reply(bounds=BOUNDS, edit=None, depth=2):

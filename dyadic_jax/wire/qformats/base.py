@@ -92,14 +92,15 @@ class QFormat:
   has_ids = False
   has_values = True
 
-  def width(self, vocab, support):
+  def width(self, vocab: int, support: int) -> int:
     """Entries per row for a session of vocabulary V and sparse support k."""
     raise NotImplementedError
 
   def payload_bytes(self, depth, width):
     return 8 * depth + self.entry_bytes * depth * width
 
-  def rows(self, buf, offset, depth, width):
+  def rows(self, buf: typing.Any, offset: int, depth: int,
+           width: int) -> Rows:
     """Views of the payload of one REPLY at `offset` of `buf`."""
     tokens = np.frombuffer(buf, "<i4", depth, offset)
     n = np.frombuffer(buf, "<i4", depth, offset + 4 * depth)
@@ -114,7 +115,7 @@ class QFormat:
           depth, width)
     return Rows(tokens, n, ids, values)
 
-  def staging(self, requests, depth, width):
+  def staging(self, requests: int, depth: int, width: int) -> Rows:
     """Zeroed, aligned staging arrays of a batch: Rows of [R, D, ...]."""
     shape = (requests, depth, width)
     ids = aligned_empty(shape, np.int32) if self.has_ids else None
@@ -125,7 +126,8 @@ class QFormat:
     return Rows(np.zeros((requests, depth), np.int32),
                 np.zeros((requests, depth), np.int32), ids, values)
 
-  def validate(self, rows, *, vocab, draws=None, device=False):
+  def validate(self, rows: Rows, *, vocab: int,
+               draws: typing.Any = None, device: bool = False) -> Verdict:
     """Verdict of rows [..., D, w]: counts and a Code per row.
 
     draws: uint32[..., D] 24-bit PROPOSAL draws: a valid row whose token is
@@ -135,6 +137,6 @@ class QFormat:
     """
     raise NotImplementedError
 
-  def to_q(self, counts, rows):
+  def to_q(self, counts: typing.Any, rows: typing.Any) -> typing.Any:
     """What verification takes for one request's validated rows [D, ...]."""
     raise NotImplementedError
