@@ -1,7 +1,10 @@
-"""Test tools that users may reuse (as chex ships its fakes).
+"""Test tools users may reuse, as chex ships its fakes.
 
-Modules here may import the library; the library never imports them.
+  toy_models  deterministic toy target/draft models (no downloads, any V)
+  stats       chi-square helpers with a stated false-failure rate and power
+  hlo         the collectives of a compiled program and the bytes they move
 
-  adversarial   the adversarial weight, logit and (p, q) rows that the
-                oracle, identity and qualification checks run on
+Import the submodule you need (`from dyadic_jax.testing import stats`):
+this package imports nothing eagerly, so tools with optional dependencies
+cost nothing to the ones without. The library never imports it.
 """
