@@ -1,4 +1,8 @@
-"""allocate_dense / allocate_sparse against the exact oracle, bit for bit."""
+"""allocate_dense / allocate_sparse against the exact oracle, bit for bit.
+
+Tests of batched calls take `row_mode` (tests/conftest.py): they run in the
+"loop" and the "batched" row mode.
+"""
 
 import functools
 
@@ -9,6 +13,7 @@ import pytest
 
 import dyadic_jax as dj
 from dyadic_jax import reference as ref
+from dyadic_jax.testing import adversarial
 
 M = dj.M
 S = dj.Status
@@ -41,61 +46,36 @@ def _assert_sparse_matches_oracle(w, k):
   assert got == (want[0], want[1], want[2], int(want[3]))
 
 
-def _normalized(x):
-  x = np.asarray(x, np.float64)
-  return x / x.sum()
-
-
-# Adversarial weight rows: (name, weights). Each is a normalized float64 row.
-def _adversarial():
-  rng = np.random.default_rng(20261130)
-  rows = {
-      "one_hot": np.eye(1, 17, 5)[0],
-      "all_equal_3": np.full(3, 1 / 3),
-      "all_equal_7": np.full(7, 1 / 7),
-      "exact_halves": np.array([0.5, 0.5, 0.0]),
-      "ties_across_remainders": _normalized([1, 1, 1, 2, 2, 2, 3, 3, 3]),
-      "equal_remainders_many": _normalized(np.tile([1.0, 2.0, 4.0], 11)),
-      "tiny_entries": _normalized([1.0] + [1e-9] * 20 + [1e-300] * 3),
-      "masked_zeros": _normalized(np.where(np.arange(40) % 3 == 0, 0.0,
-                                           rng.random(40))),
-      "heavy_tail": _normalized(np.exp(rng.normal(size=300) * 8)),
-      "dyadic_exact": np.array([0.25, 0.25, 0.125, 0.375]),
-      "random_64": _normalized(rng.random(64)),
-      # More tied remainders than the refined path ranks: the exact path.
-      "many_ties_plus_larger": _normalized([1.0] * 100 + [1.7] * 3),
-  }
-  # Remainders equal to the bit but with distinct weights: w*M = j + 0.5.
-  half = (np.arange(10) + 0.5) / M
-  rows["exact_half_remainders"] = np.concatenate([half, [1 - half.sum()]])
-  return sorted(rows.items())
-
-
-_ADVERSARIAL = _adversarial()
+_normalized = adversarial.normalized
+_ADVERSARIAL = adversarial.allocation_rows()
 _PAD = 512  # rows padded with zero weights to one shape: one compile per op
 
 
 def _padded_batch(rows):
-  return np.stack([np.pad(w, (0, _PAD - len(w))) for w in rows])
+  return adversarial.pad_rows(list(rows), _PAD)
 
 
+# Keyed on the row mode: a result computed in one mode must not stand in
+# for the other's.
 @functools.lru_cache(maxsize=None)
-def _dense_adversarial():
+def _dense_adversarial(mode):
+  del mode
   counts, status = dj.allocate_dense(_padded_batch(w for _, w in _ADVERSARIAL))
   return np.asarray(counts), np.asarray(status)
 
 
 @functools.lru_cache(maxsize=None)
-def _sparse_adversarial(k):
+def _sparse_adversarial(k, mode):
+  del mode
   return tuple(np.asarray(a) for a in dj.allocate_sparse(
       _padded_batch(w for _, w in _ADVERSARIAL), k))
 
 
 @pytest.mark.parametrize("row", range(len(_ADVERSARIAL)),
                          ids=[name for name, _ in _ADVERSARIAL])
-def test_dense_adversarial_matches_oracle(row):
+def test_dense_adversarial_matches_oracle(row, row_mode):
   w = np.pad(_ADVERSARIAL[row][1], (0, _PAD - len(_ADVERSARIAL[row][1])))
-  counts, status = _dense_adversarial()
+  counts, status = _dense_adversarial(row_mode)
   want_counts, want_status = ref.allocate_dense(w)
   assert int(status[row]) == want_status == S.OK
   assert counts[row].tolist() == want_counts
@@ -109,6 +89,7 @@ def _random_rows(v, n, seed):
                    for _ in range(n)])
 
 
+@pytest.mark.usefixtures("row_mode")
 def test_dense_random_matches_oracle():
   w = _random_rows(1999, 12, 0)
   counts, status = dj.allocate_dense(w)
@@ -138,6 +119,7 @@ def test_dense_large_random_matches_oracle():
   _assert_dense_matches_oracle(w)
 
 
+@pytest.mark.usefixtures("row_mode")
 def test_dense_batch_equals_rows():
   rng = np.random.default_rng(3)
   w = np.stack([_normalized(rng.random(50)) for _ in range(6)]).reshape(
@@ -177,6 +159,7 @@ def test_dense_one_ticket_slack_is_exact():
   assert _dense(w)[1] == S.INCONSISTENT_MASS == ref.allocate_dense(w)[1]
 
 
+@pytest.mark.usefixtures("row_mode")
 def test_dense_status_is_per_row():
   w = np.array([[0.5, 0.5], [np.nan, 1.0], [1.0, 0.0]])
   counts, status = dj.allocate_dense(w)
@@ -195,14 +178,15 @@ def test_dense_float32_input_is_widened_exactly():
 @pytest.mark.parametrize("k", [1, 2, 5, 32])
 @pytest.mark.parametrize("row", range(len(_ADVERSARIAL)),
                          ids=[name for name, _ in _ADVERSARIAL])
-def test_sparse_adversarial_matches_oracle(row, k):
+def test_sparse_adversarial_matches_oracle(row, k, row_mode):
   w = np.pad(_ADVERSARIAL[row][1], (0, _PAD - len(_ADVERSARIAL[row][1])))
-  ids, counts, n, status = _sparse_adversarial(k)
+  ids, counts, n, status = _sparse_adversarial(k, row_mode)
   want = ref.allocate_sparse(w, k)
   assert (ids[row].tolist(), counts[row].tolist(), int(n[row]),
           int(status[row])) == (want[0], want[1], want[2], int(want[3]))
 
 
+@pytest.mark.usefixtures("row_mode")
 @pytest.mark.parametrize("k", [37, 300])
 def test_sparse_random_matches_oracle(k):
   w = _random_rows(2999, 10, 100)
@@ -283,10 +267,11 @@ def test_sparse_unnormalized_weights_same_as_normalized_support():
   _assert_sparse_matches_oracle(w * 1e6, 16)
 
 
+@pytest.mark.usefixtures("row_mode")
 def test_vmap_and_single_rows_equal_batched_call():
-  # Batched calls run row by row on CPU (dyadic_jax/rowwise.py), vmapped
-  # calls fold the vmapped axis into those rows, single rows run directly:
-  # all three must agree bit for bit.
+  # Batched calls run row by row in "loop" mode and at once in "batched"
+  # mode (dyadic_jax/rowwise.py), vmapped calls fold the vmapped axis into
+  # those rows, single rows run directly: all must agree bit for bit.
   w = _random_rows(300, 6, 21).reshape(2, 3, 300)
   batched = dj.allocate_dense(w)
   chex.assert_trees_all_equal(batched,

@@ -4,7 +4,8 @@ Two links tie the implementation to the contract: (1) the oracle's exact
 output distribution of the implemented integer rules is within 2^-20 of the
 target P / T (in fact within (V + 2) 2^-64), on adversarial (p, q); (2) the
 library's decisions equal the oracle's integer replay of the same 64-bit
-draws, so the distribution computed in (1) is the library's.
+draws, so the distribution computed in (1) is the library's. Tests of
+multi-row calls run in both row modes (`row_mode`, tests/conftest.py).
 """
 
 from fractions import Fraction
@@ -16,34 +17,14 @@ import pytest
 
 import dyadic_jax as dj
 from dyadic_jax import reference as ref
+from dyadic_jax.testing import adversarial
 from tests import verify_cases as vc
 
 M = dj.M
 TV_BOUND = Fraction(1, 2 ** 20)
 
 
-def _cases():
-  v = 10
-  rng = np.random.default_rng(4)
-  p_rand = rng.dirichlet(np.ones(v))
-  one_hot_ish = np.full(v, 1.0)
-  one_hot_ish[3] = 1e7
-  tiny_at_0 = np.r_[1e-12, np.full(v - 1, 1.0)]
-  masked = np.where(np.arange(v) % 3 == 0, 0.0, rng.random(v))
-  return {
-      "q_equals_p": (p_rand, p_rand),
-      "disjoint_supports": (np.r_[np.ones(5), np.zeros(5)],
-                            np.r_[np.zeros(5), np.ones(5)]),
-      "tiny_p_at_drafted": (tiny_at_0, np.r_[100.0, np.ones(v - 1)]),
-      "grammar_mask_in_p": (masked, rng.random(v)),
-      "sparse_q": (rng.random(v), np.r_[rng.random(3), np.zeros(v - 3)]),
-      "q_nearly_one_hot": (rng.random(v), one_hot_ish),
-      "p_one_hot": (np.eye(1, v, 7)[0], rng.random(v)),
-      "random": (rng.random(v), rng.random(v)),
-  }
-
-
-_CASES = _cases()
+_CASES = adversarial.verification_cases()
 
 
 @pytest.mark.parametrize("name", sorted(_CASES))
@@ -83,6 +64,7 @@ def _bits(key, position, domain):
   return int(dj.draw64(dj.draw_key(key, position, domain)))
 
 
+@pytest.mark.usefixtures("row_mode")
 @pytest.mark.parametrize("representation", ["dense", "sparse"])
 def test_decisions_equal_oracle_replay(representation):
   rng = np.random.default_rng(12)
@@ -113,6 +95,7 @@ def test_decisions_equal_oracle_replay(representation):
   assert outcomes == set(range(depth + 1))  # rejections at every position
 
 
+@pytest.mark.usefixtures("row_mode")
 def test_vmap_over_requests_equals_single_calls():
   rng = np.random.default_rng(2)
   v, depth, requests = 40, 4, 5
@@ -132,6 +115,7 @@ def test_vmap_over_requests_equals_single_calls():
     chex.assert_trees_all_equal(single, tuple(b[i] for b in batched))
 
 
+@pytest.mark.usefixtures("row_mode")
 def test_refused_inputs_give_sentinel():
   p = np.full((3, 4), 0.25)
   logits = vc.logits_for(p)
@@ -148,6 +132,7 @@ def test_refused_inputs_give_sentinel():
                                         key))) == (0, -1)
 
 
+@pytest.mark.usefixtures("row_mode")
 def test_zero_q_or_out_of_range_draft_is_rejected():
   logits = vc.logits_for(np.full((3, 4), 0.25))
   q = dj.DenseQ(np.array([[0, M // 2, M // 2, 0]] * 2, np.int32))
@@ -170,6 +155,7 @@ def test_shape_errors():
     dj.verify_chain(logits, np.zeros((2, 4)), np.array([0, 1]), key)
 
 
+@pytest.mark.usefixtures("row_mode")
 def test_target_only_sampler_replay_and_distribution():
   rng = np.random.default_rng(3)
   p = rng.dirichlet(np.ones(9), size=64)

@@ -1,4 +1,8 @@
-"""Draft/target weights, statuses, x64 scoping and the checked wrapper."""
+"""Draft/target weights, statuses, x64 scoping and the checked wrapper.
+
+Tests of multi-row calls run in both row modes (`row_mode`,
+tests/conftest.py).
+"""
 
 from fractions import Fraction
 
@@ -18,6 +22,7 @@ def _np_softmax(x):
   return e / e.sum(-1, keepdims=True)
 
 
+@pytest.mark.usefixtures("row_mode")
 def test_matches_numpy_softmax_with_bias_and_temperature():
   rng = np.random.default_rng(0)
   logits = rng.normal(size=(3, 1000)).astype(np.float32) * 4
@@ -28,6 +33,7 @@ def test_matches_numpy_softmax_with_bias_and_temperature():
   np.testing.assert_allclose(np.asarray(w), want, rtol=1e-12, atol=0)
 
 
+@pytest.mark.usefixtures("row_mode")
 def test_per_row_temperature():
   logits = np.array([[0.0, 1.0], [0.0, 1.0]], np.float32)
   w, _ = dj.draft_weights(logits, temperature=np.array([1.0, 0.5]))
@@ -77,6 +83,7 @@ def test_refusals(row, temperature, status):
   assert not np.any(np.asarray(w))
 
 
+@pytest.mark.usefixtures("row_mode")
 def test_target_probs_statuses_and_values():
   logits = np.array([[0.0, 1.0, -np.inf], [np.nan, 0, 0]], np.float32)
   p, status = dj.target_probs(logits)
@@ -118,12 +125,14 @@ def test_library_ops_inside_a_callers_jit():
       jax.jit(lambda x: dj.draft_weights(x)[1])(logits)
 
 
+@pytest.mark.usefixtures("row_mode")
 def test_vmap_needs_no_x64():
   logits = np.log(np.array([[0.25, 0.75], [0.5, 0.5]], np.float32))
   w, status = jax.vmap(dj.draft_weights)(logits)
   assert w.dtype == np.float64 and np.asarray(status).tolist() == [0, 0]
 
 
+@pytest.mark.usefixtures("row_mode")
 def test_checked_wrapper_raises_typed_error():
   logits = np.array([[0.0, 1.0], [np.nan, 0.0], [-np.inf, -np.inf]],
                     np.float32)
@@ -138,6 +147,7 @@ def test_checked_wrapper_raises_typed_error():
   assert w.shape == (1, 2)
 
 
+@pytest.mark.usefixtures("row_mode")
 def test_checked_wrapper_multi_output_and_batch_rank():
   w = np.array([[[0.5, 0.5], [0.5, np.nan]]])
   with pytest.raises(dj.DyadicError) as info:
