@@ -18,6 +18,7 @@ import pytest
 
 import dyadic_jax as dj
 from dyadic_jax.testing import adversarial
+from dyadic_jax.testing import hlo as hlo_lib
 import sharding
 from sharding import collectives
 
@@ -79,7 +80,7 @@ def test_this_jax_has_the_modern_spelling():
   w = adversarial.weight_rows(1001)
   with jax.enable_x64(True):
     hlo = sharding.ops._allocate_sparse.lower(w, 7, mesh).compile().as_text()
-  assert "all-gather" in {c.kind for c in sharding.hlo.collectives(hlo)}
+  assert "all-gather" in {c.kind for c in hlo_lib.collectives(hlo)}
 
 
 @pytest.fixture
@@ -108,7 +109,7 @@ def test_sharded_ops_through_the_psum_gather(n):
                                     if np.ndim(a) > 1 else np.asarray(b))
   with jax.enable_x64(True):  # the op's private jit, lowered directly
     hlo = sharding.ops._allocate_sparse.lower(w, 7, mesh).compile().as_text()
-  kinds = {c.kind for c in sharding.hlo.collectives(hlo)}
+  kinds = {c.kind for c in hlo_lib.collectives(hlo)}
   assert "all-gather" not in kinds and "all-reduce" in kinds, kinds
   logits = adversarial.logit_rows(v)
   keys = jax.vmap(lambda i: dj.rng_key(2, 0, 0, i, dj.Domain.TARGET_ONLY))(
