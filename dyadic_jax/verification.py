@@ -20,6 +20,7 @@ import typing
 import jax
 import jax.numpy as jnp
 from jax import lax
+from jax.typing import ArrayLike
 
 from dyadic_jax import draws, reducer, rng, rowwise, weights, x64
 from dyadic_jax.constants import M, Status, TARGET_BITS
@@ -27,14 +28,14 @@ from dyadic_jax.constants import M, Status, TARGET_BITS
 
 class DenseQ(typing.NamedTuple):
   """A dense dyadic q: counts int32[..., V] summing to M per row."""
-  counts: jax.Array  # int32[..., V]
+  counts: ArrayLike  # int32[..., V]
 
 
 class SparseQ(typing.NamedTuple):
   """A sparse dyadic q: ascending ids with positive counts, then padding."""
-  ids: jax.Array     # int32[..., k]; first n strictly ascending, then -1
-  counts: jax.Array  # int32[..., k]; positive in the first n, then 0
-  n: jax.Array       # int32[...]
+  ids: ArrayLike     # int32[..., k]; first n strictly ascending, then -1
+  counts: ArrayLike  # int32[..., k]; positive in the first n, then 0
+  n: ArrayLike       # int32[...]
 
 
 def target_grid(probs, red=None):

@@ -228,7 +228,7 @@ def main(argv: list[str]) -> int:
   print(f"  {'pos':>4} {'token':>7} {'q(x) = c/2^24':>22} {'p(x)':>9} "
         f"{'n':>4}")
   for i in range(depth):
-    c, n = int(c_x[i]), int(q.n[i])
+    c, n = int(c_x[i]), int(np.asarray(q.n)[i])
     print(f"  {anchor + i:4d} {tokens_np[i]:7d} {c:>10d}/2^24 "
           f"({c / dj.M:7.5f}) {p_x[i]:9.5f} {n:4d}")
     proposed.append({"position": anchor + i, "token": int(tokens_np[i]),
