@@ -30,15 +30,26 @@ class Status(enum.IntEnum):
 
   A row whose status is not OK carries all-zero outputs (zero weights, zero
   counts, token -1) so that nothing downstream can mistake it for a valid q.
+  Names are shared with the wire's `Code` where the meaning is the same
+  (the wire folds NAN and INF into NON_FINITE). The second name of 7, 8
+  and 9 is the old spelling, kept as an alias (same member).
   """
   OK = 0
   NAN = 1                # a NaN in logits, bias, weights or q
   INF = 2                # +inf logit/bias, or an infinite weight or q value
-  NEGATIVE = 3           # a negative weight or q value
+  NEGATIVE = 3           # a negative weight or q value (subnormals too)
   ZERO_MASS = 4          # every logit -inf / every weight zero
   INCONSISTENT_MASS = 5  # weights do not sum to 1 within one ticket
-  BAD_TEMPERATURE = 6    # temperature not finite and > 0
-  NON_INTEGER = 7        # q * M is not an integer (q not on the 2^-24 grid)
-  OUT_OF_RANGE = 8       # q * M > M, or a token id outside [0, V)
-  WRONG_SUM = 9          # counts do not sum to exactly M
+  BAD_TEMPERATURE = 6    # temperature not finite and positive (or subnormal)
+  NON_DYADIC = 7         # q * M is not an integer (q not on the 2^-24 grid)
+  NON_INTEGER = 7        # alias of NON_DYADIC
+  TOKEN_OUT_OF_RANGE = 8  # a sampled/drafted token id outside [0, V)
+  OUT_OF_RANGE = 8       # alias of TOKEN_OUT_OF_RANGE
+  WRONG_MASS = 9         # counts do not sum to exactly M, or a q above 1
+  WRONG_SUM = 9          # alias of WRONG_MASS
   PADDING_NONZERO = 10   # non-zero mass beyond the vocabulary
+  ZERO_Q_AT_TOKEN = 11   # q = 0 at the sampled token (or absent from sparse q)
+  MISSING_Q = 12         # no q entries (sparse n outside [1, k])
+  ID_OUT_OF_RANGE = 13   # a live sparse id outside [0, V)
+  DUPLICATE_ID = 14      # a sparse id twice among the live entries
+  UNSORTED_IDS = 15      # live sparse ids not strictly ascending

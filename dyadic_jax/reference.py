@@ -112,29 +112,99 @@ def sample_counts(counts, draw):
   return len(counts)
 
 
-def q_to_counts(q, vocab_size=None):
-  """Oracle of `dyadic_jax.q_to_counts` for one float32 row."""
+def q_entry(x):
+  """(Status, count) of one q value: its failing class, or OK and q M.
+
+  On the exact value of the float (Python never flushes subnormals): NAN,
+  INF, NEGATIVE (x < 0; -0.0 is zero), WRONG_MASS (x > 1), NON_DYADIC
+  (x M not an integer), else (OK, x M).
+  """
+  x = float(x)
+  if math.isnan(x):
+    return Status.NAN, 0
+  if math.isinf(x):
+    return Status.INF, 0
+  if x < 0:
+    return Status.NEGATIVE, 0
+  if x > 1:
+    return Status.WRONG_MASS, 0
+  s = Fraction(x) * M
+  if s.denominator != 1:
+    return Status.NON_DYADIC, 0
+  return Status.OK, int(s)
+
+
+_ENTRY_ORDER = (Status.NAN, Status.INF, Status.NEGATIVE, Status.WRONG_MASS,
+                Status.NON_DYADIC)
+
+
+def _first_entry_class(entries):
+  classes = {status for status, _ in entries}
+  for status in _ENTRY_ORDER:
+    if status in classes:
+      return status
+  return Status.OK
+
+
+def q_to_counts(q, vocab_size=None, token=None):
+  """Oracle of `dyadic_jax.q_to_counts` / `qrows.dense` for one float32 row.
+
+  Order: TOKEN_OUT_OF_RANGE, NAN, INF, NEGATIVE, WRONG_MASS (a value above
+  1), NON_DYADIC, PADDING_NONZERO, WRONG_MASS (sum), ZERO_Q_AT_TOKEN.
+  """
   qs = _floats(q)
   n = len(qs)
-  limit = n if vocab_size is None else vocab_size
+  vocab = n if vocab_size is None else vocab_size
   zeros = [0] * n
-  if any(math.isnan(x) for x in qs):
-    return zeros, Status.NAN
-  if any(math.isinf(x) for x in qs):
-    return zeros, Status.INF
-  if any(x < 0 for x in qs):
-    return zeros, Status.NEGATIVE
-  s = [Fraction(x) * M for x in qs]
-  if any(x.denominator != 1 for x in s):
-    return zeros, Status.NON_INTEGER
-  if any(x > M for x in s):
-    return zeros, Status.OUT_OF_RANGE
-  if any(qs[v] != 0 for v in range(limit, n)):
+  if token is not None and not 0 <= token < vocab:
+    return zeros, Status.TOKEN_OUT_OF_RANGE
+  entries = [q_entry(x) for x in qs]
+  status = _first_entry_class(entries)
+  if status != Status.OK:
+    return zeros, status
+  counts = [c for _, c in entries]
+  if any(counts[v] for v in range(vocab, n)):
     return zeros, Status.PADDING_NONZERO
-  counts = [int(x) for x in s]
   if sum(counts) != M:
-    return zeros, Status.WRONG_SUM
+    return zeros, Status.WRONG_MASS
+  if token is not None and counts[token] == 0:
+    return zeros, Status.ZERO_Q_AT_TOKEN
   return counts, Status.OK
+
+
+def sparse_q_counts(q, ids, n, vocab, token=None):
+  """Oracle of `qrows.sparse` for one row: (counts of all k entries, Status).
+
+  The first n entries are live, the rest padding (count 0). Order:
+  TOKEN_OUT_OF_RANGE, MISSING_Q (n outside [1, k]), ID_OUT_OF_RANGE,
+  DUPLICATE_ID, UNSORTED_IDS, NAN, INF, NEGATIVE, WRONG_MASS (> 1),
+  NON_DYADIC, WRONG_MASS (sum), ZERO_Q_AT_TOKEN.
+  """
+  qs = _floats(q)
+  ids = [int(i) for i in (ids.tolist() if hasattr(ids, "tolist") else ids)]
+  k, n = len(qs), int(n)
+  zeros = [0] * k
+  if token is not None and not 0 <= token < vocab:
+    return zeros, Status.TOKEN_OUT_OF_RANGE
+  if not 1 <= n <= k:
+    return zeros, Status.MISSING_Q
+  live = ids[:n]
+  if any(not 0 <= i < vocab for i in live):
+    return zeros, Status.ID_OUT_OF_RANGE
+  if len(set(live)) != n:
+    return zeros, Status.DUPLICATE_ID
+  if live != sorted(live):
+    return zeros, Status.UNSORTED_IDS
+  entries = [q_entry(x) for x in qs[:n]]
+  status = _first_entry_class(entries)
+  if status != Status.OK:
+    return zeros, status
+  counts = [c for _, c in entries]
+  if sum(counts) != M:
+    return zeros, Status.WRONG_MASS
+  if token is not None and dict(zip(live, counts)).get(token, 0) == 0:
+    return zeros, Status.ZERO_Q_AT_TOKEN
+  return counts + [0] * (k - n), Status.OK
 
 
 # ----------------------------------------------------------------------------
