@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from dyadic_jax import draws, reducer, rng, rowwise, weights, x64
+from dyadic_jax import draws, qrows, reducer, rng, rowwise, weights, x64
 from dyadic_jax.constants import M, Status, TARGET_BITS
 
 
@@ -157,49 +157,123 @@ def _row(x, i):
   return lax.dynamic_index_in_dim(x, i, 0, keepdims=False)
 
 
-def verify_rows(target_fixed, c, draft_tokens, key, anchor, red=None):
+_Q_NEGATIVE, _Q_ABOVE_M, _Q_PADDING = 4, 2, 1
+
+
+def dense_q_status(counts, red=None):
+  """Status of dense count rows int[..., n]: NEGATIVE, WRONG_MASS (a count
+  above M), PADDING_NONZERO (a count at an id >= V), WRONG_MASS (sum != M).
+
+  The order of `qrows.dense` on the same q = c / M. One OR-reduction of
+  per-entry class bits, then one exact integer sum.
+  """
+  red = reducer.of(counts, red)
+  ids = lax.broadcasted_iota(jnp.int32, counts.shape, counts.ndim - 1)
+  flags = (jnp.where(counts < 0, _Q_NEGATIVE, 0)
+           | jnp.where(counts > M, _Q_ABOVE_M, 0)
+           | jnp.where((ids + red.offset >= red.vocab) & (counts != 0),
+                       _Q_PADDING, 0)).astype(jnp.int32)
+  seen = red.bit_or(flags)
+  total = red.sum(counts.astype(jnp.int64))
+  return jnp.select(
+      [(seen & _Q_NEGATIVE) > 0, (seen & _Q_ABOVE_M) > 0,
+       (seen & _Q_PADDING) > 0, total != M],
+      [Status.NEGATIVE, Status.WRONG_MASS, Status.PADDING_NONZERO,
+       Status.WRONG_MASS], Status.OK).astype(jnp.int32)
+
+
+def sparse_q_status(q, vocab):
+  """Status of SparseQ rows: `qrows.sparse` on q = c / M (replicated data).
+
+  MISSING_Q, ID_OUT_OF_RANGE, DUPLICATE_ID, UNSORTED_IDS, NEGATIVE,
+  WRONG_MASS (a count above M, or a sum other than M). No token check: a
+  drafted token outside the support is rejected, not refused.
+  """
+  ids, counts, n = (jnp.asarray(a) for a in q)
+  # float32(c) 2^-24 has the class of c: exact for |c| <= M, and beyond
+  # that still negative or above 1.
+  bits = lax.bitcast_convert_type(
+      counts.astype(jnp.float32) * jnp.float32(2.0 ** -24), jnp.uint32)
+  return qrows.sparse(bits, ids, n, vocab=vocab, xp=jnp)[1]
+
+
+def first_failure(status):
+  """The first non-OK entry of status[..., rows] (OK if none)."""
+  bad = status != Status.OK
+  first = jnp.argmax(bad, axis=-1)
+  return jnp.where(jnp.any(bad, -1),
+                   jnp.take_along_axis(status, first[..., None], -1)[..., 0],
+                   Status.OK).astype(jnp.int32)
+
+
+def chain_status(target_status, q_status):
+  """Status of one chain: the first refused target row (rows 0..D), else the
+  first refused q row (rows 0..D-1), else OK."""
+  return first_failure(jnp.concatenate(
+      [target_status.astype(jnp.int32), q_status.astype(jnp.int32)], -1))
+
+
+def verify_rows(target_fixed, c, q_status, draft_tokens, key, anchor,
+                red=None):
   """Body of `verify_chain` on one request's rows (local or one shard).
 
   target_fixed: (P float64 [D+1, n], T int64 [D+1], status [D+1]) from
-  `target_fixed_point_rows`; c: int64 [D, n] counts over the same ids.
+  `target_fixed_point_rows`; c: int64 [D, n] counts over the same ids;
+  q_status: int32 [D] from `dense_q_status` / `sparse_q_status`.
   """
   p, total, status = target_fixed
   red = reducer.of(p, red)
   depth = draft_tokens.shape[0]
-  q_ok = jnp.all((red.bit_or((c < 0).astype(jnp.int32)) == 0)
-                 & (red.sum(c) == M))
 
-  x = draft_tokens.astype(jnp.int32)[:, None]
-  c_x = red.lookup(c, x)[:, 0]                 # 0 for ids outside [0, V)
-  p_x = red.lookup(p[:depth], x)[:, 0].astype(jnp.int64)
-
-  positions = anchor + jnp.arange(depth)
-  accept_keys = jax.vmap(
-      lambda pos: rng.draw_key(key, pos, rng.Domain.ACCEPT))(positions)
-  u = draws.draw_below(rng.draw64(accept_keys), total[:depth] * c_x)
-  accept = (c_x > 0) & (u < (p_x * M).astype(jnp.uint64))
-  accepted = jnp.sum(jnp.cumprod(accept.astype(jnp.int32)), dtype=jnp.int32)
+  if depth:
+    x = draft_tokens.astype(jnp.int32)[:, None]
+    c_x = red.lookup(c, x)[:, 0]                 # 0 for ids outside [0, V)
+    p_x = red.lookup(p[:depth], x)[:, 0].astype(jnp.int64)
+    positions = anchor + jnp.arange(depth)
+    accept_keys = jax.vmap(
+        lambda pos: rng.draw_key(key, pos, rng.Domain.ACCEPT))(positions)
+    u = draws.draw_below(rng.draw64(accept_keys), total[:depth] * c_x)
+    accept = (c_x > 0) & (u < (p_x * M).astype(jnp.uint64))
+    accepted = jnp.sum(jnp.cumprod(accept.astype(jnp.int32)),
+                       dtype=jnp.int32)
+  else:  # D = 0: a target-only step, the bonus draw from row 0
+    accepted = jnp.zeros((), jnp.int32)
 
   bonus = accepted == depth
   p_j, total_j = _row(p, accepted).astype(jnp.int64), _row(total, accepted)
-  c_j = jnp.where(bonus, 0, _row(c, jnp.minimum(accepted, depth - 1)))
+  if depth:
+    c_j = jnp.where(bonus, 0, _row(c, jnp.minimum(accepted, depth - 1)))
+  else:
+    c_j = jnp.zeros((), jnp.int64)
   residual = residual_weights(p_j, c_j, total_j, red)
   token = categorical(residual, next_token_bits(key, anchor + accepted, bonus),
                       red)
 
-  ok = jnp.all(status == Status.OK) & q_ok
-  return jnp.where(ok, accepted, 0), jnp.where(ok, token, -1)
+  chain = chain_status(status, q_status)
+  ok = chain == Status.OK
+  return jnp.where(ok, accepted, 0), jnp.where(ok, token, -1), chain
+
+
+def q_rows_status(q, c, vocab, red=None):
+  """Per-row status [D] of a DenseQ (from its counts c) or a SparseQ."""
+  if isinstance(q, DenseQ):
+    return dense_q_status(c, red)
+  return sparse_q_status(q, vocab)
 
 
 @jax.jit
 def _verify_chain(target_logits, q, draft_tokens, key, anchor):
-  c = dense_counts(q, target_logits.shape[-1])
-  return verify_rows(_target_fixed_point(target_logits), c, draft_tokens,
-                     key, anchor)
+  vocab = target_logits.shape[-1]
+  c = dense_counts(q, vocab)
+  return verify_rows(_target_fixed_point(target_logits), c,
+                     q_rows_status(q, c, vocab), draft_tokens, key, anchor)
 
 
 @x64.scoped
-def verify_chain(target_logits, q, draft_tokens, key, *, anchor=0):
+def verify_chain(target_logits: jax.typing.ArrayLike, q: "DenseQ | SparseQ",
+                 draft_tokens: jax.typing.ArrayLike, key: jax.Array, *,
+                 anchor: jax.typing.ArrayLike = 0
+                 ) -> tuple[jax.Array, jax.Array, jax.Array]:
   """Standard fixed-depth verification of one request's drafted chain.
 
   Args:
@@ -207,26 +281,43 @@ def verify_chain(target_logits, q, draft_tokens, key, *, anchor=0):
       target processors for the position of draft token i (row D: bonus).
     q: `DenseQ` (counts int32[D, V]) or `SparseQ` (ids/counts int32[D, k],
       n int32[D]): the exact dyadic q each draft token was drawn from.
-    draft_tokens: int32[D], x_1..x_D.
+      With D = 0 it may be None.
+    draft_tokens: int32[D], x_1..x_D (D >= 0).
     key: typed JAX key of the round (`rng.round_key`). Decision keys derive
       from it as position -> domain -> counter, positions anchor + i.
     anchor: absolute position of x_1 (int, may be traced).
 
   Returns:
-    (num_accepted int32 in [0, D], next_token int32): x_1..x_j are accepted
-    while the ACCEPT tests pass; at the first rejection j < D, next_token is
-    drawn from max(P_j M - c_j T_j, 0) over the whole vocabulary (CORRECTION);
-    if all D pass, from row D (BONUS). A draft token with zero q is always
-    rejected. (0, -1) if any target row is refused by `target_probs` or a q
-    row does not hold nonnegative counts summing to M.
+    (num_accepted int32 in [0, D], next_token int32, status int32):
+    x_1..x_j are accepted while the ACCEPT tests pass; at the first
+    rejection j < D, next_token is drawn from max(P_j M - c_j T_j, 0) over
+    the whole vocabulary (CORRECTION); if all D pass, from row D (BONUS).
+    A draft token with zero q (or outside [0, V)) is always rejected.
+    D = 0 is a target-only step: next_token is the BONUS draw from row 0,
+    the same token as `sample_target(target_logits[0], draw_key(key,
+    anchor, Domain.BONUS))`.
+    status is OK, or the first refused target row's status (see
+    `target_probs`; rows 0..D in order), else the first refused q row's
+    (dense: NEGATIVE, WRONG_MASS for a count above M or a sum other than
+    M, PADDING_NONZERO; sparse: also MISSING_Q, ID_OUT_OF_RANGE,
+    DUPLICATE_ID, UNSORTED_IDS). A refused chain returns (0, -1, status):
+    never commit its token.
 
   Use `jax.vmap` over requests (key and anchor batched alike).
   """
   target_logits = jnp.asarray(target_logits)
-  draft_tokens = jnp.asarray(draft_tokens)
+  draft_tokens = jnp.asarray(draft_tokens, jnp.int32)
+  q = empty_q(q, target_logits, draft_tokens)
   check_chain_shapes(target_logits, q, draft_tokens)
   return _verify_chain(target_logits, q, draft_tokens, key,
                        jnp.asarray(anchor, jnp.int64))
+
+
+def empty_q(q, target_logits, draft_tokens):
+  """q, or an empty DenseQ when q is None and D = 0."""
+  if q is None and draft_tokens.shape == (0,):
+    return DenseQ(jnp.zeros((0, target_logits.shape[-1]), jnp.int32))
+  return q
 
 
 def check_chain_shapes(target_logits, q, draft_tokens, dense_widths=None):
@@ -234,17 +325,26 @@ def check_chain_shapes(target_logits, q, draft_tokens, dense_widths=None):
 
   dense_widths: accepted column counts of a DenseQ (default: V only).
   """
-  depth = draft_tokens.shape[-1]
-  if draft_tokens.ndim != 1 or target_logits.shape[:-1] != (depth + 1,):
+  if draft_tokens.ndim != 1 or target_logits.ndim != 2 or (
+      target_logits.shape[0] != draft_tokens.shape[0] + 1):
     raise ValueError(
         f"verify_chain: need target_logits [D+1, V] and draft_tokens [D], got "
         f"{target_logits.shape} and {draft_tokens.shape}")
+  weights.check_vocab("verify_chain", target_logits.shape[-1])
+  depth = draft_tokens.shape[0]
   if not isinstance(q, (DenseQ, SparseQ)):
     raise TypeError(f"verify_chain: q must be DenseQ or SparseQ, got {type(q)}")
   widths = dense_widths or (target_logits.shape[-1],)
-  if isinstance(q, DenseQ) and q.counts.shape[-1] not in widths:
-    raise ValueError(f"verify_chain: dense q has {q.counts.shape[-1]} columns,"
+  counts_shape = jnp.shape(q.counts)
+  if isinstance(q, DenseQ) and counts_shape[-1:] != () and (
+      counts_shape[-1] not in widths):
+    raise ValueError(f"verify_chain: dense q has {counts_shape[-1]} columns,"
                      f" target vocabulary is {target_logits.shape[-1]}")
-  if q.counts.shape[:-1] != (depth,):
-    raise ValueError(f"verify_chain: q rows {q.counts.shape} do not match "
+  if len(counts_shape) != 2 or counts_shape[0] != depth:
+    raise ValueError(f"verify_chain: q rows {counts_shape} do not match "
                      f"depth {depth}")
+  if isinstance(q, SparseQ) and (jnp.shape(q.ids) != counts_shape
+                                 or jnp.shape(q.n) != (depth,)):
+    raise ValueError(f"verify_chain: sparse q needs ids and counts [D, k] "
+                     f"and n [D], got {jnp.shape(q.ids)}, {counts_shape}, "
+                     f"{jnp.shape(q.n)}")

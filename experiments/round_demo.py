@@ -101,7 +101,7 @@ def first_emitted(toy, prefix_token, q_row, key, *, anchor):
   x1 = ids[dj.sample_counts(counts, u)]
   tl = chain_target_logits(toy, prefix_token, x1[None])
   q = dj.SparseQ(ids[None], counts[None], n[None])
-  accepted, token = dj.verify_chain(tl, q, x1[None], key, anchor=anchor)
+  accepted, token, _ = dj.verify_chain(tl, q, x1[None], key, anchor=anchor)
   return jnp.where(accepted > 0, x1, token)
 
 
@@ -210,10 +210,10 @@ def main(argv):
                      "count": c, "q": c / dj.M, "p": float(p_x[i]),
                      "support": n})
 
-  accepted, next_token = dj.verify_chain(tl, q, tokens, key, anchor=anchor)
+  accepted, next_token, status = dj.verify_chain(tl, q, tokens, key,
+                                                 anchor=anchor)
   accepted, next_token = int(accepted), int(next_token)
-  if next_token < 0:
-    raise RuntimeError("verify_chain refused the round (bad target row or q)")
+  dj.raise_for_status("verify_chain", status)
   emitted = [int(t) for t in tokens_np[:accepted]] + [next_token]
   kind = "bonus" if accepted == depth else "correction"
   print(f"Verified: accepted {accepted}/{depth}, next token {next_token} "

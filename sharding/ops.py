@@ -237,17 +237,22 @@ def _verify_chain(target_logits, q, draft_tokens, key, anchor, mesh):
     target = _rows(lambda x: verification.target_fixed_point_rows(x, red),
                    tl, core_ndims=(1,))
     c = verification.dense_counts(q, size, red.offset, vocab)
-    return verification.verify_rows(target, c, draft, key, anchor, red)
+    q_status = verification.q_rows_status(q, c, vocab, red)
+    return verification.verify_rows(target, c, q_status, draft, key, anchor,
+                                    red)
 
   return _shard_map(
       body, mesh, (spec, q_spec, _REPLICATED, _REPLICATED, _REPLICATED),
-      (_REPLICATED, _REPLICATED))(pad_vocab(target_logits, n, -jnp.inf), q,
+      (_REPLICATED,) * 3)(pad_vocab(target_logits, n, -jnp.inf), q,
                                   draft_tokens, key, anchor)
 
 
 @x64.scoped
 def verify_chain(target_logits, q, draft_tokens, key, *, anchor=0, mesh):
   """`dyadic_jax.verify_chain` over a vocabulary mesh (same results).
+
+  Returns (num_accepted, next_token, status), replicated, bit-identical to
+  the single-device op (D = 0 included: the target-only BONUS draw).
 
   Every shard builds max(P_v M - c_v T, 0) for each id it owns, including
   ids outside a sparse q's support; the global residual mass picks the
@@ -256,7 +261,8 @@ def verify_chain(target_logits, q, draft_tokens, key, *, anchor=0, mesh):
   A SparseQ is routed by id ownership (no shard builds the full row).
   """
   target_logits = jnp.asarray(target_logits)
-  draft_tokens = jnp.asarray(draft_tokens)
+  draft_tokens = jnp.asarray(draft_tokens, jnp.int32)
+  q = verification.empty_q(q, target_logits, draft_tokens)
   vocab = target_logits.shape[-1]
   padded = padded_size(vocab, _layout(mesh, vocab)[0])
   verification.check_chain_shapes(target_logits, q, draft_tokens,
