@@ -42,6 +42,9 @@ several times faster than int64). With jax.numpy the kernel needs 64-bit
 types: it runs in the library's scoped x64 mode (dyadic_jax/x64.py).
 """
 
+import types
+from typing import Any
+
 import numpy as np
 
 from dyadic_jax import x64
@@ -79,7 +82,7 @@ def _check_token(op, token, batch):
                      f"the batch shape {tuple(batch)}")
 
 
-def classify(bits, xp):
+def classify(bits: Any, xp: types.ModuleType) -> tuple[Any, Any]:
   """(class int32, count int32) of every entry of uint32 bits (any shape).
 
   class is the entry's first failing class (_NAN .. _NON_DYADIC) or _FINE;
@@ -158,7 +161,8 @@ def _dense(bits, token, vocab, xp):
 _dense_x64 = x64.scoped(_dense, "qrows.dense")
 
 
-def dense(bits, token=None, *, vocab=None, xp=np):
+def dense(bits: Any, token: Any = None, *, vocab: Any = None,
+          xp: types.ModuleType = np) -> tuple[Any, Any]:
   """Validates dense q rows; returns (counts int32[..., N], status int32[...]).
 
   Args:
@@ -222,7 +226,8 @@ def _sparse(bits, ids, n, token, vocab, xp):
 _sparse_x64 = x64.scoped(_sparse, "qrows.sparse")
 
 
-def sparse(bits, ids, n, token=None, *, vocab, xp=np):
+def sparse(bits: Any, ids: Any, n: Any, token: Any = None, *, vocab: Any,
+           xp: types.ModuleType = np) -> tuple[Any, Any]:
   """Validates sparse q rows; returns (counts int32[..., k], status int32[...]).
 
   Args:

@@ -16,6 +16,7 @@ the same bits as the single-device op:
 None of them moves a vocabulary-sized array.
 """
 
+import jax
 import jax.numpy as jnp
 from jax import lax
 
@@ -24,7 +25,7 @@ from dyadic_jax import reducer
 from sharding.mesh import VOCAB_AXIS
 
 
-def gather(x):
+def gather(x: jax.Array) -> jax.Array:
   """[..., m] per shard -> [..., shards * m], shard order, replicated.
 
   An all_gather whose result is typed as invariant across the axis, so it
@@ -45,7 +46,7 @@ def _reduce_gathered(local, op):
   return op(gather(local[..., None]), -1)
 
 
-def shard_reducer(vocab, size, shards):
+def shard_reducer(vocab: int, size: int, shards: int) -> reducer.Reducer:
   """The Reducer of one shard of `size` ids (call inside shard_map)."""
   me = lax.axis_index(VOCAB_AXIS)
   offset = me * size

@@ -11,11 +11,14 @@ from fractions import Fraction
 
 import chex
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
 import dyadic_jax as dj
 from dyadic_jax import reference as ref
+from dyadic_jax import verification
+from dyadic_jax import weights
 from tests import verify_cases as vc
 
 M = dj.M
@@ -276,3 +279,25 @@ def test_target_only_sampler_replay_and_distribution():
   dist = ref.categorical_int_distribution(p_rows[0])
   assert ref.total_variation(dist, ref.target_distribution(p_rows[0])) <= \
       Fraction(9, 2 ** 64)
+
+
+def test_recomputed_residual_row_is_the_row_of_target_probs():
+  # Verification keeps only each row's max, Z' and T; the one row it needs
+  # whole is recomputed from the logits (docs/numerics.md 6.1). Its P must
+  # be the P that entered T: quantize_target(target_probs(...)).
+  rng = np.random.default_rng(8)
+  v = dj.DEFAULT_VOCAB
+  logits = (rng.normal(size=(3, v)) * np.array([[1.0], [6.0], [30.0]])
+            + 2e4 * (np.arange(3) == 2)[:, None]).astype(np.float32)
+  logits[0, ::3] = -np.inf
+  probs, _ = dj.target_probs(logits)
+  with jax.enable_x64(True):
+    want, want_total = dj.quantize_target(probs)
+    rows, _ = jax.jit(weights.target_summary)(
+        logits, jnp.zeros(3, jnp.int32))
+    got = jax.jit(lambda x, r: jax.vmap(
+        lambda i: verification.fixed_row(x, r, i))(jnp.arange(3)))(
+            logits, rows)
+  np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+  np.testing.assert_array_equal(np.asarray(rows.total).astype(np.int64),
+                                np.asarray(want_total))
