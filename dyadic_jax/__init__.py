@@ -6,6 +6,7 @@ verification and admission. `dyadic_jax.reference` is the exact rational
 oracle. The numerical contract is in docs/numerics.md.
 """
 
+from dyadic_jax import qrows
 from dyadic_jax import reference
 from dyadic_jax.admission import (AdmissionContext, FixedDepth, StoppingRule,
                                   draft_chain)
@@ -28,7 +29,7 @@ __all__ = [
     "Status", "StoppingRule", "TARGET_BITS", "allocate_dense",
     "allocate_sparse", "checked", "counts_to_q", "draft_chain",
     "draft_weights", "draw24", "draw64", "draw_key", "q_to_counts",
-    "quantize_target", "raise_for_status", "reference", "rng_key",
+    "qrows", "quantize_target", "raise_for_status", "reference", "rng_key",
     "round_key", "sample_counts", "sample_target", "target_probs",
     "verify_chain", "X64Required",
 ]

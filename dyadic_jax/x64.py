@@ -16,6 +16,7 @@ failing obscurely at compile time.
 """
 
 import functools
+from typing import Any, Callable, TypeVar
 
 import jax
 
@@ -38,18 +39,25 @@ def _staging():
   return False
 
 
-def scoped(fn):
-  """Decorator: run `fn` with 64-bit types enabled for its own trace only."""
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def scoped(fn: _F, name: str | None = None) -> _F:
+  """Decorator: run `fn` with 64-bit types enabled for its own trace only.
+
+  `name` is the op's name in the X64Required message (default: fn's name).
+  """
+  name = name or fn.__name__
 
   @functools.wraps(fn)
   def wrapper(*args, **kwargs):
     if not jax.config.jax_enable_x64 and _staging():
       raise X64Required(
-          f"dyadic_jax.{fn.__name__} was called inside jax.jit with 64-bit "
+          f"dyadic_jax.{name} was called inside jax.jit with 64-bit "
           "mode off; call your jitted function under "
           "`with jax.enable_x64(True):` (or set jax_enable_x64) so that the "
           "float64/int64 parts of the op compile as specified")
     with jax.enable_x64(True):
       return fn(*args, **kwargs)
 
-  return wrapper
+  return wrapper  # type: ignore[return-value]

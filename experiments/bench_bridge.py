@@ -546,7 +546,8 @@ def sparse_round_trips(requests, depth, vocab, k, rng, round_trips,
     verifier = Verifier(
         caps, worker_end.address, timeout_s=10.0,
         target_fn=lambda prefix, draft: fixed_logits[:len(draft) + 1],
-        verify_fn=lambda logits, q, draft, key, anchor: (0, int(draft[0])))
+        verify_fn=lambda logits, q, draft, key, anchor: (0, int(draft[0]),
+                                                         0))
     closers.append(verifier.close)
     verifier.open()
     for rid, p in enumerate(proposals):

@@ -18,6 +18,7 @@ None of them moves a vocabulary-sized array.
 
 import inspect
 
+import jax
 import jax.numpy as jnp
 from jax import lax
 
@@ -74,7 +75,7 @@ GATHERS = {"all_gather": _gather_all_gather, "psum": _gather_psum}
 GATHER = "all_gather" if _all_gather_has_to() else "psum"
 
 
-def gather(x):
+def gather(x: jax.Array) -> jax.Array:
   """[..., m] per shard -> [..., shards * m], shard order, replicated.
 
   The result is typed as invariant across the axis, so it may leave
@@ -88,7 +89,7 @@ def _reduce_gathered(local, op):
   return op(gather(local[..., None]), -1)
 
 
-def shard_reducer(vocab, size, shards):
+def shard_reducer(vocab: int, size: int, shards: int) -> reducer.Reducer:
   """The Reducer of one shard of `size` ids (call inside shard_map)."""
   me = lax.axis_index(VOCAB_AXIS)
   offset = me * size

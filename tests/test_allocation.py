@@ -7,11 +7,16 @@ Tests of batched calls take `row_mode` (tests/conftest.py): they run in the
 import functools
 
 import chex
+import hypothesis
+from hypothesis import strategies as st
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
 import dyadic_jax as dj
+from dyadic_jax import allocation
+from dyadic_jax import reducer
 from dyadic_jax import reference as ref
 from dyadic_jax.testing import adversarial
 
@@ -283,3 +288,104 @@ def test_vmap_and_single_rows_equal_batched_call():
       sparse, jax.vmap(lambda x: dj.allocate_sparse(x, 7))(w))
   chex.assert_trees_all_equal(
       tuple(a[0, 1] for a in sparse), dj.allocate_sparse(w[0, 1], 7))
+
+
+# ---------------------------------------------------------------------------
+# Signs and subnormals are judged on bit patterns (XLA CPU flushes float64
+# subnormals to zero in compares: -1e-310 < 0 is false there).
+
+
+@pytest.mark.parametrize("w,status", [
+    ([0.5, 0.5, -1e-310], S.NEGATIVE),             # OK before (flushed)
+    ([0.5, 0.5, -5e-324], S.NEGATIVE),
+    ([1.0, -0.0, 0.0], S.OK),                      # -0.0 is zero
+    ([1.0, 1e-310, 0.0], S.OK),                    # a subnormal is zero
+    ([1e-310, 5e-324, 0.0], S.ZERO_MASS),          # only subnormal mass
+    ([np.nan, -1e-310, 1.0], S.NAN),               # NaN first
+])
+def test_sign_and_subnormals_on_bits(w, status):
+  counts, got = _dense(w)
+  assert got == status == ref.allocate_dense(w)[1]
+  assert counts == ref.allocate_dense(w)[0]
+  if status == S.OK:
+    assert counts[1] == 0 and sum(counts) == M
+  ids, scounts, n, got = _sparse(w, 2)
+  want = ref.allocate_sparse(w, 2)
+  assert (ids, scounts, n, got) == (want[0], want[1], want[2], int(want[3]))
+  assert got == status
+
+
+# ---------------------------------------------------------------------------
+# select_top: the threshold search, its three endings, and its cost.
+
+
+def _select(x, r):
+  with jax.enable_x64(True):
+    return np.asarray(jax.jit(allocation.select_top)(
+        jnp.asarray(x, jnp.float64), jnp.asarray(r, jnp.int64)))
+
+
+def _passes(x, r, upper=allocation._INF_BITS):
+  x = np.asarray(x, np.float64)
+  with jax.enable_x64(True):
+    red = reducer.local(x.shape[-1])
+    return int(jax.jit(lambda x, r: allocation._search(
+        x, jnp.maximum(r, 1), upper, red)[1])(
+            jnp.asarray(x), jnp.asarray(r, jnp.int64)))
+
+
+def _top_oracle(x, r):
+  order = np.lexsort((np.arange(len(x)), -np.asarray(x, np.float64)))
+  mask = np.zeros(len(x), bool)
+  mask[order[:r]] = True
+  return mask
+
+
+_KEY_ROWS = {
+    "uniform": lambda g, n: g.random(n),
+    "skewed": lambda g, n: g.random(n) ** 20,
+    "few_values": lambda g, n: g.integers(0, 7, n) / 8.0,
+    "all_equal": lambda g, n: np.full(n, 0.25),
+    "zeros_and_values": lambda g, n: np.where(g.random(n) < 0.5, 0.0,
+                                              g.random(n)),
+    "all_zero": lambda g, n: np.zeros(n),
+    "two_huge_groups": lambda g, n: np.repeat([0.75, 0.5], [n // 2,
+                                                             n - n // 2]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_KEY_ROWS))
+def test_select_top_matches_oracle_every_rank_class(name):
+  n = 3000
+  x = _KEY_ROWS[name](np.random.default_rng(len(name)), n)
+  rs = [0, 1, 2, 63, 64, 65, n // 3, n // 2, n - 1, n]
+  got = _select(np.broadcast_to(x, (len(rs), n)), rs)
+  for mask, r in zip(got, rs):
+    np.testing.assert_array_equal(mask, _top_oracle(x, r), err_msg=str(r))
+
+
+@hypothesis.given(st.lists(st.sampled_from(
+    [0.0, 2.0 ** -1000, 0.25, 0.5, 0.5 + 2.0 ** -52, 0.75, 1.0, 3.0]),
+    min_size=1, max_size=200), st.data())
+def test_select_top_hypothesis(values, data):
+  r = data.draw(st.integers(0, len(values)))
+  x = np.zeros(200)
+  x[:len(values)] = values
+  np.testing.assert_array_equal(_select(x[None], [r])[0],
+                                _top_oracle(x, r))
+
+
+def test_search_work_is_bounded():
+  # Work, not time: the number of passes over the row. Typical rows end in
+  # a handful; ties end at once; the bound holds for every input.
+  rng = np.random.default_rng(0)
+  v = dj.DEFAULT_VOCAB
+  for scale in (0.3, 1.0, 3.0, 10.0):
+    w = _normalized(np.exp(rng.normal(size=v) * scale))
+    s = w * M
+    r = int(M - np.floor(s).sum())
+    assert _passes(s - np.floor(s), r, allocation._ONE_BITS) <= 12, scale
+  assert _passes(np.full(v, 0.25), v // 3) <= 4        # one tie group
+  assert _passes(rng.integers(0, 7, v) / 8.0, v // 3) <= 6
+  worst = np.asarray([2.0 ** -e for e in range(1, 1001)])
+  assert _passes(worst, 500) < allocation._MAX_STEPS

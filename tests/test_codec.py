@@ -35,21 +35,37 @@ def _row(*values, n=4):
   return q
 
 
+def _from_bits(*patterns, n=4):
+  bits = np.zeros(n, np.uint32)
+  bits[:len(patterns)] = patterns
+  return bits.view(np.float32)
+
+
 HALF = 0.5
 TICK = 2.0 ** -24
+HALF_BITS, ONE_BITS = 0x3F000000, 0x3F800000
 _CASES = [
     ("nan", _row(HALF, np.nan, HALF), S.NAN),
     ("pos_inf", _row(HALF, np.inf), S.INF),
     ("neg_inf", _row(1.0, -np.inf), S.INF),
     ("negative", _row(1.0 + HALF, -HALF), S.NEGATIVE),
-    ("non_dyadic", _row(HALF, HALF - 2.0 ** -25, 2.0 ** -25), S.NON_INTEGER),
-    ("non_integer_small", _row(1.0 - TICK, 2.0 ** -30), S.NON_INTEGER),
+    ("non_dyadic", _row(HALF, HALF - 2.0 ** -25, 2.0 ** -25), S.NON_DYADIC),
+    ("non_integer_small", _row(1.0 - TICK, 2.0 ** -30), S.NON_DYADIC),
     ("above_M", _row(2.0, -1.0), S.NEGATIVE),  # negative checked first
-    ("above_M_alone", _row(2.0), S.OUT_OF_RANGE),
-    ("sum_short", _row(HALF, HALF - TICK), S.WRONG_SUM),
-    ("sum_long", _row(HALF, HALF + TICK), S.WRONG_SUM),
-    ("all_zero", _row(), S.WRONG_SUM),
+    ("above_M_alone", _row(2.0), S.WRONG_MASS),
+    ("above_one_before_non_dyadic", _row(2.0, 2.0 ** -25), S.WRONG_MASS),
+    ("sum_short", _row(HALF, HALF - TICK), S.WRONG_MASS),
+    ("sum_long", _row(HALF, HALF + TICK), S.WRONG_MASS),
+    ("all_zero", _row(), S.WRONG_MASS),
     ("negative_zero_ok", _row(1.0, -0.0), S.OK),
+    # Subnormals are judged on their bits: XLA CPU flushes them to zero in
+    # float compares, which made every one of these rows OK before.
+    ("subnormal_min", _from_bits(ONE_BITS, 0x00000001), S.NON_DYADIC),
+    ("subnormal_max", _from_bits(ONE_BITS, 0x007FFFFF), S.NON_DYADIC),
+    ("negative_subnormal", _from_bits(ONE_BITS, 0x80000001), S.NEGATIVE),
+    ("negative_zero_bits", _from_bits(ONE_BITS, 0x80000000), S.OK),
+    ("smallest_normal", _from_bits(ONE_BITS, 0x00800000), S.NON_DYADIC),
+    ("one_tick", _from_bits(0x3F7FFFFF, 0x33800000), S.OK),
 ]
 
 
@@ -63,6 +79,35 @@ def test_refusal_classes_match_oracle(name, q, status):
   assert np.asarray(counts[0]).tolist() == want_counts
   if status != S.OK:
     assert not np.any(np.asarray(counts))
+
+
+def test_subnormal_in_padding_is_refused():
+  q = _from_bits(HALF_BITS, HALF_BITS, 0, 0x00000001)
+  _, status = dj.q_to_counts(q[None], vocab_size=3)
+  assert int(status[0]) == S.NON_DYADIC == ref.q_to_counts(q, 3)[1]
+  q = _from_bits(HALF_BITS, HALF_BITS, 0, 0x80000000)  # -0.0 padding is zero
+  _, status = dj.q_to_counts(q[None], vocab_size=3)
+  assert int(status[0]) == S.OK == ref.q_to_counts(q, 3)[1]
+
+
+def test_token_checks():
+  q = np.stack([_row(HALF, HALF)] * 4)
+  token = np.array([1, 2, 4, -1], np.int32)
+  counts, status = dj.q_to_counts(q, vocab_size=4, token=token)
+  want = [ref.q_to_counts(r, 4, int(t)) for r, t in zip(q, token)]
+  assert np.asarray(status).tolist() == [w[1] for w in want] == [
+      S.OK, S.ZERO_Q_AT_TOKEN, S.TOKEN_OUT_OF_RANGE, S.TOKEN_OUT_OF_RANGE]
+  assert np.asarray(counts).tolist() == [w[0] for w in want]
+  # The token is checked first: a NaN row with a bad token is out of range.
+  _, status = dj.q_to_counts(_row(np.nan)[None], token=np.array([9]))
+  assert int(status[0]) == S.TOKEN_OUT_OF_RANGE
+
+
+def test_status_aliases_are_one_member():
+  assert S.NON_INTEGER is S.NON_DYADIC and S.NON_DYADIC.name == "NON_DYADIC"
+  assert S.OUT_OF_RANGE is S.TOKEN_OUT_OF_RANGE
+  assert S.WRONG_SUM is S.WRONG_MASS
+  assert [int(s) for s in S] == list(range(16))
 
 
 def test_padding_beyond_vocab():
@@ -83,7 +128,7 @@ def test_sum_is_checked_in_64_bits():
   q = np.full(257, 1.0, np.float32)  # 257 * M = M mod 2^32
   q[1:] = 1.0
   _, status = dj.q_to_counts(q[None])
-  assert int(status[0]) == S.WRONG_SUM
+  assert int(status[0]) == S.WRONG_MASS
 
 
 def test_input_validation():
@@ -91,3 +136,7 @@ def test_input_validation():
     dj.q_to_counts(np.ones((1, 2), np.float64))
   with pytest.raises(ValueError, match="vocab_size"):
     dj.q_to_counts(np.ones((1, 2), np.float32), vocab_size=3)
+  with pytest.raises(ValueError, match="vocabulary axis"):
+    dj.q_to_counts(np.float32(1.0))
+  with pytest.raises(ValueError, match="token shape"):
+    dj.q_to_counts(np.ones((2, 2), np.float32), token=np.zeros(3, np.int32))

@@ -142,6 +142,43 @@ def test_verify_chain_equal(row_mode, n, v, representation):
   assert np.all(np.asarray(single[1]) >= 0)
 
 
+@pytest.mark.parametrize("n", [1, 2, 8])
+def test_verify_chain_refusals_and_depth_zero_equal(n):
+  """Refused chains (target row, dense and sparse q) and D = 0 on shards."""
+  v = 7
+  target, dense, sparse, tokens, keys = _requests(v, requests=4)
+  target = np.array(target)
+  target[0, 2, 5] = np.nan                      # a refused target row
+  counts = np.array(dense.counts)
+  counts[1, 1, 0] += 1                          # WRONG_MASS
+  counts[2, 0, :2] = [M, -counts[2, 0, 1]]      # NEGATIVE
+  ids = np.array(sparse.ids)
+  ids[3, 1, :2] = ids[3, 1, 1::-1]              # UNSORTED_IDS
+  mesh = _mesh(n)
+  sharded = functools.partial(sharding.verify_chain, mesh=mesh)
+  for q in (dj.DenseQ(counts), dj.SparseQ(ids, sparse.counts, sparse.n)):
+    run = lambda fn, q=q: jax.vmap(
+        lambda t, q, x, key: fn(t, q, x, key, anchor=3))(target, q, tokens,
+                                                        keys)
+    single = run(dj.verify_chain)
+    _assert_same(single, run(sharded))
+    assert np.asarray(single[2]).tolist()[0] == dj.Status.NAN
+  assert np.asarray(single[2]).tolist()[3] == dj.Status.UNSORTED_IDS
+  # D = 0: the target-only BONUS draw, the same on every layout.
+  for r in range(4):
+    one = dj.verify_chain(target[r, 1:2], None, np.zeros(0, np.int32),
+                          keys[r], anchor=r)
+    _assert_same(one, sharded(target[r, 1:2], None, np.zeros(0, np.int32),
+                              keys[r], anchor=r))
+  # A dense q in the padded layout with mass at a padding id is refused.
+  if sharding.padded_size(v, n) > v:
+    padded = np.zeros((3, sharding.padded_size(v, n)), np.int32)
+    padded[:, 0] = M - 1
+    padded[:, v] = 1
+    out = sharded(target[1], dj.DenseQ(padded), tokens[1], keys[1])
+    assert [int(x) for x in out] == [0, -1, dj.Status.PADDING_NONZERO]
+
+
 def test_one_device_mesh_is_the_direct_call():
   mesh = _mesh(1)
   w = _rows(1001)

@@ -45,7 +45,7 @@ def _first_tokens(n=N, sparse=False):
     draft = jnp.stack([
         dj.sample_counts(counts[i], dj.draw24(
             dj.draw_key(key, i, dj.Domain.PROPOSAL))) for i in range(2)])
-    accepted, token = dj.verify_chain(logits, q, draft, key)
+    accepted, token, _ = dj.verify_chain(logits, q, draft, key)
     return jnp.where(accepted > 0, draft[0], token)
 
   chunks = [jax.vmap(one_round)(jnp.arange(i, min(i + N, n)))

@@ -535,12 +535,11 @@ class Verifier:
       else:
         q = verification.SparseQ(plan.ids[i], plan.counts[i], plan.n[i])
       key = rng.round_key(req.seed, tag[0], tag[1])
-      accepted, token = self.verify_fn(logits, q, draft, key,
-                                       anchor=req.anchor)
+      accepted, token, status = self.verify_fn(logits, q, draft, key,
+                                               anchor=req.anchor)
       accepted, token = int(accepted), int(token)
-      if token < 0:
-        raise DyadicError("verify_fn", int(Status.NAN), [req.rid],
-                             [int(Status.NAN)])
+      if int(status) != Status.OK:
+        raise DyadicError("verify_fn", int(status), [req.rid], [int(status)])
     committed = tuple(int(t) for t in draft[:accepted]) + (token,)
     return self._apply(req, tag, committed, accepted, None)
 
