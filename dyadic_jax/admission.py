@@ -9,7 +9,8 @@ yet, and `AdmissionContext` has no field that could carry it.
 
 Why it matters: admitting x_1 only when it is 0 (q = p uniform on {0, 1},
 target-only otherwise) outputs 0 with probability 3/4, not 1/2; no verifier
-can undo a selection made after looking at the draw (DESIGN.md section 6).
+can undo a selection made after looking at the draw (docs/numerics.md
+section 7, docs/architecture.md).
 """
 
 import dataclasses
@@ -36,7 +37,7 @@ class FixedDepth:
   """Admit exactly `depth` positions, whatever was drawn."""
   depth: int
 
-  def __post_init__(self):
+  def __post_init__(self) -> None:
     if self.depth < 1:
       raise ValueError(f"FixedDepth: depth must be >= 1, got {self.depth}")
 
@@ -44,7 +45,10 @@ class FixedDepth:
     return ctx.position < self.depth
 
 
-def draft_chain(rule, draw, *, max_depth, committed=(), load=None):
+def draft_chain(rule: StoppingRule,
+                draw: typing.Callable[[int, tuple[int, ...]], int], *,
+                max_depth: int, committed: typing.Iterable[int] = (),
+                load: float | None = None) -> tuple[int, ...]:
   """Draws a chain under a sequential stopping rule.
 
   Args:
@@ -60,7 +64,7 @@ def draft_chain(rule, draw, *, max_depth, committed=(), load=None):
     before x_i existed, and after its first stop nothing more is drawn.
   """
   committed = tuple(committed)
-  drafted = []
+  drafted: list[int] = []
   for i in range(max_depth):
     ctx = AdmissionContext(position=i, committed=committed,
                            drafted=tuple(drafted), load=load)

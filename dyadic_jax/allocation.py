@@ -4,13 +4,22 @@ Dense: floor plus largest remainders over the whole vocabulary; sparse: exact
 global top-k support, renormalized, then the same allocation on the support.
 
 No sort touches a vocabulary-sized row. The R leftover tickets go to the R
-largest remainders (ties to the lowest id), found by an exact bisection on
-the remainders' int64 bit patterns (a nonnegative float64 orders like its
-bits): each step is one comparison-and-count pass, and counts are integers,
-so the answer is the same for any reduction order or sharding.
+largest remainders (ties to the lowest id): `select_top` searches for a
+threshold t on the remainders' int64 bit patterns (a nonnegative float64
+orders like its bits) with exactly R keys >= t. Each step is one counting
+pass over the row; counts are integers, so the answer is the same for any
+reduction order or sharding. A sample of the keys brackets t before the
+first pass, and interpolation inside the bracket usually finds it in a few
+more (docs/numerics.md section 2).
+
+Weights are judged on their bit patterns: XLA CPU flushes float64
+subnormals to zero in compares, so `w < 0` would miss -1e-310. A negative
+weight (subnormal or not) is NEGATIVE; a positive subnormal weight counts
+as a zero weight on every backend (it is below one ticket by 2^998).
 """
 
 import functools
+import typing
 
 import jax
 import jax.numpy as jnp
@@ -19,17 +28,24 @@ from jax import lax
 from dyadic_jax import reducer
 from dyadic_jax import rowwise
 from dyadic_jax import x64
-from dyadic_jax.weights import exact_sums, reciprocal
+from dyadic_jax.weights import check_rows, exact_sums, reciprocal
 from dyadic_jax.constants import M, Status
 
 _FIXED_REMAINDER_BITS = 32
-_INT64_MAX = (1 << 63) - 1
-_REMAINDER_COARSE_BITS = 20
-_SMALL = 64  # tie-set size ranked exactly after the coarse bisection
+_INF_BITS = 0x7FF0000000000000     # float64 +inf: above every finite key
+_ONE_BITS = 0x3FF0000000000000     # float64 1.0
+_SMALLEST_NORMAL_BITS = 0x0010000000000000
+_SMALLEST_NORMAL = 2.0 ** -1022
 _TINY32 = 2.0 ** -126  # smallest normal float32: the key of every tiny w > 0
+_SAMPLE_STRIDE = 64    # every 64th key brackets the threshold
+_PACK = 2.0 ** 20      # two counts (each <= 2^18) in one float64 sum
+_MAX_STEPS = 512       # the search ends long before (see `_probes`)
+_SMALL = 64            # keys left in [lo, hi) that are ranked exactly
+_BLOCK = 64            # block size of the candidate gather
 
 
-def threshold_search(count_at_least, r, lo, hi, steps):
+def threshold_search(count_at_least: typing.Callable[[jax.Array], jax.Array], r: jax.Array,
+                     lo: int, hi: int, steps: int) -> jax.Array:
   """Largest t in [lo, hi) with count_at_least(t) >= r, by bisection.
 
   Preconditions: count_at_least is non-increasing, count_at_least(lo) >= r
@@ -42,10 +58,8 @@ def threshold_search(count_at_least, r, lo, hi, steps):
     take = count_at_least(mid) >= r
     return jnp.where(take, mid, lo), jnp.where(take, hi, mid)
 
-  lo = jnp.full_like(r, lo, jnp.int64)
-  hi = jnp.full_like(r, hi, jnp.int64)
-  lo, _ = lax.fori_loop(0, steps, body, (lo, hi))
-  return lo
+  start = (jnp.full_like(r, lo, jnp.int64), jnp.full_like(r, hi, jnp.int64))
+  return lax.fori_loop(0, steps, body, start)[0]
 
 
 def _counter(red):
@@ -57,109 +71,346 @@ def _global_ids(shape, red, dtype=jnp.int64):
   return lax.broadcasted_iota(dtype, shape, len(shape) - 1) + red.offset
 
 
-def _select_top_exact(key, r, red):
-  """`select_top` by bisection on the full 63-bit keys (any tie pattern)."""
+def _as_float(bits):
+  return lax.bitcast_convert_type(bits, jnp.float64)
+
+
+def _as_bits(value):
+  return lax.bitcast_convert_type(value, jnp.int64)
+
+
+def _probe_value(bits):
+  """The float64 threshold of a probe given as bits.
+
+  Keys are 0 or normal, so a subnormal threshold t counts like the
+  smallest normal one ({x >= t} = {x > 0}); using that value keeps the
+  compare exact where XLA flushes subnormal operands to zero.
+  """
+  bits = jnp.where(bits > 0, jnp.maximum(bits, _SMALLEST_NORMAL_BITS), bits)
+  return _as_float(bits)[..., None]
+
+
+class _Search(typing.NamedTuple):
+  lo: jax.Array      # int64[...] bits: count(lo) >= r
+  hi: jax.Array      # int64[...] bits: count(hi) < r
+  c_lo: jax.Array    # int64[...]
+  c_hi: jax.Array    # int64[...]
+  bad: jax.Array     # bool[...]: the last step did not halve the interval
+
+
+def _count2(x, ta, tb, s, red):
+  """(#{x >= ta}, #{x >= tb}) per row for probes lo < ta <= tb < hi.
+
+  One pass. While n = c_lo - c_hi < 2^16 both counts travel in one int32
+  sum, #{x >= ta} + (n + 1) #{x >= tb}, decoded exactly modulo 2^32 from
+  the known c_hi (both counts lie in [c_hi, c_lo]); otherwise (the first
+  probes) in one float64 sum of integers below 2^39. Either sum is exact
+  in any order.
+  """
+  above_a = x >= _probe_value(ta)
+  above_b = x >= _probe_value(tb)
+  n = s.c_lo - s.c_hi
+
+  def wide():
+    total = red.sum(above_a.astype(jnp.float64)
+                    + above_b.astype(jnp.float64) * _PACK)
+    cb = jnp.floor(total * (1.0 / _PACK))
+    return (total - cb * _PACK).astype(jnp.int64), cb.astype(jnp.int64)
+
+  def narrow():
+    q = (n + 1).astype(jnp.int32)
+    total = red.sum(above_a.astype(jnp.int32)
+                    + jnp.where(above_b, q[..., None], 0))
+    rel = (total - (q + 1) * s.c_hi.astype(jnp.int32)).astype(jnp.uint32)
+    rel = rel.astype(jnp.int64)
+    b = rel // q.astype(jnp.int64)
+    return s.c_hi + rel - b * q.astype(jnp.int64), s.c_hi + b
+
+  return lax.cond(jnp.all(n < 1 << 16), narrow, wide)
+
+
+def _sorted_sample(x, red):
+  """Every _SAMPLE_STRIDE-th key of each shard, gathered, ascending (bits).
+
+  The sample differs between layouts; it only steers where the search
+  probes (how many passes it takes), never the result.
+  """
+  return jnp.sort(_as_bits(red.gather(x[..., ::_SAMPLE_STRIDE])), axis=-1)
+
+
+def _sample_probes(s, r, sample):
+  """Probes at the sample's quantiles inside (lo, hi), and the sample size m.
+
+  With m sample keys in [lo, hi), the keys at sample rank sigma +- (2 sd +
+  1) from the top, where sigma is the rank at which r keys of the row
+  would lie at or above (counts interpolated between lo and hi) and sd its
+  binomial spread, bracket the threshold with high probability.
+  """
+  size = sample.shape[-1]
+  above = lambda t: jnp.sum(sample >= t[..., None], -1)   # small: [..., S]
+  s_lo, s_hi = above(s.lo), above(s.hi)
+  m = (s_lo - s_hi).astype(jnp.float64)
+  frac = (r - s.c_hi).astype(jnp.float64) / (s.c_lo - s.c_hi)
+  sigma = m * frac
+  sd = jnp.sqrt(jnp.maximum(sigma * (1.0 - frac), 0.0))
+  desc = lambda j: jnp.take_along_axis(
+      sample, jnp.clip(size - 1 - j, 0, size - 1)[..., None], -1)[..., 0]
+  j_a = s_hi + jnp.ceil(sigma + 2.0 * sd + 1.0).astype(jnp.int64)
+  j_b = s_hi + jnp.floor(sigma - 2.0 * sd - 1.0).astype(jnp.int64)
+  ta = desc(jnp.clip(j_a, s_hi, s_lo - 1))
+  tb = desc(jnp.clip(j_b, s_hi, s_lo - 1))
+  return ta, tb, m
+
+
+def _line_probes(s, r):
+  """Probes by linear interpolation of the count between lo and hi.
+
+  At the interval's mean density, the keys where r + h and r - h keys
+  would lie at or above, h = min(1.5 sqrt(n), n / 3): a bracket of the
+  threshold while n is large, thirds of the interval when it is small.
+  """
+  n = (s.c_lo - s.c_hi).astype(jnp.float64)
+  v_lo, v_hi = _as_float(s.lo), _as_float(s.hi)
+  step = (v_hi - v_lo) / n
+  center = v_lo + step * (s.c_lo.astype(jnp.float64) - r - 0.5)
+  half = step * jnp.maximum(0.5, jnp.minimum(1.5 * jnp.sqrt(n), n / 3.0))
+  return (_as_bits(jnp.maximum(center - half, 0.0)),
+          _as_bits(jnp.maximum(center + half, 0.0)))
+
+
+def _probes(s, r, sample, top):
+  """Two probe keys strictly inside (lo, hi), ascending; and `top`.
+
+  The sample's quantiles while it has >= 8 keys in the interval, then
+  linear interpolation. After a step that did not halve the interval
+  (`bad`): `top`, the largest key below hi (at least lo + 1), and the
+  bit-space midpoint. If count(top) >= r the threshold is top (nothing
+  lies between it and hi) and the search ends; otherwise the midpoint
+  halves the bit range, so the search ends within 2 * 64 < _MAX_STEPS
+  steps.
+  """
+  sa, sb, m = _sample_probes(s, r, sample)
+  la, lb = _line_probes(s, r)
+  top = jnp.maximum(top, s.lo + 1)
+  mid = s.lo + (s.hi - s.lo) // 2
+  use_sample = m >= 8
+  ta = jnp.where(s.bad, jnp.minimum(top, mid),
+                 jnp.where(use_sample, sa, la))
+  tb = jnp.where(s.bad, jnp.maximum(top, mid),
+                 jnp.where(use_sample, sb, lb))
+  ta = jnp.clip(ta, s.lo + 1, s.hi - 1)
+  tb = jnp.clip(tb, ta, s.hi - 1)
+  return ta, tb, top
+
+
+def _update(s, ta, tb, ca, cb, r):
+  """Narrows (lo, hi) with the counts at probes ta <= tb."""
+  above_b, above_a = cb >= r, ca >= r
+  lo = jnp.where(above_b, tb, jnp.where(above_a, ta, s.lo))
+  c_lo = jnp.where(above_b, cb, jnp.where(above_a, ca, s.c_lo))
+  hi = jnp.where(above_a, jnp.where(above_b, s.hi, tb), ta)
+  c_hi = jnp.where(above_a, jnp.where(above_b, s.c_hi, cb), ca)
+  bad = 2 * (c_lo - c_hi) > s.c_lo - s.c_hi
+  return _Search(lo, hi, c_lo, c_hi, bad)
+
+
+def _done(s, r):
+  return (s.c_lo == r) | (s.c_lo - s.c_hi <= _SMALL) | (s.hi - s.lo <= 1)
+
+
+def _search(x, r, upper, red):
+  """The final `_Search` (see `select_top`) and the number of passes.
+
+  r >= 1. Starts from lo = 0 (every key counts) and hi = upper (none).
+  """
+  batch = r.shape
+  n_all = x.shape[-1] * red.shards
+  zero = jnp.zeros(batch, jnp.int64)
+  sample = _sorted_sample(x, red)
+  s = _Search(zero, jnp.full(batch, upper, jnp.int64),
+              jnp.full(batch, n_all, jnp.int64), zero,
+              jnp.zeros(batch, bool))
+
+  def body(carry):
+    s, passes = carry
+    done = _done(s, r)
+    need_top = jnp.any(s.bad & ~done)
+    top = lax.cond(
+        need_top,
+        lambda: _as_bits(red.max(jnp.where(x < _as_float(s.hi)[..., None], x,
+                                           0.0))),
+        lambda: s.lo)
+    ta, tb, top = _probes(s, r, sample, top)
+    ca, cb = _count2(x, ta, tb, s, red)
+    new = _update(s, ta, tb, ca, cb, r)
+    # Nothing lies in (top, hi): count(top + 1) == count(hi).
+    c_top = jnp.where(top == ta, ca, cb)
+    ends = s.bad & (c_top >= r) & ((top == ta) | (top == tb))
+    new = new._replace(
+        lo=jnp.where(ends, top, new.lo), c_lo=jnp.where(ends, c_top, new.c_lo),
+        hi=jnp.where(ends, top + 1, new.hi),
+        c_hi=jnp.where(ends, s.c_hi, new.c_hi))
+    # Rows that are done keep their state (a batch runs to its slowest row).
+    s = jax.tree.map(lambda a, b: jnp.where(done, a, b), s, new)
+    return s, passes + 1 + need_top.astype(jnp.int32)
+
+  return lax.while_loop(
+      lambda c: jnp.any(~_done(c[0], r)) & (c[1] < _MAX_STEPS), body,
+      (s, jnp.int32(0)))
+
+
+def _inside(x, s):
+  """x in [lo, hi) (as values; lo and hi are probe bits)."""
+  return (x >= _probe_value(s.lo)) & (x < _probe_value(s.hi))
+
+
+def _tie_cut(x, s, need, red):
+  """Mask of the `need` lowest-id keys in [lo, hi), all equal (id bisection)."""
   count = _counter(red)
-  # Finite float64 >= 0 have bit patterns below the NaN pattern 2^63 - 1.
-  t = threshold_search(lambda t: count(key >= t[..., None]), r,
-                       0, _INT64_MAX, 63)[..., None]
-  above = key > t
-  tie = key == t
-  need = r - count(above)
-  ids = _global_ids(key.shape, red)
-  # Smallest cut j with #{ties below j} >= need: the lowest-id ties win.
+  tie = _inside(x, s)
+  ids = _global_ids(x.shape, red)
   n = red.vocab
   cut = threshold_search(lambda j: count(tie & (ids >= j[..., None])),
                          count(tie) - need + 1, 0, n + 1,
                          max(1, (n + 1).bit_length()))
   cut = jnp.where(need > 0, cut + 1, 0)[..., None]
-  return above | (tie & (ids < cut))
+  return tie & (ids < cut)
 
 
-def _select_top_refined(key, r, above, tied, red):
-  """`select_top` when at most _SMALL keys share the coarse threshold.
+def _few_candidates(x, inside, red):
+  """(keys, global ids, valid) of the <= _SMALL keys where `inside`.
 
-  Each shard gathers its tied keys (ascending id); all tied keys of the row
-  are then ranked exactly by (key desc, global id asc); `need` of them win,
-  and each shard marks the winners it owns.
+  One pass counts `inside` per block of _BLOCK keys; the non-empty blocks
+  (at most _SMALL) are found by a top-k over the block counts and
+  gathered; a top-k over the gathered positions keeps the inside keys in
+  ascending position. Each shard contributes _SMALL slots, gathered in
+  shard order: [..., shards * _SMALL], replicated.
   """
-  n = key.shape[-1]
-  need = r - _counter(red)(above)
-  local = lax.broadcasted_iota(jnp.int32, key.shape, key.ndim - 1)
-  # Top-_SMALL of n - id over the tied entries: their ids, ascending.
-  rank_key = jnp.where(tied, n - local, 0).astype(jnp.float32)  # n < 2^24
-  small = min(_SMALL, n)
-  vals, _ = lax.top_k(rank_key, small)
-  valid = vals > 0
-  tie_local = n - vals.astype(jnp.int32)
-  tie_keys = jnp.take_along_axis(key, jnp.minimum(tie_local, n - 1), -1)
-  tie_ids = tie_local.astype(jnp.int64) + red.offset
-  keys, ids, valid = (red.gather(x) for x in (tie_keys, tie_ids, valid))
+  batch, width = x.shape[:-1], x.shape[-1]
+  pad = (-width) % _BLOCK
+  widen = lambda a, fill: jnp.pad(a, [(0, 0)] * len(batch) + [(0, pad)],
+                                  constant_values=fill)
+  blocks = (width + pad) // _BLOCK
+  wide_in = widen(inside, False)
+  per_block = jnp.sum(wide_in.reshape(batch + (blocks, _BLOCK)), -1,
+                      dtype=jnp.int32)
+  kb = min(_SMALL, blocks)
+  _, picked = lax.top_k(per_block.astype(jnp.float32), kb)  # lower first
+  pos = (picked[..., None] * _BLOCK
+         + jnp.arange(_BLOCK, dtype=picked.dtype)).reshape(batch + (-1,))
+  slots = pos.shape[-1]
+  cand_in = jnp.take_along_axis(wide_in, pos, -1)
+  rank = jnp.where(cand_in, slots - jnp.arange(slots), 0).astype(jnp.float32)
+  top, j = lax.top_k(rank, min(_SMALL, slots))                # exact: < 2^24
+  pos = jnp.take_along_axis(pos, j, -1)
+  keys = _as_bits(jnp.take_along_axis(widen(x, 0.0), pos, -1))
+  ids = pos.astype(jnp.int64) + red.offset
+  return red.gather(keys), red.gather(ids), red.gather(top > 0)
+
+
+def _rank_few(x, s, need, red):
+  """(key bits, id) of the need-th largest of the <= _SMALL keys in [lo, hi).
+
+  Ranked exactly by (key desc, global id asc) on the gathered candidates.
+  """
+  keys, ids, valid = _few_candidates(x, _inside(x, s), red)
   ki, kj = keys[..., :, None], keys[..., None, :]
   ii, ij = ids[..., :, None], ids[..., None, :]
   beats = valid[..., None, :] & ((kj > ki) | ((kj == ki) & (ij < ii)))
-  chosen = valid & (jnp.sum(beats, -1) < need[..., None])
-  mine = (ids - red.offset).astype(jnp.int32)
-  mine = jnp.where(chosen & (mine >= 0) & (mine < n), mine, n)
-  batch = key.shape[:-1]
-  width = mine.shape[-1]
-  scatter = lambda i: jnp.zeros((n,), bool).at[i].set(True, mode="drop")
-  picked = jax.vmap(scatter)(mine.reshape((-1, width))).reshape(batch + (n,))
-  return above | picked
+  place = jnp.sum(beats, -1)
+  last = jnp.argmax(valid & (place == need[..., None] - 1), -1)[..., None]
+  take = lambda a: jnp.take_along_axis(a, last, -1)[..., 0]
+  return take(keys), take(ids)
 
 
-def select_top(key, r, coarse=None, coarse_bits=32, red=None):
+def select_top(x: jax.Array, r: jax.Array, red: reducer.Reducer | None = None,
+               upper: int = _INF_BITS) -> jax.Array:
   """Mask of the r largest keys per row, ties to the lowest (global) id.
 
-  key: int64[..., N], bit patterns of finite float64 >= 0 (which order like
-  the values); r: int[...] in [0, V]. Exactly r entries are selected: every
-  key above the r-th largest key, then the lowest-indexed keys equal to it.
+  x: float64[..., N] keys, each 0 or a positive normal float (callers
+  zero subnormals: XLA CPU would flush them in compares), below the value
+  whose bits are `upper` (default +inf); r: int[...] in [0, N]. Exactly r
+  entries are selected: every key above the r-th largest key, then the
+  lowest-indexed keys equal to it.
 
-  coarse: optional int32[..., N] in [0, 2^coarse_bits), non-decreasing in
-  key (default: the top 32 bits of key). A coarse_bits-step bisection on it
-  (int32, half the bytes of a pass) finds the coarse threshold; the few keys
-  sharing it are ranked exactly. When more than _SMALL keys of a row share
-  it (e.g. all-equal weights), an exact 63-step bisection on the full keys
-  decides instead. Every count is an integer: the result is layout-invariant.
+  The search keeps lo < hi (bit patterns, which order like the values)
+  with count(>= lo) >= r > count(>= hi) and stops when count(>= lo) == r
+  (the selection is {x >= lo}), or when at most _SMALL keys lie in
+  [lo, hi): those are gathered and ranked exactly by (key desc, global id
+  asc), which settles ties too. Only when more than _SMALL keys tie
+  (hi = lo + 1, e.g. all-equal weights) are the ties cut by an id
+  bisection. Every count is an integer: the result is layout-invariant.
   """
-  red = reducer.of(key, red)
-  count = _counter(red)
+  red = reducer.of(x, red)
   r = r.astype(jnp.int64)
-  if coarse is None:
-    coarse = ((key >> 31) - (1 << 31)).astype(jnp.int32)
-    lo, hi = -(1 << 31), (1 << 31) - 1
-  else:
-    lo, hi = 0, 1 << coarse_bits
-  tc = threshold_search(lambda t: count(coarse >= t[..., None]), r,
-                        lo, hi, coarse_bits)
-  tc = tc.astype(jnp.int32)[..., None]
-  above = coarse > tc
-  tied = coarse == tc
-  small = jnp.all(count(tied) <= _SMALL)
-  return lax.cond(
-      small, lambda: _select_top_refined(key, r, above, tied, red),
-      lambda: _select_top_exact(key, r, red))
+  s, _ = _search(x, jnp.maximum(r, 1), upper, red)
+  exact = s.c_lo == r
+  few = ~exact & (s.c_lo - s.c_hi <= _SMALL)
+  tied = ~exact & ~few
+  need = r - s.c_hi
+  above = x >= _probe_value(jnp.where(exact, s.lo, s.hi))
+
+  def with_few():
+    kt, it = _rank_few(x, s, need, red)
+    # As values and int32 ids (cheaper lanes than int64): keys are 0 or
+    # normal, so the float compare is exact.
+    xt = _as_float(kt)[..., None]
+    ids = _global_ids(x.shape, red, jnp.int32)
+    chosen = _inside(x, s) & (
+        (x > xt) | ((x == xt) & (ids <= it.astype(jnp.int32)[..., None])))
+    return above | (few[..., None] & chosen)
+
+  mask = lax.cond(jnp.any(few), with_few, lambda: above)
+  mask = lax.cond(
+      jnp.any(tied),
+      lambda: mask | (tied[..., None] & _tie_cut(x, s, need, red)),
+      lambda: mask)
+  return mask & (r > 0)[..., None]
 
 
-_NAN_BIT, _INF_BIT, _NEGATIVE_BIT, _POSITIVE_BIT = 8, 4, 2, 1
+# Per-weight codes; a row's status is decided by the largest code present.
+_CODE_ZERO, _CODE_POSITIVE, _CODE_NEGATIVE, _CODE_INF, _CODE_NAN = range(5)
+_CODE_STATUS = (Status.ZERO_MASS, Status.OK, Status.NEGATIVE, Status.INF,
+                Status.NAN)
 
 
-def weight_status(w, red=None):
+def weight_codes(w: jax.Array) -> jax.Array:
+  """int32 code per weight, FTZ-proof: NaN 4, inf 3, negative 2, positive
+  normal 1, else (zero, -0.0, positive subnormal) 0.
+
+  NaN, inf and "at least the smallest normal" are float compares that no
+  flush-to-zero can change; the sign needs the bits (a negative subnormal
+  compares equal to 0 where XLA flushes it): sign bit set, not -0.0.
+  """
+  bits = lax.bitcast_convert_type(w, jnp.int64)
+  negative = (bits < 0) & (bits != jnp.iinfo(jnp.int64).min)
+  return jnp.where(
+      w != w, _CODE_NAN, jnp.where(
+          jnp.abs(w) == jnp.inf, _CODE_INF, jnp.where(
+              negative, _CODE_NEGATIVE, jnp.where(
+                  w >= _SMALLEST_NORMAL, _CODE_POSITIVE,
+                  _CODE_ZERO)))).astype(jnp.int32)
+
+
+def weight_status(w: jax.Array, red: reducer.Reducer | None = None) -> jax.Array:
   """Status of raw weight rows: NAN, INF, NEGATIVE, ZERO_MASS in that order.
 
-  One OR-reduction of per-entry class bits (sibling reductions would fuse
-  into a slow multi-output reduction on XLA CPU).
+  One max-reduction of `weight_codes` (the codes are ordered by priority;
+  a row with no code above 0 has no positive normal weight: ZERO_MASS).
   """
-  bits = (jnp.where(jnp.isnan(w), _NAN_BIT, 0)
-          | jnp.where(jnp.isinf(w), _INF_BIT, 0)
-          | jnp.where(w < 0, _NEGATIVE_BIT, 0)
-          | jnp.where(w > 0, _POSITIVE_BIT, 0)).astype(jnp.int32)
-  seen = reducer.of(w, red).bit_or(bits)
-  return jnp.select(
-      [(seen & _NAN_BIT) > 0, (seen & _INF_BIT) > 0,
-       (seen & _NEGATIVE_BIT) > 0, (seen & _POSITIVE_BIT) == 0],
-      [Status.NAN, Status.INF, Status.NEGATIVE, Status.ZERO_MASS],
-      Status.OK).astype(jnp.int32)
+  top = reducer.of(w, red).max(weight_codes(w))
+  return jnp.asarray(_CODE_STATUS, jnp.int32)[top]
+
+
+def clean_weights(w: jax.Array, red: reducer.Reducer | None = None) -> tuple[jax.Array, jax.Array]:
+  """(w with refused rows and positive subnormals zeroed, status).
+
+  After this every weight is 0 or a positive normal float64, so float
+  compares on it (and on its remainders) are exact on every backend.
+  """
+  status = weight_status(w, red)
+  keep = (status == Status.OK)[..., None] & (w >= _SMALLEST_NORMAL)
+  return jnp.where(keep, w, 0.0), status
 
 
 def _scaled_parts(w, total):
@@ -173,11 +424,11 @@ def _scaled_parts(w, total):
   return f, s - f
 
 
-def largest_remainder(w, total, red=None):
+def largest_remainder(w: jax.Array, total: int, red: reducer.Reducer | None = None
+                      ) -> tuple[jax.Array, jax.Array]:
   """Floor + largest remainders of w * total (see `allocate_dense`)."""
   red = reducer.of(w, red)
-  status = weight_status(w, red)
-  w = jnp.where((status == Status.OK)[..., None], w, 0.0)
+  w, status = clean_weights(w, red)
   # Integer-valued float64 terms whose partial sums stay below 2^53: exact
   # in any order (a float64 -> int64 conversion per entry does not
   # vectorize on CPU, so the terms stay float64).
@@ -195,12 +446,9 @@ def largest_remainder(w, total, red=None):
                      Status.INCONSISTENT_MASS, status).astype(jnp.int32)
   ok = status == Status.OK
   f, r = _scaled_parts(w, total)
-  # r < 1, so floor(r 2^20) orders remainders on a uniform 2^-20 grid; ties
-  # on that grid are ranked exactly on the full bits by select_top.
-  coarse = (r * 2.0 ** _REMAINDER_COARSE_BITS).astype(jnp.int32)
-  tickets = select_top(lax.bitcast_convert_type(r, jnp.int64),
-                       jnp.where(ok, leftover, 0), coarse,
-                       _REMAINDER_COARSE_BITS, red)
+  # r is 0 or normal (w is, and w M - floor(w M) is exact), and below 1.
+  r = lax.optimization_barrier(r)
+  tickets = select_top(r, jnp.where(ok, leftover, 0), red, upper=_ONE_BITS)
   counts = f.astype(jnp.int32) + tickets
   return jnp.where(ok[..., None], counts, 0), status
 
@@ -210,7 +458,8 @@ _allocate_dense = jax.jit(rowwise.row_op(
 
 
 @x64.scoped
-def allocate_dense(weights):
+def allocate_dense(weights: jax.typing.ArrayLike
+                   ) -> tuple[jax.Array, jax.Array]:
   """Dense dyadic allocation: int32 counts with an exact sum of M per row.
 
   c_v = floor(w_v M) + [v holds one of the R largest remainders], where
@@ -224,34 +473,46 @@ def allocate_dense(weights):
 
   Returns:
     (counts int32[..., V], status int32[...]). Refused rows (all counts zero):
-    Status.NAN, INF, NEGATIVE, ZERO_MASS, and INCONSISTENT_MASS when the
-    weights do not sum to 1 within one ticket: precisely when R < 0, when R
-    exceeds the number of nonzero remainders, or when
+    Status.NAN, INF, NEGATIVE (any weight with the sign bit and a nonzero
+    magnitude, subnormals included), ZERO_MASS (no positive normal weight;
+    positive subnormal weights count as zero), and INCONSISTENT_MASS when
+    the weights do not sum to 1 within one ticket: precisely when R < 0,
+    when R exceeds the number of nonzero remainders, or when
     |R * 2^32 - sum_v floor(r_v 2^32)| >= 2^32. Never clipped or renormalized.
   """
-  w = jnp.asarray(weights).astype(jnp.float64)
-  return _allocate_dense(w)
+  w = jnp.asarray(weights)
+  check_rows("allocate_dense", w)
+  return _allocate_dense(w.astype(jnp.float64))
 
 
-def _round_down_f32(w):
-  """Monotone float32 key for w >= 0: round toward zero, positives >= 2^-126."""
+def _round_down_f32(w, ok):
+  """Monotone float32 key of the weights: round toward zero, positive
+  normal weights >= 2^-126; 0 for zero or subnormal weights and on rows
+  that are not ok."""
   y = w.astype(jnp.float32)
   y = jnp.where(y.astype(jnp.float64) > w, jnp.nextafter(y, jnp.float32(0)), y)
-  return jnp.where(w > 0, jnp.maximum(y, jnp.float32(_TINY32)), jnp.float32(0))
+  return jnp.where(ok[..., None] & (w >= _SMALLEST_NORMAL),
+                   jnp.maximum(y, jnp.float32(_TINY32)), jnp.float32(0))
 
 
-def top_k_ids(w, k, red=None):
+def top_k_ids(w: jax.Array, k: int, red: reducer.Reducer | None = None,
+              ok: jax.Array | None = None) -> jax.Array:
   """Ascending global ids of the exact top-k of w by (weight desc, id asc).
 
-  Fast path: `lax.top_k` on monotone float32 keys (per shard, then merged
-  over the gathered k candidates of every shard), exact whenever the k-th
-  key is not tied with an unselected one (or is zero: zero weights are
-  dropped later anyway). Otherwise the exact int64-key selection decides.
+  Weights below the smallest normal float64 count as zero; rows where
+  `ok` is False (default: all ok) are not searched (their ids are
+  arbitrary). Fast path: `lax.top_k` on monotone float32 keys (per shard,
+  then merged over the gathered k candidates of every shard), exact
+  whenever the k-th key is not tied with an unselected one (or is zero:
+  zero weights are dropped later anyway). Otherwise the exact selection
+  decides.
   """
   red = reducer.of(w, red)
   n = w.shape[-1]
   local_k = min(k, n)
-  vals, idx = lax.top_k(_round_down_f32(w), local_k)
+  if ok is None:
+    ok = jnp.ones(w.shape[:-1], bool)
+  vals, idx = lax.top_k(_round_down_f32(w, ok), local_k)
   ids = idx.astype(jnp.int32) + red.offset
   if red.collective:
     # Candidates of every shard in shard (= id) order; top_k keeps the
@@ -263,13 +524,13 @@ def top_k_ids(w, k, red=None):
   # sort whose users slice [0, k); a folded [k-1, k) slice makes it a full
   # sort. For the same reason #{key32 >= kth} is counted on w itself.
   kth = jnp.min(vals, -1, keepdims=True).astype(jnp.float64)
-  at_least = jnp.where(kth > _TINY32, w >= kth, w > 0)
-  exact = (_counter(red)(at_least) == k) | (kth[..., 0] == 0)
+  at_least = jnp.where(kth > _TINY32, w >= kth, w >= _SMALLEST_NORMAL)
+  exact = (_counter(red)(at_least) == k) | (kth[..., 0] == 0) | ~ok
   fast = jnp.sort(ids, axis=-1)
 
   def slow(_):
-    mask = select_top(lax.bitcast_convert_type(w, jnp.int64),
-                      jnp.full(w.shape[:-1], k, jnp.int64), red=red)
+    clean = jnp.where(ok[..., None] & (w >= _SMALLEST_NORMAL), w, 0.0)
+    mask = select_top(clean, jnp.full(w.shape[:-1], k, jnp.int64), red=red)
     local = lax.broadcasted_iota(jnp.int32, w.shape, w.ndim - 1)
     rank = jnp.where(mask, n - local, -1)
     top, _ = lax.top_k(rank.astype(jnp.float32), local_k)  # exact: n < 2^24
@@ -282,7 +543,7 @@ def top_k_ids(w, k, red=None):
   return lax.cond(jnp.all(exact), lambda _: fast, slow, None)
 
 
-def ordered_sum(x):
+def ordered_sum(x: jax.Array) -> jax.Array:
   """Sum over the last (small) axis in index order: a fixed rounding sequence."""
   def body(i, acc):
     return acc + lax.dynamic_index_in_dim(x, i, x.ndim - 1, keepdims=False)
@@ -290,7 +551,8 @@ def ordered_sum(x):
   return lax.fori_loop(0, x.shape[-1], body, jnp.zeros(x.shape[:-1], x.dtype))
 
 
-def sparse_from_support(ids, ws, row_status):
+def sparse_from_support(ids: jax.Array, ws: jax.Array, row_status: jax.Array
+                        ) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
   """Renormalize support weights, allocate M, drop zero counts, pad with -1."""
   k = ids.shape[-1]
   total = ordered_sum(ws)
@@ -314,17 +576,21 @@ def _allocate_sparse(w, k):
   return rowwise.row_op(lambda w: allocate_sparse_rows(w, k), (1,))(w)
 
 
-def allocate_sparse_rows(w, k, red=None):
+def allocate_sparse_rows(w: jax.Array, k: int, red: reducer.Reducer | None = None
+                         ) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
   """The body of `allocate_sparse` on weight rows (local or one shard)."""
   red = reducer.of(w, red)
   status = weight_status(w, red)
-  w = jnp.where((status == Status.OK)[..., None], w, 0.0)
-  ids = top_k_ids(w, k, red)
-  return sparse_from_support(ids, red.lookup(w, ids), status)
+  ok = status == Status.OK
+  ids = top_k_ids(w, k, red, ok)
+  ws = red.lookup(w, ids)
+  ws = jnp.where(ok[..., None] & (ws >= _SMALLEST_NORMAL), ws, 0.0)
+  return sparse_from_support(ids, ws, status)
 
 
 @x64.scoped
-def allocate_sparse(weights, k):
+def allocate_sparse(weights: jax.typing.ArrayLike, k: int
+                    ) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
   """Sparse dyadic allocation on the exact global top-k support.
 
   The support is the k largest weights, ties to the lowest id. Its weights
@@ -341,9 +607,12 @@ def allocate_sparse(weights, k):
     (ids int32[..., k], counts int32[..., k], n int32[...], status int32[...]):
     the first n entries hold strictly ascending ids with positive counts
     summing to M; the rest are padding (id -1, count 0). Refused rows have
-    n = 0 and status NAN, INF, NEGATIVE or ZERO_MASS.
+    n = 0 and status NAN, INF, NEGATIVE or ZERO_MASS (judged on bit
+    patterns as in `allocate_dense`; positive subnormals count as zero).
   """
-  w = jnp.asarray(weights).astype(jnp.float64)
+  w = jnp.asarray(weights)
+  check_rows("allocate_sparse", w)
+  w = w.astype(jnp.float64)
   k = int(k)
   if not 1 <= k <= w.shape[-1]:
     raise ValueError(f"allocate_sparse: k={k} not in [1, {w.shape[-1]}]")

@@ -13,16 +13,21 @@ SEMANTIC_ID = "dyadic24-standard-v1"
 
 DEFAULT_VOCAB = 129280
 
-# Target probabilities are floored onto a 2^-TARGET_BITS grid before any
-# verification decision (docs/numerics.md, "target fixed point"). 38 keeps
-# P_v * M and c_v * T below 2^62, so every verification product fits int64.
+# Target probabilities are rounded onto a 2^-TARGET_BITS grid before any
+# verification decision (docs/numerics.md section 6). 38 keeps P_v * M <=
+# 2^62 and c_v * T < 2^63 (T < 2^39), so every verification product fits
+# int64.
 TARGET_BITS = 38
 
 # The exact normalizer splits each exp() term into two 32-bit fixed-point
 # limbs held as float64 integers; with V <= 2^21 every partial sum of a limb
 # stays below 2^53, so float64 adds them exactly in any order.
 NORMALIZER_BITS = 32
-MAX_VOCAB = 1 << 21
+# The largest vocabulary: the target distribution P / T stays within total
+# variation 2^-20 of the exact softmax for V <= 2^18 (2^-22 from the float32
+# exp plus V 2^-39 from the 2^-38 grid; docs/numerics.md section 6). 2^18 =
+# 262,144 covers every tokenizer in use (the largest, 256,000).
+MAX_VOCAB = 1 << 18
 
 
 class Status(enum.IntEnum):

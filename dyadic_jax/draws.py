@@ -15,7 +15,7 @@ from dyadic_jax import x64
 _BLOCK = 256
 
 
-def cumulative_blocks(weights):
+def cumulative_blocks(weights: jax.Array) -> tuple[jax.Array, jax.Array]:
   """(blocks int64[..., nb, b], inclusive block cumsum int64[..., nb]).
 
   The row's exact total is block_cum[..., -1] (no extra pass).
@@ -30,7 +30,8 @@ def cumulative_blocks(weights):
   return blocks, jnp.cumsum(jnp.sum(blocks, -1), -1)
 
 
-def scan_blocks(blocks, block_cum, u, n):
+def scan_blocks(blocks: jax.Array, block_cum: jax.Array, u: jax.Array,
+                n: int) -> jax.Array:
   """First index < n whose inclusive cumulative weight is > u (n if none)."""
   nb, b = blocks.shape[-2:]
   u = u.astype(jnp.int64)[..., None]
@@ -45,7 +46,7 @@ def scan_blocks(blocks, block_cum, u, n):
   return jnp.where(blk >= nb, n, idx).astype(jnp.int32)
 
 
-def first_cum_greater(weights, u):
+def first_cum_greater(weights: jax.Array, u: jax.Array) -> jax.Array:
   """First index whose inclusive cumulative weight is > u, per row.
 
   weights: nonnegative int[..., N] with row totals below 2^63; u: int[...].
@@ -62,7 +63,8 @@ def _sample_counts(counts, draw):
 
 
 @x64.scoped
-def sample_counts(counts, draw):
+def sample_counts(counts: jax.typing.ArrayLike,
+                  draw: jax.typing.ArrayLike) -> jax.Array:
   """Maps a 24-bit draw to an index by integer cumulative counts.
 
   Args:
@@ -76,13 +78,16 @@ def sample_counts(counts, draw):
     index v is returned for exactly c_v of the M draws. N if draw >= sum.
   """
   counts, draw = jnp.asarray(counts), jnp.asarray(draw)
+  if counts.ndim < 1:
+    raise ValueError("sample_counts: expected count rows [..., N], got a 0-d "
+                     "array")
   if draw.shape != counts.shape[:-1]:
     raise ValueError(f"sample_counts: draw shape {draw.shape} must be the "
                      f"batch shape {counts.shape[:-1]} of counts")
   return _sample_counts(counts, draw)
 
 
-def mulhi64(a, b):
+def mulhi64(a: jax.Array, b: jax.Array) -> jax.Array:
   """floor(a * b / 2^64) for uint64 a, b, from 32-bit limbs (no overflow)."""
   mask = jnp.uint64(0xFFFFFFFF)
   a_lo, a_hi = a & mask, a >> jnp.uint64(32)
@@ -93,7 +98,7 @@ def mulhi64(a, b):
   return a_hi * b_hi + (m1 >> jnp.uint64(32)) + (m2 >> jnp.uint64(32))
 
 
-def draw_below(bits, n):
+def draw_below(bits: jax.Array, n: jax.Array) -> jax.Array:
   """u = floor(bits * n / 2^64) in [0, n) from 64 uniform bits (uint64).
 
   P(u < a) = ceil(a * 2^64 / n) / 2^64 exactly, within 2^-64 of a / n for

@@ -5,6 +5,7 @@ caller that wants an exception wraps the op with `checked`.
 """
 
 import functools
+from typing import Any, Callable
 
 import numpy as np
 
@@ -21,7 +22,7 @@ class DyadicError(ValueError):
     statuses: tuple of the `Status` of each failing row, aligned with `rows`.
   """
 
-  def __init__(self, op, status, rows, statuses):
+  def __init__(self, op: str, status: int, rows: Any, statuses: Any):
     self.op = op
     self.status = Status(status)
     self.rows = tuple(rows)
@@ -34,7 +35,7 @@ class DyadicError(ValueError):
         f" [{shown}{more}]")
 
 
-def raise_for_status(op, status):
+def raise_for_status(op: str, status: Any) -> None:
   """Raises `DyadicError` if any entry of `status` is not `Status.OK`."""
   status = np.asarray(status)
   bad = np.argwhere(status != Status.OK)
@@ -44,11 +45,11 @@ def raise_for_status(op, status):
           for idx in bad]
   statuses = [int(status[tuple(idx)]) for idx in bad]
   if status.ndim == 0:
-    rows, statuses = [()], [int(status)]
+    rows, statuses = [()], [int(status)]  # type: ignore[list-item]
   raise DyadicError(op, statuses[0], rows, statuses)
 
 
-def checked(op):
+def checked(op: Callable[..., Any]) -> Callable[..., Any]:
   """Wraps an op returning `(..., status)` so that failures raise.
 
   The wrapped function returns the op's outputs without the status. It pulls

@@ -42,6 +42,9 @@ several times faster than int64). With jax.numpy the kernel needs 64-bit
 types: it runs in the library's scoped x64 mode (dyadic_jax/x64.py).
 """
 
+import types
+from typing import Any
+
 import numpy as np
 
 from dyadic_jax import x64
@@ -79,7 +82,7 @@ def _check_token(op, token, batch):
                      f"the batch shape {tuple(batch)}")
 
 
-def classify(bits, xp):
+def classify(bits: Any, xp: types.ModuleType) -> tuple[Any, Any]:
   """(class int32, count int32) of every entry of uint32 bits (any shape).
 
   class is the entry's first failing class (_NAN .. _NON_DYADIC) or _FINE;
@@ -126,6 +129,19 @@ def _status_of_class(first, xp):
   return xp.asarray(np.asarray(_CLASS_STATUS, np.int32))[first]
 
 
+def _token_range(token, vocab):
+  """The first check of every format: the token in [0, vocab) (if given)."""
+  if token is None:
+    return []
+  return [((token < 0) | (token >= vocab), int(Status.TOKEN_OUT_OF_RANGE))]
+
+
+def _first_status(checks, xp):
+  """The code of the first (condition, code) pair that holds, else OK."""
+  return xp.select([c for c, _ in checks], [code for _, code in checks],
+                   int(Status.OK))
+
+
 def _finish(status, counts, xp):
   ok = status == Status.OK
   return (xp.where(ok[..., None], counts, 0).astype(xp.int32),
@@ -140,25 +156,21 @@ def _dense(bits, token, vocab, xp):
   first = _first_class(cls, xp)
   cls, counts, first = _barrier(xp, cls, counts, first)
   total = _row_sum(counts, xp)
-  conds, codes = [], []
+  checks = _token_range(token, vocab) + [
+      (first != _FINE, _status_of_class(first, xp)),
+      (total != M, int(Status.WRONG_MASS))]
   if token is not None:
-    token = token.astype(xp.int32)
-    conds.append((token < 0) | (token >= vocab))
-    codes.append(int(Status.TOKEN_OUT_OF_RANGE))
-  conds += [first != _FINE, total != M]
-  codes += [_status_of_class(first, xp), int(Status.WRONG_MASS)]
-  if token is not None:
-    at = xp.clip(token, 0, bits.shape[-1] - 1)[..., None]
-    conds.append(xp.take_along_axis(counts, at, axis=-1)[..., 0] == 0)
-    codes.append(int(Status.ZERO_Q_AT_TOKEN))
-  status = xp.select(conds, codes, int(Status.OK))
-  return _finish(status, counts, xp)
+    at = xp.clip(token.astype(xp.int32), 0, bits.shape[-1] - 1)[..., None]
+    checks.append((xp.take_along_axis(counts, at, axis=-1)[..., 0] == 0,
+                   int(Status.ZERO_Q_AT_TOKEN)))
+  return _finish(_first_status(checks, xp), counts, xp)
 
 
 _dense_x64 = x64.scoped(_dense, "qrows.dense")
 
 
-def dense(bits, token=None, *, vocab=None, xp=np):
+def dense(bits: Any, token: Any = None, *, vocab: Any = None,
+          xp: types.ModuleType = np) -> tuple[Any, Any]:
   """Validates dense q rows; returns (counts int32[..., N], status int32[...]).
 
   Args:
@@ -201,28 +213,23 @@ def _sparse(bits, ids, n, token, vocab, xp):
   counts = xp.where(live, counts, 0)
   first = _first_class(cls, xp)
   total = _row_sum(counts, xp)
-  conds, codes = [], []
+  checks = _token_range(token, vocab) + [
+      (missing, int(Status.MISSING_Q)), (id_bad, int(Status.ID_OUT_OF_RANGE)),
+      (duplicate, int(Status.DUPLICATE_ID)),
+      (unsorted, int(Status.UNSORTED_IDS)),
+      (first != _FINE, _status_of_class(first, xp)),
+      (total != M, int(Status.WRONG_MASS))]
   if token is not None:
-    token = token.astype(xp.int32)
-    conds.append((token < 0) | (token >= vocab))
-    codes.append(int(Status.TOKEN_OUT_OF_RANGE))
-  conds += [missing, id_bad, duplicate, unsorted, first != _FINE,
-            total != M]
-  codes += [int(Status.MISSING_Q), int(Status.ID_OUT_OF_RANGE),
-            int(Status.DUPLICATE_ID), int(Status.UNSORTED_IDS),
-            _status_of_class(first, xp), int(Status.WRONG_MASS)]
-  if token is not None:
-    held = live & (ids == token[..., None]) & (counts > 0)
-    conds.append(~xp.any(held, axis=-1))
-    codes.append(int(Status.ZERO_Q_AT_TOKEN))
-  status = xp.select(conds, codes, int(Status.OK))
-  return _finish(status, counts, xp)
+    held = live & (ids == token.astype(xp.int32)[..., None]) & (counts > 0)
+    checks.append((~xp.any(held, axis=-1), int(Status.ZERO_Q_AT_TOKEN)))
+  return _finish(_first_status(checks, xp), counts, xp)
 
 
 _sparse_x64 = x64.scoped(_sparse, "qrows.sparse")
 
 
-def sparse(bits, ids, n, token=None, *, vocab, xp=np):
+def sparse(bits: Any, ids: Any, n: Any, token: Any = None, *, vocab: Any,
+           xp: types.ModuleType = np) -> tuple[Any, Any]:
   """Validates sparse q rows; returns (counts int32[..., k], status int32[...]).
 
   Args:

@@ -11,6 +11,7 @@ OR, concatenation in shard order), hence bit-identical results.
 
 import typing
 
+import jax
 import jax.numpy as jnp
 from jax import lax
 
@@ -38,7 +39,7 @@ def _lookup(x, ids):
   return jnp.where(inside, values, jnp.zeros((), x.dtype))
 
 
-def local(vocab):
+def local(vocab: int) -> Reducer:
   """The single-device reducer over rows of length `vocab`."""
   return Reducer(
       sum=lambda x: jnp.sum(x, -1),
@@ -54,7 +55,7 @@ def local(vocab):
       collective=False)
 
 
-def of(x, red):
+def of(x: jax.Array, red: Reducer | None) -> Reducer:
   """`red`, or the local reducer for rows shaped like x when red is None."""
   return local(x.shape[-1]) if red is None else red
 

@@ -11,6 +11,7 @@ Float inputs are taken at their exact binary value (Fraction(float) is exact).
 
 from fractions import Fraction
 import math
+from typing import Any, Sequence
 
 from dyadic_jax.constants import M, Status, TARGET_BITS
 
@@ -22,20 +23,32 @@ def _floats(xs):
   return [float(x) for x in (xs.tolist() if hasattr(xs, "tolist") else xs)]
 
 
-def weight_status(ws):
-  """Status of a weight row: NAN, INF, NEGATIVE, ZERO_MASS, else OK."""
+_SMALLEST_NORMAL = 2.0 ** -1022
+
+
+def weight_status(ws: Sequence[float]) -> Status:
+  """Status of a weight row: NAN, INF, NEGATIVE, ZERO_MASS, else OK.
+
+  On exact values: -1e-310 is NEGATIVE (-0.0 is not); a row whose only
+  positive weights are subnormal is ZERO_MASS (they count as zero).
+  """
   if any(math.isnan(w) for w in ws):
     return Status.NAN
   if any(math.isinf(w) for w in ws):
     return Status.INF
   if any(w < 0 for w in ws):
     return Status.NEGATIVE
-  if all(w == 0 for w in ws):
+  if all(w < _SMALLEST_NORMAL for w in ws):
     return Status.ZERO_MASS
   return Status.OK
 
 
-def largest_remainder(weights, total=M):
+def _normal_or_zero(ws):
+  return [w if w >= _SMALLEST_NORMAL else 0.0 for w in ws]
+
+
+def largest_remainder(weights: Any, total: int = M
+                      ) -> tuple[list[int], Status]:
   """Floor + largest remainders of w * total; ties to the lowest index.
 
   Returns (counts list[int], Status). The consistency rule is the one of
@@ -47,6 +60,7 @@ def largest_remainder(weights, total=M):
   status = weight_status(ws)
   if status != Status.OK:
     return [0] * n, status
+  ws = _normal_or_zero(ws)
   if any(w > 2.0 for w in ws):
     return [0] * n, Status.INCONSISTENT_MASS
   s = [Fraction(w) * total for w in ws]
@@ -64,18 +78,19 @@ def largest_remainder(weights, total=M):
   return counts, Status.OK
 
 
-def allocate_dense(weights):
+def allocate_dense(weights: Any) -> tuple[list[int], Status]:
   """Oracle of `dyadic_jax.allocate_dense` for one row."""
   return largest_remainder(weights, M)
 
 
-def top_k_ids(weights, k):
+def top_k_ids(weights: Any, k: int) -> list[int]:
   """Ascending ids of the top k by (weight desc, id asc)."""
   ws = _floats(weights)  # comparing floats is exact; no rounding involved
   return sorted(sorted(range(len(ws)), key=lambda v: (-ws[v], v))[:k])
 
 
-def allocate_sparse(weights, k):
+def allocate_sparse(weights: Any, k: int
+                    ) -> tuple[list[int], list[int], int, Status]:
   """Oracle of `dyadic_jax.allocate_sparse` for one row.
 
   Returns (ids, counts, n, Status) with padding (-1, 0) to length k.
@@ -87,6 +102,7 @@ def allocate_sparse(weights, k):
   status = weight_status(ws)
   if status != Status.OK:
     return [-1] * k, [0] * k, 0, status
+  ws = _normal_or_zero(ws)
   ids = top_k_ids(ws, k)
   support = [ws[i] for i in ids]
   total = 0.0
@@ -102,7 +118,7 @@ def allocate_sparse(weights, k):
           len(kept), Status.OK)
 
 
-def sample_counts(counts, draw):
+def sample_counts(counts: Any, draw: int) -> int:
   """First index whose inclusive cumulative count is > draw (len if none)."""
   acc = 0
   for v, c in enumerate(int(c) for c in counts):
@@ -112,7 +128,7 @@ def sample_counts(counts, draw):
   return len(counts)
 
 
-def q_entry(x):
+def q_entry(x: float) -> tuple[Status, int]:
   """(Status, count) of one q value: its failing class, or OK and q M.
 
   On the exact value of the float (Python never flushes subnormals): NAN,
@@ -146,7 +162,8 @@ def _first_entry_class(entries):
   return Status.OK
 
 
-def q_to_counts(q, vocab_size=None, token=None):
+def q_to_counts(q: Any, vocab_size: int | None = None,
+                token: int | None = None) -> tuple[list[int], Status]:
   """Oracle of `dyadic_jax.q_to_counts` / `qrows.dense` for one float32 row.
 
   Order: TOKEN_OUT_OF_RANGE, NAN, INF, NEGATIVE, WRONG_MASS (a value above
@@ -172,7 +189,8 @@ def q_to_counts(q, vocab_size=None, token=None):
   return counts, Status.OK
 
 
-def sparse_q_counts(q, ids, n, vocab, token=None):
+def sparse_q_counts(q: Any, ids: Any, n: int, vocab: int,
+                    token: int | None = None) -> tuple[list[int], Status]:
   """Oracle of `qrows.sparse` for one row: (counts of all k entries, Status).
 
   The first n entries are live, the rest padding (count 0). Order:
@@ -211,17 +229,21 @@ def sparse_q_counts(q, ids, n, vocab, token=None):
 # Verification: exact distributions of the implemented integer rules.
 
 
-def quantize_target(probs):
-  """P_v = floor(p_v 2^38) for float64 probabilities (the sampler's p)."""
-  return [math.floor(Fraction(p) * (1 << TARGET_BITS)) for p in _floats(probs)]
+def quantize_target(probs: Any) -> list[int]:
+  """P_v = round(p_v 2^38), ties to even, for float64 probabilities p.
+
+  With p from `dyadic_jax.target_probs`, these are the P of verification
+  and of the target-only sampler.
+  """
+  return [round(Fraction(p) * (1 << TARGET_BITS)) for p in _floats(probs)]
 
 
-def draw_below_cdf(a, n):
+def draw_below_cdf(a: int, n: int) -> Fraction:
   """P(u < a) for u = floor(U n / 2^64), U uniform on [0, 2^64), 0 <= a <= n."""
   return Fraction(-(-a * _TWO64 // n), _TWO64)
 
 
-def categorical_int_distribution(weights):
+def categorical_int_distribution(weights: Sequence[int]) -> list[Fraction]:
   """Exact distribution of `verification.categorical` over nonnegative ints."""
   total = sum(weights)
   out, acc, prev = [], 0, Fraction(0)
@@ -233,7 +255,7 @@ def categorical_int_distribution(weights):
   return out
 
 
-def acceptance_probability(p_x, total, c_x):
+def acceptance_probability(p_x: int, total: int, c_x: int) -> Fraction:
   """Exact P(accept x) of the rule u < P_x M, u = draw_below(bits, T c_x)."""
   if c_x <= 0:
     return Fraction(0)
@@ -242,14 +264,17 @@ def acceptance_probability(p_x, total, c_x):
   return Fraction(1) if a >= n else draw_below_cdf(a, n)
 
 
-def residual_weights(p_fixed, counts):
+def residual_weights(p_fixed: Sequence[int], counts: Sequence[int]
+                     ) -> list[int]:
   """W_v = max(P_v M - c_v T, 0); the target row itself if that is all zero."""
   total = sum(p_fixed)
   w = [max(p * M - c * total, 0) for p, c in zip(p_fixed, counts)]
   return w if sum(w) > 0 else [p * M for p in p_fixed]
 
 
-def output_given_draft(p_fixed, counts, x, residual=None):
+def output_given_draft(p_fixed: Sequence[int], counts: Sequence[int], x: int,
+                       residual: Sequence[int] | None = None
+                       ) -> list[Fraction]:
   """Exact output distribution of one verification step given draft x."""
   total = sum(p_fixed)
   a = acceptance_probability(p_fixed[x], total, counts[x])
@@ -260,7 +285,8 @@ def output_given_draft(p_fixed, counts, x, residual=None):
   return out
 
 
-def verify_step_distribution(p_fixed, counts):
+def verify_step_distribution(p_fixed: Sequence[int], counts: Sequence[int]
+                             ) -> list[Fraction]:
   """Exact output distribution of one position of `verify_chain`.
 
   x ~ counts / M (exact: the 24-bit proposal draw), then the ACCEPT test,
@@ -278,7 +304,8 @@ def verify_step_distribution(p_fixed, counts):
   return [o + reject * r for o, r in zip(out, rho)]
 
 
-def ideal_step_distribution(p, q):
+def ideal_step_distribution(p: Sequence[Any], q: Sequence[Any]
+                            ) -> list[Fraction]:
   """Standard speculative step with exact rationals (should return p)."""
   p = [Fraction(x) for x in p]
   q = [Fraction(x) for x in q]
@@ -290,8 +317,11 @@ def ideal_step_distribution(p, q):
   return [o + (reject * r / mass if mass else 0) for o, r in zip(out, residual)]
 
 
-def verify_chain_replay(p_rows, count_rows, draft, accept_bits,
-                        correction_bits, bonus_bits):
+def verify_chain_replay(p_rows: Sequence[Sequence[int]],
+                        count_rows: Sequence[Sequence[int]],
+                        draft: Sequence[int], accept_bits: Sequence[int],
+                        correction_bits: Sequence[int], bonus_bits: int
+                        ) -> tuple[int, int]:
   """Integer replay of `verify_chain` given its 64-bit draws.
 
   p_rows: D+1 rows of P (from `quantize_target`); count_rows: D rows of c;
@@ -317,21 +347,22 @@ def verify_chain_replay(p_rows, count_rows, draft, accept_bits,
   return accepted, sample_counts(weights, (bits * sum(weights)) >> 64)
 
 
-def target_distribution(p_fixed):
+def target_distribution(p_fixed: Sequence[int]) -> list[Fraction]:
   """P / T: the target-only sampler's distribution under ideal draws."""
   total = sum(p_fixed)
   return [Fraction(p, total) for p in p_fixed]
 
 
-def total_variation(a, b):
-  return sum(abs(Fraction(x) - Fraction(y)) for x, y in zip(a, b)) / 2
+def total_variation(a: Sequence[Any], b: Sequence[Any]) -> Fraction:
+  return sum((abs(Fraction(x) - Fraction(y)) for x, y in zip(a, b)),
+             Fraction(0)) / 2
 
 
 # ----------------------------------------------------------------------------
-# Admission: the selection-bias toy of DESIGN.md section 6.
+# Admission: the selection-bias toy (docs/numerics.md section 7).
 
 
-def selection_bias_toy():
+def selection_bias_toy() -> dict[str, list[Fraction]]:
   """q = p uniform on {0, 1}, exact output distributions of two admissions.
 
   'fixed_depth': x_1 is always verified (depth 1 fixed before the draw).

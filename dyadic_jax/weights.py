@@ -1,4 +1,6 @@
-"""Globally normalized FP64 softmax weights for drafts and targets.
+"""Globally normalized softmax rows: FP64 draft weights, fixed-point targets.
+
+Draft weights (float64, the contract's FP64 softmax):
 
     w_v = e_v * fl(1 / Z),   e_v = exp(x_v - max_u x_u),
     x = (logits + bias) * fl(1 / T)
@@ -6,31 +8,55 @@
 `Z` is the exact sum of the float64 terms e_v, up to 2^-64 per term, rounded
 once: each e_v in [0, 1] is split into two 32-bit fixed-point limbs, held as
 float64 integers. Every partial sum of a limb is an integer below 2^53
-(V <= 2^21), so float64 adds them exactly whatever the order or sharding,
-and Z is the same bits on every layout (docs/numerics.md, "Draft weights").
+(V <= MAX_VOCAB), so float64 adds them exactly whatever the order or
+sharding, and Z is the same bits on every layout.
+
+Target rows (what verification and the target-only sampler use):
+
+    e_v = exp32(x_v - max_u x_u)      float32, relative error <= 2^-22
+    Z'  = 2^-32 sum_v floor(e_v 2^32)  exact, in [1, V]
+    p_v = fl(e_v * fl(1 / Z')),  P_v = round(p_v 2^38),  T = sum_v P_v
+
+`dyadic_jax.fastexp` computes e with a float64-accurate argument, so P / T
+is within total variation 2^-22 + V 2^-39 of the exact softmax of the given
+logits (docs/numerics.md sections 1 and 6).
 """
+
+import typing
 
 import jax
 import jax.numpy as jnp
 from jax import lax
 
+from dyadic_jax import fastexp
 from dyadic_jax import reducer
 from dyadic_jax import rowwise
 from dyadic_jax import x64
-from dyadic_jax.constants import MAX_VOCAB, NORMALIZER_BITS, Status
+from dyadic_jax.constants import (MAX_VOCAB, NORMALIZER_BITS, TARGET_BITS,
+                                  Status)
+
+_F64_SMALLEST_NORMAL_BITS = 0x0010000000000000
+_F64_INF_BITS = 0x7FF0000000000000
 
 
-def check_vocab(name, v):
+def check_vocab(name: str, v: int) -> None:
   if not 1 <= v <= MAX_VOCAB:
     raise ValueError(f"{name}: vocabulary size {v} not in [1, {MAX_VOCAB}]")
 
 
-def fixed_point_limbs(e):
+def check_rows(name: str, x: jax.Array) -> None:
+  """ValueError naming the op unless x is [..., V] with 1 <= V <= MAX_VOCAB."""
+  if x.ndim < 1:
+    raise ValueError(f"{name}: expected rows [..., V], got a 0-d array")
+  check_vocab(name, x.shape[-1])
+
+
+def fixed_point_limbs(e: jax.Array) -> tuple[jax.Array, jax.Array]:
   """Splits float64 e in [0, 1] into limbs (hi, lo): e ~ hi 2^-32 + lo 2^-64.
 
   Both limbs are exact floors, integers below 2^32 + 1 held in float64 (a
   float64 -> int64 conversion does not vectorize on CPU), so summing a limb
-  over at most 2^21 entries is exact.
+  over at most MAX_VOCAB entries is exact.
   """
   scale = jnp.float64(2.0 ** NORMALIZER_BITS)
   s = e * scale
@@ -39,7 +65,7 @@ def fixed_point_limbs(e):
   return hi, lo
 
 
-def reciprocal(z):
+def reciprocal(z: jax.Array) -> jax.Array:
   """fl(1 / z), correctly rounded, the same bits wherever z sits.
 
   XLA CPU's vectorized float64 division is not correctly rounded, and
@@ -55,29 +81,39 @@ def reciprocal(z):
   return lax.map(lambda s: 1.0 / s, z.reshape(-1)).reshape(z.shape)
 
 
-def normalizer_from_limb_sums(hi_sum, lo_sum):
+def normalizer_from_limb_sums(hi_sum: jax.Array, lo_sum: jax.Array) -> jax.Array:
   """Float64 Z from the exact limb sums (a pure function of two integers)."""
   return (hi_sum + lo_sum * 2.0 ** -NORMALIZER_BITS) * 2.0 ** -NORMALIZER_BITS
 
 
-def shifted_exp_and_status(x, red=None):
-  """Per-row max shift and status for float64 scores x[..., V].
+def max_and_status(x: jax.Array, red: reducer.Reducer | None = None) -> tuple[jax.Array, jax.Array]:
+  """(row max, status) of score rows x[..., V]: one max-reduction.
 
-  Returns (e float64[..., V], status int32[...]); rows that are not OK get
-  e = 0. One max-reduction classifies the row: XLA's max propagates NaN
-  (Status.NAN, even beside +inf), a +inf max is Status.INF, a -inf max
-  (every score -inf) is Status.ZERO_MASS.
+  XLA's max propagates NaN (Status.NAN, even beside +inf), a +inf max is
+  Status.INF, a -inf max (every score -inf) is Status.ZERO_MASS.
   """
   row_max = reducer.of(x, red).max(x)
   status = jnp.select(
       [jnp.isnan(row_max), row_max == jnp.inf, row_max == -jnp.inf],
       [Status.NAN, Status.INF, Status.ZERO_MASS], Status.OK).astype(jnp.int32)
+  return row_max, status
+
+
+def shifted_exp_and_status(x: jax.Array, red: reducer.Reducer | None = None
+                           ) -> tuple[jax.Array, jax.Array]:
+  """Per-row max shift and status for float64 scores x[..., V].
+
+  Returns (e float64[..., V], status int32[...]); rows that are not OK get
+  e = 0 (statuses of `max_and_status`).
+  """
+  row_max, status = max_and_status(x, red)
   ok = (status == Status.OK)[..., None]
   e = jnp.exp(x - jnp.where(ok, row_max[..., None], 0.0))
   return jnp.where(ok, e, 0.0), status
 
 
-def exact_sums(x, *terms, red=None):
+def exact_sums(x: jax.Array, *terms: typing.Callable[[jax.Array], jax.Array],
+               red: reducer.Reducer | None = None) -> list[jax.Array]:
   """Row sums over the last axis of terms(x), one reduction at a time.
 
   Each term is a function of x whose entries are integers held in float64
@@ -88,7 +124,7 @@ def exact_sums(x, *terms, red=None):
   materializing it).
   """
   red = reducer.of(x, red)
-  sums = []
+  sums: list[jax.Array] = []
   for term in terms:
     if sums:
       x, _ = lax.optimization_barrier((x, sums[-1]))
@@ -96,7 +132,7 @@ def exact_sums(x, *terms, red=None):
   return sums
 
 
-def softmax64_rows(x, red=None):
+def softmax64_rows(x: jax.Array, red: reducer.Reducer | None = None) -> tuple[jax.Array, jax.Array]:
   """(w float64, status) of score rows x[..., V]: the body of every softmax."""
   e, status = shifted_exp_and_status(x.astype(jnp.float64), red)
   hi_sum, lo_sum = exact_sums(e, lambda e: fixed_point_limbs(e)[0],
@@ -112,7 +148,8 @@ softmax64 = rowwise.row_op(softmax64_rows, (1,))
 softmax64.__doc__ = "(w, status) of float[..., V] scores; row by row on CPU."
 
 
-def draft_rows(logits, t, bias=None, red=None):
+def draft_rows(logits: jax.Array, t: jax.Array, bias: jax.Array | None = None,
+               red: reducer.Reducer | None = None) -> tuple[jax.Array, jax.Array]:
   """(w, status) of draft logits rows at per-row temperatures t (> 0)."""
   x = logits.astype(jnp.float64)
   if bias is not None:
@@ -124,14 +161,22 @@ _draft_rows_no_bias = rowwise.row_op(draft_rows, (1, 0))
 _draft_rows_bias = rowwise.row_op(draft_rows, (1, 0, 1))
 
 
-def temperature_status(temperature, batch):
-  """(t, t_ok): per-row temperatures, with 1.0 where t is not finite > 0."""
-  t = jnp.broadcast_to(temperature, batch)
-  t_ok = jnp.isfinite(t) & (t > 0)
+def temperature_status(temperature: jax.Array, batch: tuple[int, ...]
+                       ) -> tuple[jax.Array, jax.Array]:
+  """(t, t_ok): per-row float64 temperatures, 1.0 where t is refused.
+
+  A temperature must be a positive normal float64, judged on its bits: a
+  subnormal (its reciprocal overflows; XLA CPU would also flush it to zero
+  in a compare), zero, a negative, inf or NaN is refused.
+  """
+  t = jnp.broadcast_to(temperature, batch).astype(jnp.float64)
+  bits = lax.bitcast_convert_type(t, jnp.int64)
+  t_ok = (bits >= _F64_SMALLEST_NORMAL_BITS) & (bits < _F64_INF_BITS)
   return jnp.where(t_ok, t, 1.0), t_ok
 
 
-def apply_temperature_status(w, status, t_ok):
+def apply_temperature_status(w: jax.Array, status: jax.Array, t_ok: jax.Array
+                             ) -> tuple[jax.Array, jax.Array]:
   """Refuses rows with a bad temperature: BAD_TEMPERATURE and zero weights."""
   status = jnp.where(t_ok, status, Status.BAD_TEMPERATURE).astype(jnp.int32)
   return jnp.where(t_ok[..., None], w, 0.0), status
@@ -149,43 +194,138 @@ def _draft_weights(logits, temperature, bias):
 
 
 @x64.scoped
-def draft_weights(logits, *, temperature=1.0, bias=None):
+def draft_weights(logits: jax.typing.ArrayLike, *,
+                  temperature: jax.typing.ArrayLike = 1.0,
+                  bias: jax.typing.ArrayLike | None = None
+                  ) -> tuple[jax.Array, jax.Array]:
   """Draft weights softmax((logits + bias) / temperature) in float64.
 
   Args:
     logits: float[..., V]; -inf entries are allowed (weight exactly 0).
-    temperature: positive finite scalar, or float[...] one per row.
+    temperature: positive normal float64 scalar, or float[...] one per row.
     bias: optional float[..., V] (e.g. the Markov head's bias), added before
       the temperature.
 
   Returns:
     (weights float64[..., V], status int32[...]). Rows with a NaN get
-    Status.NAN, a +inf score Status.INF, all -inf Status.ZERO_MASS, a bad
-    temperature Status.BAD_TEMPERATURE; such rows have all-zero weights.
-    Normalization is global over the whole row with the exact normalizer of
-    the module docstring, so the result does not depend on vocab sharding.
+    Status.NAN, a +inf score Status.INF, all -inf Status.ZERO_MASS, a
+    temperature that is not a positive normal float (zero, negative,
+    subnormal, inf, NaN) Status.BAD_TEMPERATURE; such rows have all-zero
+    weights. Normalization is global over the whole row with the exact
+    normalizer of the module docstring, so the result does not depend on
+    vocab sharding.
   """
   logits = jnp.asarray(logits)
-  check_vocab("draft_weights", logits.shape[-1])
+  check_rows("draft_weights", logits)
   if bias is not None:
     bias = jnp.broadcast_to(jnp.asarray(bias), logits.shape)
   return _draft_weights(logits, jnp.asarray(temperature, jnp.float64), bias)
 
 
+# ----------------------------------------------------------------------------
+# Target rows: float32 exp, fixed point on the 2^-38 grid.
+
+
+class TargetRows(typing.NamedTuple):
+  """The target fixed point of score rows (see the module docstring)."""
+  shift: jax.Array    # float32 or float64[...]: the row max (0 if refused)
+  inv: jax.Array      # float64[...]: fl(1 / Z'), 1 on refused rows
+  total: jax.Array    # float64[...]: T = sum_v P_v (an exact integer)
+  status: jax.Array   # int32[...]
+
+
+def fixed_point(e: jax.Array, inv: jax.Array) -> jax.Array:
+  """P = round(fl(e * inv) 2^38) as float64 integers in [0, 2^38].
+
+  One rounding per product (no add follows it, so no fused multiply-add
+  can change it): the same bits whether e is a row or a gathered entry.
+  """
+  return jnp.round(probs_of(e, inv) * jnp.float64(2.0 ** TARGET_BITS))
+
+
+def probs_of(e: jax.Array, inv: jax.Array) -> jax.Array:
+  """p = fl(e * inv) (float64) of float32 terms e; inv broadcasts against e."""
+  return e.astype(jnp.float64) * inv
+
+
+def _scores(x):
+  """float32 scores (float64 and integer logits stay float64)."""
+  if x.dtype == jnp.float64 or jnp.issubdtype(x.dtype, jnp.integer):
+    return x.astype(jnp.float64)
+  return x.astype(jnp.float32)
+
+
+def target_terms(x: jax.Array, shift: jax.Array, status: jax.Array) -> jax.Array:
+  """e = exp(x - shift) (float32 [..., n]), 0 on refused rows.
+
+  The one definition of the terms: `target_rows` and every later
+  recomputation of a row (verification's residual row) call it, so they
+  get the same bits.
+  """
+  x = _scores(x)
+  e = fastexp.exp_shifted(x, shift.astype(x.dtype)[..., None])
+  return jnp.where((status == Status.OK)[..., None], e, jnp.float32(0))
+
+
+def target_rows(x: jax.Array, red: reducer.Reducer | None = None) -> tuple[TargetRows, jax.Array]:
+  """(`TargetRows`, e float32[..., n]) of score rows x[..., V].
+
+  Three passes after the max: e (float32), Z' (exact float64 sum of
+  integers below 2^32 + 1), T (exact float64 sum of integers below
+  2^38 + 1; T < 2^39).
+  """
+  red = reducer.of(x, red)
+  x = _scores(x)
+  row_max, status = max_and_status(x, red)
+  shift = jnp.where(status == Status.OK, row_max, 0)
+  e = lax.optimization_barrier(target_terms(x, shift, status))
+  z = red.sum(jnp.floor(e * jnp.float32(2.0 ** 32)).astype(jnp.float64))
+  # A barrier's outputs vary over the mesh axis when any input does: only
+  # the (already varying) e passes through, the replicated z stays out.
+  e, _ = lax.optimization_barrier((e, z))
+  inv = reciprocal(jnp.where(status == Status.OK, z * 2.0 ** -32, 1.0))
+  total = red.sum(fixed_point(e, inv[..., None]))
+  return TargetRows(shift, inv, total, status), e
+
+
+def target_summary(x: jax.Array, ids: jax.Array, red: reducer.Reducer | None = None
+                   ) -> tuple[TargetRows, jax.Array]:
+  """(`TargetRows`, e at ids[...]) of rows x[..., V]: no row is kept.
+
+  ids outside [0, V) give e = 0.
+  """
+  red = reducer.of(x, red)
+  rows, e = target_rows(x, red)
+  return rows, red.lookup(e, ids[..., None])[..., 0]
+
+
+def target_probs_rows(x: jax.Array, red: reducer.Reducer | None = None) -> tuple[jax.Array, jax.Array]:
+  """(p float64[..., V], status) of score rows: the body of `target_probs`."""
+  rows, e = target_rows(x, red)
+  return probs_of(e, rows.inv[..., None]), rows.status
+
+
 @jax.jit
 def _target_probs(target_logits):
-  return softmax64(target_logits)
+  return rowwise.row_op(target_probs_rows, (1,))(target_logits)
 
 
 @x64.scoped
-def target_probs(target_logits):
-  """Target probabilities at T=1: softmax(target_logits) in float64.
+def target_probs(target_logits: jax.typing.ArrayLike
+                 ) -> tuple[jax.Array, jax.Array]:
+  """Target probabilities at T=1: p_v = fl(e_v * fl(1 / Z')) in float64.
 
-  Same normalization and statuses as `draft_weights` (no temperature, no
-  bias): target processors (penalties, grammar masks as -inf) are applied to
-  the logits by the caller, unchanged. Returns (probs float64[..., V],
-  status int32[...]).
+  e_v = exp(x_v - max) in float32 to a relative error of 2^-22
+  (`dyadic_jax.fastexp`), Z' its exact 2^-32 fixed-point sum. These p are
+  what verification and the target-only sampler use: P = round(p 2^38)
+  (`quantize_target`), within total variation 2^-22 + V 2^-39 of the exact
+  softmax (docs/numerics.md section 6). Statuses as `draft_weights` (no
+  temperature, no bias); target processors (penalties, grammar masks as
+  -inf) are applied to the logits by the caller, unchanged.
+
+  Returns:
+    (probs float64[..., V], status int32[...]); refused rows are all zero.
   """
   target_logits = jnp.asarray(target_logits)
-  check_vocab("target_probs", target_logits.shape[-1])
+  check_rows("target_probs", target_logits)
   return _target_probs(target_logits)

@@ -16,6 +16,7 @@ failing obscurely at compile time.
 """
 
 import functools
+from typing import Any, Callable, TypeVar
 
 import jax
 
@@ -38,7 +39,10 @@ def _staging():
   return False
 
 
-def scoped(fn, name=None):
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def scoped(fn: _F, name: str | None = None) -> _F:
   """Decorator: run `fn` with 64-bit types enabled for its own trace only.
 
   `name` is the op's name in the X64Required message (default: fn's name).
@@ -56,4 +60,4 @@ def scoped(fn, name=None):
     with jax.enable_x64(True):
       return fn(*args, **kwargs)
 
-  return wrapper
+  return wrapper  # type: ignore[return-value]

@@ -247,9 +247,8 @@ def verified_rounds(target: toy_models.ToyTarget,
       ids = jnp.stack([r[0] for r in q_rows], 1)
       qq = dj.SparseQ(ids, jnp.stack([r[1] for r in q_rows], 1),
                       jnp.sum(ids >= 0, -1, dtype=jnp.int32))
-    accepted, next_token, *_ = verify(tl, qq, tokens, keys)
-    if np.any(np.asarray(next_token) < 0):
-      raise RuntimeError("verify_chain refused a round (bad row or q)")
+    accepted, _, status = verify(tl, qq, tokens, keys)
+    dj.raise_for_status("verify_chain", status)
     sampled.append(np.asarray(accepted))
     p = target_fixed(tl)[:, :depth]                      # [B, D, V]
     q = np.stack(q_dense, 1)                             # [B, D, V]

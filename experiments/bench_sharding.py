@@ -89,7 +89,13 @@ _SHARDS = flags.DEFINE_list(
 cli.check("shards", lambda s: cli.int_list(s, 1, 8),
           "--shards must be shard counts in [1, 8] (the emulated devices)")
 
-_SMALL = 64  # allocation._SMALL: tie keys ranked after the coarse bisection
+_SMALL = 64  # allocation._SMALL: candidates ranked exactly after the search
+_SAMPLE_STRIDE = 64  # allocation._SAMPLE_STRIDE: the search's key sample
+
+
+def _search_bound(n, vocab):
+  """Largest gather of the remainder search: candidates or its sample."""
+  return max(n * _SMALL, n * -(-(-(-vocab // n)) // _SAMPLE_STRIDE))
 
 
 # ---------------------------------------------------------------------------
@@ -268,15 +274,18 @@ def _collective_programs(data, n, mesh, ks, verify_k):
       ("draft_weights", compiled_text(ops._draft_weights, logits, t, None,
                                       mesh), n, "O(n) scalars"),
       ("allocate_dense", compiled_text(ops._allocate_dense, w64, mesh),
-       n * _SMALL, f"O({_SMALL}n) = {n * _SMALL} ties"),
+       _search_bound(n, w64.shape[-1]),
+       f"max({_SMALL}n, V/{_SAMPLE_STRIDE}) = "
+       f"{_search_bound(n, w64.shape[-1])} candidates / sample"),
       ("sample_counts", compiled_text(ops._sample_counts, counts, u, mesh),
        n, "O(n) shard totals"),
   ]
   for k in ks:
     out.append((f"allocate_sparse k={k}",
                 compiled_text(ops._allocate_sparse, w64, k, mesh),
-                n * max(k, _SMALL), f"O(n*max(k,{_SMALL})) = "
-                f"{n * max(k, _SMALL)}"))
+                max(n * k, _search_bound(n, w64.shape[-1])),
+                f"max(n*k, search) = "
+                f"{max(n * k, _search_bound(n, w64.shape[-1]))}"))
   request = lambda tree: jax.tree.map(lambda x: x[0], tree)
   anchor = jnp.asarray(data["anchors"][0], jnp.int64)
   rows = data["chain"].shape[1] + 1  # D + 1 target rows of one request

@@ -42,7 +42,7 @@ from absl import flags
 FLAGS = flags.FLAGS
 
 DEFAULT_VOCAB = 129280      # dyadic_jax.DEFAULT_VOCAB
-MAX_VOCAB = 1 << 21         # dyadic_jax.MAX_VOCAB
+MAX_VOCAB = 1 << 18         # dyadic_jax.MAX_VOCAB
 
 _parsed_argv: list[str] | None = None
 

@@ -129,7 +129,7 @@ def first_emitted(toy: toy_models.ToyModel, prefix_token: int,
   x1 = ids[dj.sample_counts(counts, u)]
   tl = chain_target_logits(toy, prefix_token, x1[None])
   q = dj.SparseQ(ids[None], counts[None], n[None])
-  accepted, token, *_ = dj.verify_chain(tl, q, x1[None], key, anchor=anchor)
+  accepted, token, _ = dj.verify_chain(tl, q, x1[None], key, anchor=anchor)
   return jnp.where(accepted > 0, x1, token)
 
 
@@ -170,8 +170,8 @@ def run_check(toy: toy_models.ToyModel, prefix_token: int, *, k: int,
 
   with jax.enable_x64(True):
     probs, _ = dj.target_probs(t0)
-    p_fixed, total = dj.quantize_target(probs)
-  p_fixed, total = np.asarray(p_fixed), int(total)
+    p_fixed_j, total_j = dj.quantize_target(probs)
+  p_fixed, total = np.asarray(p_fixed_j), int(total_j)
   top_ids = np.argsort(-p_fixed, kind="stable")[:_TOP]
   expected = [int(p_fixed[t]) / total for t in top_ids]
   expected.append(1.0 - sum(expected))
@@ -228,18 +228,16 @@ def main(argv: list[str]) -> int:
   print(f"  {'pos':>4} {'token':>7} {'q(x) = c/2^24':>22} {'p(x)':>9} "
         f"{'n':>4}")
   for i in range(depth):
-    c, n = int(c_x[i]), int(q.n[i])
+    c, n = int(c_x[i]), int(np.asarray(q.n)[i])
     print(f"  {anchor + i:4d} {tokens_np[i]:7d} {c:>10d}/2^24 "
           f"({c / dj.M:7.5f}) {p_x[i]:9.5f} {n:4d}")
     proposed.append({"position": anchor + i, "token": int(tokens_np[i]),
                      "count": c, "q": c / dj.M, "p": float(p_x[i]),
                      "support": n})
 
-  accepted, next_token, *_ = dj.verify_chain(tl, q, tokens, key,
-                                             anchor=anchor)
-  accepted, next_token = int(accepted), int(next_token)
-  if next_token < 0:
-    raise RuntimeError("verify_chain refused the round (bad target row or q)")
+  verdict = dj.verify_chain(tl, q, tokens, key, anchor=anchor)
+  dj.raise_for_status("verify_chain", verdict[2])
+  accepted, next_token = int(verdict[0]), int(verdict[1])
   emitted = [int(t) for t in tokens_np[:accepted]] + [next_token]
   kind = "bonus" if accepted == depth else "correction"
   print(f"Verified: accepted {accepted}/{depth}, next token {next_token} "

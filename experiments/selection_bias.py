@@ -264,8 +264,8 @@ def toy_a_library(samples: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
     key = dj.round_key(seed, 0, r)
     x1 = dj.sample_counts(counts[0], dj.draw24(
         dj.draw_key(key, _ANCHOR, dj.Domain.PROPOSAL)))
-    accepted, token, *_ = dj.verify_chain(
-        logits, dj.DenseQ(counts), x1[None], key, anchor=_ANCHOR)
+    accepted, token, _ = dj.verify_chain(logits, dj.DenseQ(counts), x1[None],
+                                         key, anchor=_ANCHOR)
     fixed = jnp.where(accepted > 0, x1, token)
     # The inspecting scheduler looked at x_1 and dropped it unless it was 0.
     fallback, _ = dj.sample_target(
@@ -295,12 +295,12 @@ def toy_b_draws(samples: int, seed: int) -> dict[str, np.ndarray]:
     u = lambda i: dj.draw24(dj.draw_key(key, _ANCHOR + i, dj.Domain.PROPOSAL))
     x1 = dj.sample_counts(c1, u(0))
     x2 = dj.sample_counts(c2[x1], u(1))
-    acc1, tok1, *_ = dj.verify_chain(
+    acc1, tok1, _ = dj.verify_chain(
         jnp.stack([l1, l2[x1]]), dj.DenseQ(c1[None]), x1[None], key,
         anchor=_ANCHOR)
-    acc2, tok2, *_ = dj.verify_chain(
-        jnp.stack([l1, l2[x1], l3]), dj.DenseQ(jnp.stack([c1, c2[x1]])),
-        jnp.stack([x1, x2]), key, anchor=_ANCHOR)
+    acc2, tok2, _ = dj.verify_chain(jnp.stack([l1, l2[x1], l3]),
+                                    dj.DenseQ(jnp.stack([c1, c2[x1]])),
+                                    jnp.stack([x1, x2]), key, anchor=_ANCHOR)
     only1, _ = dj.sample_target(
         l1, dj.draw_key(key, _ANCHOR, dj.Domain.TARGET_ONLY))
     # The next round (generation 1 of the same request), target-only.
@@ -345,8 +345,10 @@ def depths_of(name: str, depth_of: typing.Callable[[int, int], int],
   for a, b in zip(x1.tolist(), x2.tolist()):
     # draw(i) returns the token of position i's PROPOSAL key: drawing on
     # demand would give the same token; the rule never sees it in advance.
-    chain = dj.draft_chain(rule, lambda i, prefix, xs=(a, b): xs[i],
-                           max_depth=2)
+    def draw(i: int, prefix: tuple[int, ...], xs=(a, b)) -> int:
+      del prefix
+      return xs[i]
+    chain = dj.draft_chain(rule, draw, max_depth=2)
     out.append(len(chain))
   depths = np.asarray(out)
   expected = np.asarray([depth_of(a, b) for a, b in zip(x1, x2)])

@@ -16,6 +16,9 @@ the same bits as the single-device op:
 None of them moves a vocabulary-sized array.
 """
 
+import inspect
+
+import jax
 import jax.numpy as jnp
 from jax import lax
 
@@ -24,28 +27,69 @@ from dyadic_jax import reducer
 from sharding.mesh import VOCAB_AXIS
 
 
-def gather(x):
+def _gather_all_gather(x):
+  """`lax.all_gather(..., to="invarying")`: typed invariant across the axis."""
+  return lax.all_gather(x, VOCAB_AXIS, axis=x.ndim - 1, tiled=True,
+                        to="invarying")
+
+
+def _gather_psum(x):
+  """The same gather from one psum, for a JAX whose all_gather lacks `to=`.
+
+  Each shard writes its block into zeros at its own position and the
+  blocks are summed over the axis: every slot has one nonzero contributor.
+  Floats are summed as their unsigned bit patterns and bools as int32, so
+  the result is bit-identical to the all_gather (-0.0 and NaN payloads
+  included); a psum result is invariant across the axis.
+  """
+  n = lax.axis_size(VOCAB_AXIS)
+  me = lax.axis_index(VOCAB_AXIS)
+  dtype = x.dtype
+  if dtype == jnp.bool_:
+    bits = x.astype(jnp.int32)
+  elif jnp.issubdtype(dtype, jnp.floating):
+    bits = lax.bitcast_convert_type(
+        x, jnp.dtype(f"uint{jnp.dtype(dtype).itemsize * 8}"))
+  else:
+    bits = x
+  placed = jnp.zeros(bits.shape[:-1] + (n, bits.shape[-1]), bits.dtype)
+  placed = lax.dynamic_update_index_in_dim(placed, bits, me, bits.ndim - 1)
+  out = lax.psum(placed, VOCAB_AXIS).reshape(bits.shape[:-1] + (-1,))
+  if dtype == jnp.bool_:
+    return out != 0
+  if jnp.issubdtype(dtype, jnp.floating):
+    return lax.bitcast_convert_type(out, dtype)
+  return out
+
+
+def _all_gather_has_to():
+  try:
+    return "to" in inspect.signature(lax.all_gather).parameters
+  except (TypeError, ValueError):  # pragma: no cover - unintrospectable
+    return False
+
+
+# How `gather` is done, chosen once by what this JAX offers (jax 0.10 and
+# 0.11 have `to=`); tests run both implementations.
+GATHERS = {"all_gather": _gather_all_gather, "psum": _gather_psum}
+GATHER = "all_gather" if _all_gather_has_to() else "psum"
+
+
+def gather(x: jax.Array) -> jax.Array:
   """[..., m] per shard -> [..., shards * m], shard order, replicated.
 
-  An all_gather whose result is typed as invariant across the axis, so it
-  may leave shard_map with a replicated out_spec under check_vma.
+  The result is typed as invariant across the axis, so it may leave
+  shard_map with a replicated out_spec under check_vma. GATHER names the
+  implementation (read at trace time).
   """
-  try:
-    return lax.all_gather(x, VOCAB_AXIS, axis=x.ndim - 1, tiled=True,
-                          to="invarying")
-  except (TypeError, ValueError):  # pragma: no cover - other JAX versions
-    n = lax.axis_size(VOCAB_AXIS)
-    me = lax.axis_index(VOCAB_AXIS)
-    placed = jnp.zeros(x.shape[:-1] + (n, x.shape[-1]), x.dtype)
-    placed = lax.dynamic_update_index_in_dim(placed, x, me, x.ndim - 1)
-    return lax.psum(placed, VOCAB_AXIS).reshape(x.shape[:-1] + (-1,))
+  return GATHERS[GATHER](x)
 
 
 def _reduce_gathered(local, op):
   return op(gather(local[..., None]), -1)
 
 
-def shard_reducer(vocab, size, shards):
+def shard_reducer(vocab: int, size: int, shards: int) -> reducer.Reducer:
   """The Reducer of one shard of `size` ids (call inside shard_map)."""
   me = lax.axis_index(VOCAB_AXIS)
   offset = me * size

@@ -54,7 +54,7 @@ def _shard_map(body, mesh, in_specs, out_specs):
                        out_specs=out_specs, check_vma=True)
 
 
-def unpad(x, vocab):
+def unpad(x: jax.Array, vocab: int) -> jax.Array:
   """x[..., :vocab]: the unpadded view (gathers when V is not divisible)."""
   return x[..., :vocab]
 
@@ -106,7 +106,9 @@ def _draft_weights(logits, temperature, bias, mesh):
 
 
 @x64.scoped
-def draft_weights(logits, *, temperature=1.0, bias=None, mesh):
+def draft_weights(logits: jax.typing.ArrayLike, *, temperature: jax.typing.ArrayLike = 1.0,
+                  bias: jax.typing.ArrayLike | None = None,
+                  mesh: jax.sharding.Mesh) -> tuple[jax.Array, jax.Array]:
   """`dyadic_jax.draft_weights` over a vocabulary mesh (same bits)."""
   logits = jnp.asarray(logits)
   weights_lib.check_vocab("draft_weights", logits.shape[-1])
@@ -118,13 +120,14 @@ def draft_weights(logits, *, temperature=1.0, bias=None, mesh):
 
 @functools.partial(jax.jit, static_argnames="mesh")
 def _target_probs(target_logits, mesh):
-  return _over_vocab(weights_lib.softmax64_rows, mesh,
+  return _over_vocab(weights_lib.target_probs_rows, mesh,
                      target_logits.shape[-1], [target_logits], [1],
                      [-jnp.inf], (True, False))
 
 
 @x64.scoped
-def target_probs(target_logits, *, mesh):
+def target_probs(target_logits: jax.typing.ArrayLike, *, mesh: jax.sharding.Mesh
+                 ) -> tuple[jax.Array, jax.Array]:
   """`dyadic_jax.target_probs` over a vocabulary mesh (same bits)."""
   target_logits = jnp.asarray(target_logits)
   weights_lib.check_vocab("target_probs", target_logits.shape[-1])
@@ -143,7 +146,8 @@ def _allocate_dense(w, mesh):
 
 
 @x64.scoped
-def allocate_dense(weights, *, mesh):
+def allocate_dense(weights: jax.typing.ArrayLike, *, mesh: jax.sharding.Mesh
+                   ) -> tuple[jax.Array, jax.Array]:
   """`dyadic_jax.allocate_dense` over a vocabulary mesh (same bits).
 
   The R leftover tickets are coordinated globally: the threshold bisection
@@ -161,7 +165,8 @@ def _allocate_sparse(w, k, mesh):
 
 
 @x64.scoped
-def allocate_sparse(weights, k, *, mesh):
+def allocate_sparse(weights: jax.typing.ArrayLike, k: int, *, mesh: jax.sharding.Mesh
+                    ) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
   """`dyadic_jax.allocate_sparse` over a vocabulary mesh (same bits).
 
   Each shard takes its local top-k; only those shards * k candidates
@@ -188,7 +193,8 @@ def _sample_counts(counts, draw, mesh):
 
 
 @x64.scoped
-def sample_counts(counts, draw, *, mesh):
+def sample_counts(counts: jax.typing.ArrayLike, draw: jax.typing.ArrayLike, *, mesh: jax.sharding.Mesh
+                  ) -> jax.Array:
   """`dyadic_jax.sample_counts` over a vocabulary mesh (same token).
 
   Shard-then-token: the one replicated 24-bit draw picks the shard by the
@@ -211,7 +217,8 @@ def _sample_target(target_logits, key, mesh):
 
 
 @x64.scoped
-def sample_target(target_logits, key, *, mesh):
+def sample_target(target_logits: jax.typing.ArrayLike, key: jax.Array, *, mesh: jax.sharding.Mesh
+                  ) -> tuple[jax.Array, jax.Array]:
   """`dyadic_jax.sample_target` over a vocabulary mesh (same token)."""
   return _sample_target(jnp.asarray(target_logits), key, mesh)
 
@@ -234,20 +241,24 @@ def _verify_chain(target_logits, q, draft_tokens, key, anchor, mesh):
 
   def body(tl, q, draft, key, anchor):
     red = collectives.shard_reducer(vocab, size, n)
-    target = _rows(lambda x: verification.target_fixed_point_rows(x, red),
-                   tl, core_ndims=(1,))
-    c = verification.dense_counts(q, size, red.offset, vocab)
-    return verification.verify_rows(target, c, draft, key, anchor, red)
+    summary = _rows(lambda x, ids: weights_lib.target_summary(x, ids, red),
+                    tl, verification.summary_ids(draft), core_ndims=(1, 0))
+    return verification.verify_rows(summary, tl, q, draft, key, anchor, red)
 
   return _shard_map(
       body, mesh, (spec, q_spec, _REPLICATED, _REPLICATED, _REPLICATED),
-      (_REPLICATED, _REPLICATED))(pad_vocab(target_logits, n, -jnp.inf), q,
+      (_REPLICATED,) * 3)(pad_vocab(target_logits, n, -jnp.inf), q,
                                   draft_tokens, key, anchor)
 
 
 @x64.scoped
-def verify_chain(target_logits, q, draft_tokens, key, *, anchor=0, mesh):
+def verify_chain(target_logits: jax.typing.ArrayLike, q: DenseQ | SparseQ | None,
+                 draft_tokens: jax.typing.ArrayLike, key: jax.Array, *, anchor: jax.typing.ArrayLike = 0,
+                 mesh: jax.sharding.Mesh) -> tuple[jax.Array, jax.Array, jax.Array]:
   """`dyadic_jax.verify_chain` over a vocabulary mesh (same results).
+
+  Returns (num_accepted, next_token, status), replicated, bit-identical to
+  the single-device op (D = 0 included: the target-only BONUS draw).
 
   Every shard builds max(P_v M - c_v T, 0) for each id it owns, including
   ids outside a sparse q's support; the global residual mass picks the
@@ -256,7 +267,8 @@ def verify_chain(target_logits, q, draft_tokens, key, *, anchor=0, mesh):
   A SparseQ is routed by id ownership (no shard builds the full row).
   """
   target_logits = jnp.asarray(target_logits)
-  draft_tokens = jnp.asarray(draft_tokens)
+  draft_tokens = jnp.asarray(draft_tokens, jnp.int32)
+  q = verification.empty_q(q, target_logits, draft_tokens)
   vocab = target_logits.shape[-1]
   padded = padded_size(vocab, _layout(mesh, vocab)[0])
   verification.check_chain_shapes(target_logits, q, draft_tokens,

@@ -1,9 +1,18 @@
 """Test set-up shared by every test file.
 
 Requests 8 emulated CPU devices before JAX starts (multi-device tests skip
-when fewer are present, e.g. on a 1-GPU machine), and registers the
+when fewer are present, e.g. on a 1-GPU machine), registers the
 hypothesis profiles: "ci" (derandomized, the default under CI=true) and
-"dev".
+"dev", and provides the `row_mode` fixture.
+
+Row modes (dyadic_jax/rowwise.py): a test that takes the `row_mode`
+fixture runs once per mode, "loop" (CPU's default: one vocabulary row at a
+time) and "batched" (the accelerators' default: the whole batch at once),
+with the op traced in that mode for the test's duration. That is how CI
+on CPU runs the accelerators' batched programs. A test that parametrizes
+`row_mode` itself (indirect=True) chooses its own modes. Calls with at
+most one row run the same program in both modes, so tests made only of
+such calls do not take the fixture.
 """
 
 import os
@@ -14,6 +23,9 @@ if _FLAG not in os.environ.get("XLA_FLAGS", ""):
                              ).strip()
 
 import hypothesis  # pylint: disable=g-import-not-at-top
+import pytest  # pylint: disable=g-import-not-at-top
+
+ROW_MODES = ("loop", "batched")
 
 hypothesis.settings.register_profile(
     "ci", derandomize=True, deadline=None, max_examples=60,
@@ -29,10 +41,26 @@ def pytest_addoption(parser):
                    help="also run tests marked slow (long statistical runs)")
 
 
+def pytest_generate_tests(metafunc):
+  if "row_mode" not in metafunc.fixturenames:
+    return
+  if any("row_mode" in str(m.args[0]) for m in
+         metafunc.definition.iter_markers("parametrize")):
+    return  # the test chose its modes
+  metafunc.parametrize("row_mode", ROW_MODES, indirect=True)
+
+
+@pytest.fixture
+def row_mode(request):
+  """The row mode of this test run ("loop" or "batched"), entered."""
+  from dyadic_jax import rowwise  # pylint: disable=g-import-not-at-top
+  with rowwise.rows(request.param) as mode:
+    yield mode
+
+
 def pytest_collection_modifyitems(config, items):
   if config.getoption("--runslow"):
     return
-  import pytest  # pylint: disable=g-import-not-at-top
   skip = pytest.mark.skip(reason="slow: run with --runslow (see README)")
   for item in items:
     if "slow" in item.keywords:

@@ -29,12 +29,13 @@ def run(case, *, mesh=None):
   dense, _ = dj.allocate_dense(case["weights"])
   tokens = ops.sample_counts(dense, u, **kw)
   q = dj.SparseQ(ids, counts, n)
-  accepted, next_token = ops.verify_chain(case["target"], q, tokens, key,
-                                          **kw)
+  accepted, next_token, verify_status = ops.verify_chain(
+      case["target"], q, tokens, key, **kw)
   fallback, _ = ops.sample_target(
       case["target"][0], dj.draw_key(key, 0, dj.Domain.TARGET_ONLY), **kw)
   as_list = lambda x: np.asarray(x).tolist()
   return {"ids": as_list(ids), "counts": as_list(counts), "n": as_list(n),
           "status": as_list(status), "tokens": as_list(tokens),
           "accepted": int(accepted), "next_token": int(next_token),
+          "verify_status": int(verify_status),
           "fallback": int(fallback)}

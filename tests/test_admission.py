@@ -71,8 +71,8 @@ def _toy_outputs(inspect):
     key = dj.round_key(77, 0, r)
     x1 = dj.sample_counts(counts[0], dj.draw24(
         dj.draw_key(key, 0, dj.Domain.PROPOSAL)))
-    accepted, token = dj.verify_chain(logits, dj.DenseQ(counts), x1[None],
-                                      key)
+    accepted, token, _ = dj.verify_chain(logits, dj.DenseQ(counts),
+                                         x1[None], key)
     emitted = jnp.where(accepted > 0, x1, token)
     if not inspect:
       return emitted

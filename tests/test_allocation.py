@@ -1,14 +1,24 @@
-"""allocate_dense / allocate_sparse against the exact oracle, bit for bit."""
+"""allocate_dense / allocate_sparse against the exact oracle, bit for bit.
+
+Tests of batched calls take `row_mode` (tests/conftest.py): they run in the
+"loop" and the "batched" row mode.
+"""
 
 import functools
 
 import chex
+import hypothesis
+from hypothesis import strategies as st
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
 import dyadic_jax as dj
+from dyadic_jax import allocation
+from dyadic_jax import reducer
 from dyadic_jax import reference as ref
+from dyadic_jax.testing import adversarial
 
 M = dj.M
 S = dj.Status
@@ -41,61 +51,36 @@ def _assert_sparse_matches_oracle(w, k):
   assert got == (want[0], want[1], want[2], int(want[3]))
 
 
-def _normalized(x):
-  x = np.asarray(x, np.float64)
-  return x / x.sum()
-
-
-# Adversarial weight rows: (name, weights). Each is a normalized float64 row.
-def _adversarial():
-  rng = np.random.default_rng(20261130)
-  rows = {
-      "one_hot": np.eye(1, 17, 5)[0],
-      "all_equal_3": np.full(3, 1 / 3),
-      "all_equal_7": np.full(7, 1 / 7),
-      "exact_halves": np.array([0.5, 0.5, 0.0]),
-      "ties_across_remainders": _normalized([1, 1, 1, 2, 2, 2, 3, 3, 3]),
-      "equal_remainders_many": _normalized(np.tile([1.0, 2.0, 4.0], 11)),
-      "tiny_entries": _normalized([1.0] + [1e-9] * 20 + [1e-300] * 3),
-      "masked_zeros": _normalized(np.where(np.arange(40) % 3 == 0, 0.0,
-                                           rng.random(40))),
-      "heavy_tail": _normalized(np.exp(rng.normal(size=300) * 8)),
-      "dyadic_exact": np.array([0.25, 0.25, 0.125, 0.375]),
-      "random_64": _normalized(rng.random(64)),
-      # More tied remainders than the refined path ranks: the exact path.
-      "many_ties_plus_larger": _normalized([1.0] * 100 + [1.7] * 3),
-  }
-  # Remainders equal to the bit but with distinct weights: w*M = j + 0.5.
-  half = (np.arange(10) + 0.5) / M
-  rows["exact_half_remainders"] = np.concatenate([half, [1 - half.sum()]])
-  return sorted(rows.items())
-
-
-_ADVERSARIAL = _adversarial()
+_normalized = adversarial.normalized
+_ADVERSARIAL = adversarial.allocation_rows()
 _PAD = 512  # rows padded with zero weights to one shape: one compile per op
 
 
 def _padded_batch(rows):
-  return np.stack([np.pad(w, (0, _PAD - len(w))) for w in rows])
+  return adversarial.pad_rows(list(rows), _PAD)
 
 
+# Keyed on the row mode: a result computed in one mode must not stand in
+# for the other's.
 @functools.lru_cache(maxsize=None)
-def _dense_adversarial():
+def _dense_adversarial(mode):
+  del mode
   counts, status = dj.allocate_dense(_padded_batch(w for _, w in _ADVERSARIAL))
   return np.asarray(counts), np.asarray(status)
 
 
 @functools.lru_cache(maxsize=None)
-def _sparse_adversarial(k):
+def _sparse_adversarial(k, mode):
+  del mode
   return tuple(np.asarray(a) for a in dj.allocate_sparse(
       _padded_batch(w for _, w in _ADVERSARIAL), k))
 
 
 @pytest.mark.parametrize("row", range(len(_ADVERSARIAL)),
                          ids=[name for name, _ in _ADVERSARIAL])
-def test_dense_adversarial_matches_oracle(row):
+def test_dense_adversarial_matches_oracle(row, row_mode):
   w = np.pad(_ADVERSARIAL[row][1], (0, _PAD - len(_ADVERSARIAL[row][1])))
-  counts, status = _dense_adversarial()
+  counts, status = _dense_adversarial(row_mode)
   want_counts, want_status = ref.allocate_dense(w)
   assert int(status[row]) == want_status == S.OK
   assert counts[row].tolist() == want_counts
@@ -109,6 +94,7 @@ def _random_rows(v, n, seed):
                    for _ in range(n)])
 
 
+@pytest.mark.usefixtures("row_mode")
 def test_dense_random_matches_oracle():
   w = _random_rows(1999, 12, 0)
   counts, status = dj.allocate_dense(w)
@@ -138,6 +124,7 @@ def test_dense_large_random_matches_oracle():
   _assert_dense_matches_oracle(w)
 
 
+@pytest.mark.usefixtures("row_mode")
 def test_dense_batch_equals_rows():
   rng = np.random.default_rng(3)
   w = np.stack([_normalized(rng.random(50)) for _ in range(6)]).reshape(
@@ -177,6 +164,7 @@ def test_dense_one_ticket_slack_is_exact():
   assert _dense(w)[1] == S.INCONSISTENT_MASS == ref.allocate_dense(w)[1]
 
 
+@pytest.mark.usefixtures("row_mode")
 def test_dense_status_is_per_row():
   w = np.array([[0.5, 0.5], [np.nan, 1.0], [1.0, 0.0]])
   counts, status = dj.allocate_dense(w)
@@ -195,14 +183,15 @@ def test_dense_float32_input_is_widened_exactly():
 @pytest.mark.parametrize("k", [1, 2, 5, 32])
 @pytest.mark.parametrize("row", range(len(_ADVERSARIAL)),
                          ids=[name for name, _ in _ADVERSARIAL])
-def test_sparse_adversarial_matches_oracle(row, k):
+def test_sparse_adversarial_matches_oracle(row, k, row_mode):
   w = np.pad(_ADVERSARIAL[row][1], (0, _PAD - len(_ADVERSARIAL[row][1])))
-  ids, counts, n, status = _sparse_adversarial(k)
+  ids, counts, n, status = _sparse_adversarial(k, row_mode)
   want = ref.allocate_sparse(w, k)
   assert (ids[row].tolist(), counts[row].tolist(), int(n[row]),
           int(status[row])) == (want[0], want[1], want[2], int(want[3]))
 
 
+@pytest.mark.usefixtures("row_mode")
 @pytest.mark.parametrize("k", [37, 300])
 def test_sparse_random_matches_oracle(k):
   w = _random_rows(2999, 10, 100)
@@ -283,10 +272,11 @@ def test_sparse_unnormalized_weights_same_as_normalized_support():
   _assert_sparse_matches_oracle(w * 1e6, 16)
 
 
+@pytest.mark.usefixtures("row_mode")
 def test_vmap_and_single_rows_equal_batched_call():
-  # Batched calls run row by row on CPU (dyadic_jax/rowwise.py), vmapped
-  # calls fold the vmapped axis into those rows, single rows run directly:
-  # all three must agree bit for bit.
+  # Batched calls run row by row in "loop" mode and at once in "batched"
+  # mode (dyadic_jax/rowwise.py), vmapped calls fold the vmapped axis into
+  # those rows, single rows run directly: all must agree bit for bit.
   w = _random_rows(300, 6, 21).reshape(2, 3, 300)
   batched = dj.allocate_dense(w)
   chex.assert_trees_all_equal(batched,
@@ -298,3 +288,104 @@ def test_vmap_and_single_rows_equal_batched_call():
       sparse, jax.vmap(lambda x: dj.allocate_sparse(x, 7))(w))
   chex.assert_trees_all_equal(
       tuple(a[0, 1] for a in sparse), dj.allocate_sparse(w[0, 1], 7))
+
+
+# ---------------------------------------------------------------------------
+# Signs and subnormals are judged on bit patterns (XLA CPU flushes float64
+# subnormals to zero in compares: -1e-310 < 0 is false there).
+
+
+@pytest.mark.parametrize("w,status", [
+    ([0.5, 0.5, -1e-310], S.NEGATIVE),             # OK before (flushed)
+    ([0.5, 0.5, -5e-324], S.NEGATIVE),
+    ([1.0, -0.0, 0.0], S.OK),                      # -0.0 is zero
+    ([1.0, 1e-310, 0.0], S.OK),                    # a subnormal is zero
+    ([1e-310, 5e-324, 0.0], S.ZERO_MASS),          # only subnormal mass
+    ([np.nan, -1e-310, 1.0], S.NAN),               # NaN first
+])
+def test_sign_and_subnormals_on_bits(w, status):
+  counts, got = _dense(w)
+  assert got == status == ref.allocate_dense(w)[1]
+  assert counts == ref.allocate_dense(w)[0]
+  if status == S.OK:
+    assert counts[1] == 0 and sum(counts) == M
+  ids, scounts, n, got = _sparse(w, 2)
+  want = ref.allocate_sparse(w, 2)
+  assert (ids, scounts, n, got) == (want[0], want[1], want[2], int(want[3]))
+  assert got == status
+
+
+# ---------------------------------------------------------------------------
+# select_top: the threshold search, its three endings, and its cost.
+
+
+def _select(x, r):
+  with jax.enable_x64(True):
+    return np.asarray(jax.jit(allocation.select_top)(
+        jnp.asarray(x, jnp.float64), jnp.asarray(r, jnp.int64)))
+
+
+def _passes(x, r, upper=allocation._INF_BITS):
+  x = np.asarray(x, np.float64)
+  with jax.enable_x64(True):
+    red = reducer.local(x.shape[-1])
+    return int(jax.jit(lambda x, r: allocation._search(
+        x, jnp.maximum(r, 1), upper, red)[1])(
+            jnp.asarray(x), jnp.asarray(r, jnp.int64)))
+
+
+def _top_oracle(x, r):
+  order = np.lexsort((np.arange(len(x)), -np.asarray(x, np.float64)))
+  mask = np.zeros(len(x), bool)
+  mask[order[:r]] = True
+  return mask
+
+
+_KEY_ROWS = {
+    "uniform": lambda g, n: g.random(n),
+    "skewed": lambda g, n: g.random(n) ** 20,
+    "few_values": lambda g, n: g.integers(0, 7, n) / 8.0,
+    "all_equal": lambda g, n: np.full(n, 0.25),
+    "zeros_and_values": lambda g, n: np.where(g.random(n) < 0.5, 0.0,
+                                              g.random(n)),
+    "all_zero": lambda g, n: np.zeros(n),
+    "two_huge_groups": lambda g, n: np.repeat([0.75, 0.5], [n // 2,
+                                                             n - n // 2]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_KEY_ROWS))
+def test_select_top_matches_oracle_every_rank_class(name):
+  n = 3000
+  x = _KEY_ROWS[name](np.random.default_rng(len(name)), n)
+  rs = [0, 1, 2, 63, 64, 65, n // 3, n // 2, n - 1, n]
+  got = _select(np.broadcast_to(x, (len(rs), n)), rs)
+  for mask, r in zip(got, rs):
+    np.testing.assert_array_equal(mask, _top_oracle(x, r), err_msg=str(r))
+
+
+@hypothesis.given(st.lists(st.sampled_from(
+    [0.0, 2.0 ** -1000, 0.25, 0.5, 0.5 + 2.0 ** -52, 0.75, 1.0, 3.0]),
+    min_size=1, max_size=200), st.data())
+def test_select_top_hypothesis(values, data):
+  r = data.draw(st.integers(0, len(values)))
+  x = np.zeros(200)
+  x[:len(values)] = values
+  np.testing.assert_array_equal(_select(x[None], [r])[0],
+                                _top_oracle(x, r))
+
+
+def test_search_work_is_bounded():
+  # Work, not time: the number of passes over the row. Typical rows end in
+  # a handful; ties end at once; the bound holds for every input.
+  rng = np.random.default_rng(0)
+  v = dj.DEFAULT_VOCAB
+  for scale in (0.3, 1.0, 3.0, 10.0):
+    w = _normalized(np.exp(rng.normal(size=v) * scale))
+    s = w * M
+    r = int(M - np.floor(s).sum())
+    assert _passes(s - np.floor(s), r, allocation._ONE_BITS) <= 12, scale
+  assert _passes(np.full(v, 0.25), v // 3) <= 4        # one tie group
+  assert _passes(rng.integers(0, 7, v) / 8.0, v // 3) <= 6
+  worst = np.asarray([2.0 ** -e for e in range(1, 1001)])
+  assert _passes(worst, 500) < allocation._MAX_STEPS

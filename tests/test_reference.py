@@ -61,5 +61,7 @@ def test_acceptance_probability_by_hand():
 
 
 def test_quantize_target_by_hand():
-  assert ref.quantize_target([0.5, 0.25, 2.0 ** -39, 0.25 - 2.0 ** -39]) == [
-      2 ** 37, 2 ** 36, 0, 2 ** 36 - 1]
+  # round(p 2^38), ties to even (docs/numerics.md 6.1).
+  assert ref.quantize_target(
+      [0.5, 0.25, 2.0 ** -39, 0.25 - 2.0 ** -39, 3 * 2.0 ** -39,
+       2.0 ** -39 + 2.0 ** -60]) == [2 ** 37, 2 ** 36, 0, 2 ** 36, 2, 1]

@@ -2,7 +2,9 @@
 
 Mesh sizes 1, 2, 4, 8 (and 3, which divides none of the vocabularies),
 vocabularies that do not divide evenly (7 over 8 shards leaves one shard
-all padding), random and adversarial rows. Runs on emulated CPU devices
+all padding), random and adversarial rows (dyadic_jax/testing/
+adversarial.py), in the "loop" row mode and, on a subset of the cases, the
+"batched" one (the accelerators' path). Runs on emulated CPU devices
 (tests/conftest.py asks for 8) and unchanged on GPUs; skips when the
 machine has fewer devices than a case needs.
 """
@@ -15,6 +17,7 @@ import numpy as np
 import pytest
 
 import dyadic_jax as dj
+from dyadic_jax.testing import adversarial
 import sharding
 from dyadic_jax.testing import hlo
 
@@ -46,52 +49,27 @@ def _assert_same(single, sharded):
     np.testing.assert_array_equal(a, b)
 
 
-def _normalized(x):
-  return x / x.sum(-1, keepdims=True)
-
-
-@functools.lru_cache(maxsize=None)
-def _rows(v):
-  """Weight rows [R, v] with the adversarial layouts of the issue."""
-  rng = np.random.default_rng(v)
-  size8 = -(-v // 8)
-  rows = [
-      _normalized(rng.random(v)),                            # random
-      _normalized(np.exp(rng.normal(size=v) * 6)),           # heavy tail
-      _normalized(np.ones(v)),                               # all equal
-      _normalized(np.where(np.arange(v) < size8, 1.0 + rng.random(v), 0)),
-      _normalized(np.where(np.arange(v) >= v - size8, 1.0, 0.0)),  # last
-      _normalized(np.tile([1.0, 2.0, 2.0, 1.0], -(-v // 4))[:v]),  # ties
-      _normalized(np.where(np.arange(v) % 3 == 0, 0.0, rng.random(v))),
-      np.eye(1, v, v // 2)[0],                               # one-hot
-  ]
-  # Ties straddling every shard boundary of every mesh: equal weights on
-  # both sides of each block edge, larger than the rest.
-  straddle = np.ones(v)
-  for n in SHARDS:
-    edge = -(-v // n)
-    for b in range(edge, v, edge):
-      straddle[max(b - 1, 0):b + 1] = 3.0
-  rows.append(_normalized(straddle))
-  return np.stack(rows)
-
-
-def _logits(v):
-  rng = np.random.default_rng(v + 1)
-  x = (rng.normal(size=(4, v)) * 3).astype(np.float32)
-  x[1, : v // 2] = -np.inf                    # masked half
-  x[2, :] = -np.inf
-  x[2, -1] = 0.0                              # all mass on the last shard
-  x[3] = 1.5                                  # all equal
-  return x
+_rows = functools.lru_cache(maxsize=None)(
+    lambda v: adversarial.weight_rows(v, SHARDS))
+_logits = adversarial.logit_rows
 
 
 CASES = [(n, v) for n in SHARDS for v in (7, 1001)] + [
     (3, dj.DEFAULT_VOCAB), (8, dj.DEFAULT_VOCAB)]
+# The batched row mode (the accelerators' path) on a subset that keeps its
+# corners: one shard, an even split, uneven splits (7 over 8 leaves a shard
+# of padding only) and the full vocabulary.
+BATCHED_CASES = [(1, 1001), (2, 7), (3, 1001), (8, 7), (8, dj.DEFAULT_VOCAB)]
+MODE_CASES = [pytest.param(mode, n, v, id=f"{mode}-{n}-{v}")
+              for mode, cases in (("loop", CASES), ("batched", BATCHED_CASES))
+              for n, v in cases]
+_MODES = pytest.mark.parametrize("row_mode,n,v", MODE_CASES,
+                                 indirect=["row_mode"])
 
 
-@pytest.mark.parametrize("n,v", CASES)
-def test_weights_equal(n, v):
+@_MODES
+def test_weights_equal(row_mode, n, v):
+  del row_mode
   mesh = _mesh(n)
   logits = _logits(v)
   bias = np.linspace(-1, 1, v, dtype=np.float32)
@@ -102,24 +80,27 @@ def test_weights_equal(n, v):
                               sharding.target_probs(logits, mesh=mesh))
 
 
-@pytest.mark.parametrize("n,v", CASES)
-def test_dense_allocation_equal(n, v):
+@_MODES
+def test_dense_allocation_equal(row_mode, n, v):
+  del row_mode
   w = _rows(v)
   _assert_same(dj.allocate_dense(w),
                               sharding.allocate_dense(w, mesh=_mesh(n)))
 
 
-@pytest.mark.parametrize("n,v", CASES)
+@_MODES
 @pytest.mark.parametrize("k", [1, 7, 32])
-def test_sparse_allocation_equal(n, v, k):
+def test_sparse_allocation_equal(row_mode, n, v, k):
+  del row_mode
   w = _rows(v)
   k = min(k, v)
   _assert_same(dj.allocate_sparse(w, k),
                               sharding.allocate_sparse(w, k, mesh=_mesh(n)))
 
 
-@pytest.mark.parametrize("n,v", CASES)
-def test_draws_equal(n, v):
+@_MODES
+def test_draws_equal(row_mode, n, v):
+  del row_mode
   counts, _ = dj.allocate_dense(_rows(v))
   rng = np.random.default_rng(v)
   # Boundary draws of each row's cumulative counts, plus random ones.
@@ -132,8 +113,9 @@ def test_draws_equal(n, v):
         sharding.sample_counts(counts, u, mesh=_mesh(n)))
 
 
-@pytest.mark.parametrize("n,v", CASES)
-def test_target_only_sampler_equal(n, v):
+@_MODES
+def test_target_only_sampler_equal(row_mode, n, v):
+  del row_mode
   logits = _logits(v)
   keys = jax.vmap(lambda i: dj.rng_key(2, 0, 0, i, dj.Domain.TARGET_ONLY))(
       jnp.arange(len(logits)))
@@ -142,31 +124,11 @@ def test_target_only_sampler_equal(n, v):
       sharding.sample_target(logits, keys, mesh=_mesh(n)))
 
 
-def _requests(v, requests=6, depth=3, k=8):
-  """Target logits, dense and sparse q, drafts and keys of a round."""
-  rng = np.random.default_rng(v + 2)
-  target = (rng.normal(size=(requests, depth + 1, v)) * 2).astype(np.float32)
-  target[:, :, : v // 3] = -np.inf            # a grammar mask
-  draft = target[:, :depth] + rng.normal(size=(requests, depth, v)).astype(
-      np.float32)
-  # Request 0 drafts only inside the last 8-shard block: its sparse support
-  # lives on one shard (the last), the others own none of it.
-  draft[0, :, : v - (-(-v // 8))] = -np.inf
-  w, _ = dj.draft_weights(draft)
-  counts, _ = dj.allocate_dense(w)
-  ids, scounts, n, _ = dj.allocate_sparse(w, min(k, v))
-  keys = jax.vmap(lambda r: dj.round_key(3, 0, r))(jnp.arange(requests))
-  u = dj.draw24(jax.vmap(jax.vmap(
-      lambda key, i: dj.draw_key(key, i, dj.Domain.PROPOSAL),
-      in_axes=(None, 0)), in_axes=(0, None))(keys, jnp.arange(depth)))
-  tokens = dj.sample_counts(counts, u)
-  return target, dj.DenseQ(counts), dj.SparseQ(ids, scounts, n), tokens, keys
-
-
-@pytest.mark.parametrize("n,v", CASES)
+@_MODES
 @pytest.mark.parametrize("representation", ["dense", "sparse"])
-def test_verify_chain_equal(n, v, representation):
-  target, dense, sparse, tokens, keys = _requests(v)
+def test_verify_chain_equal(row_mode, n, v, representation):
+  del row_mode
+  target, dense, sparse, tokens, keys = adversarial.round_requests(v)
   q = dense if representation == "dense" else sparse
   anchors = jnp.arange(len(keys)) * 10
 
@@ -178,6 +140,43 @@ def test_verify_chain_equal(n, v, representation):
   sharded = run(functools.partial(sharding.verify_chain, mesh=_mesh(n)))
   _assert_same(single, sharded)
   assert np.all(np.asarray(single[1]) >= 0)
+
+
+@pytest.mark.parametrize("n", [1, 2, 8])
+def test_verify_chain_refusals_and_depth_zero_equal(n):
+  """Refused chains (target row, dense and sparse q) and D = 0 on shards."""
+  v = 7
+  target, dense, sparse, tokens, keys = _requests(v, requests=4)
+  target = np.array(target)
+  target[0, 2, 5] = np.nan                      # a refused target row
+  counts = np.array(dense.counts)
+  counts[1, 1, 0] += 1                          # WRONG_MASS
+  counts[2, 0, :2] = [M, -counts[2, 0, 1]]      # NEGATIVE
+  ids = np.array(sparse.ids)
+  ids[3, 1, :2] = ids[3, 1, 1::-1]              # UNSORTED_IDS
+  mesh = _mesh(n)
+  sharded = functools.partial(sharding.verify_chain, mesh=mesh)
+  for q in (dj.DenseQ(counts), dj.SparseQ(ids, sparse.counts, sparse.n)):
+    run = lambda fn, q=q: jax.vmap(
+        lambda t, q, x, key: fn(t, q, x, key, anchor=3))(target, q, tokens,
+                                                        keys)
+    single = run(dj.verify_chain)
+    _assert_same(single, run(sharded))
+    assert np.asarray(single[2]).tolist()[0] == dj.Status.NAN
+  assert np.asarray(single[2]).tolist()[3] == dj.Status.UNSORTED_IDS
+  # D = 0: the target-only BONUS draw, the same on every layout.
+  for r in range(4):
+    one = dj.verify_chain(target[r, 1:2], None, np.zeros(0, np.int32),
+                          keys[r], anchor=r)
+    _assert_same(one, sharded(target[r, 1:2], None, np.zeros(0, np.int32),
+                              keys[r], anchor=r))
+  # A dense q in the padded layout with mass at a padding id is refused.
+  if sharding.padded_size(v, n) > v:
+    padded = np.zeros((3, sharding.padded_size(v, n)), np.int32)
+    padded[:, 0] = M - 1
+    padded[:, v] = 1
+    out = sharded(target[1], dj.DenseQ(padded), tokens[1], keys[1])
+    assert [int(x) for x in out] == [0, -1, dj.Status.PADDING_NONZERO]
 
 
 def test_one_device_mesh_is_the_direct_call():
@@ -206,6 +205,7 @@ def _compiled(fn, *args, **kwargs):
   return fn.lower(*args, **kwargs).compile().as_text()
 
 
+@pytest.mark.usefixtures("row_mode")
 def test_no_collective_moves_vocabulary_sized_data():
   """Lowered programs of every sharded op: collectives stay O(shards * k)."""
   with jax.enable_x64(True):  # the ops' private jits, lowered directly

@@ -4,46 +4,31 @@ Two links tie the implementation to the contract: (1) the oracle's exact
 output distribution of the implemented integer rules is within 2^-20 of the
 target P / T (in fact within (V + 2) 2^-64), on adversarial (p, q); (2) the
 library's decisions equal the oracle's integer replay of the same 64-bit
-draws, so the distribution computed in (1) is the library's.
+draws, so the distribution computed in (1) is the library's. Tests of
+multi-row calls run in both row modes (`row_mode`, tests/conftest.py).
 """
 
 from fractions import Fraction
 
 import chex
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
 import dyadic_jax as dj
 from dyadic_jax import reference as ref
+from dyadic_jax import verification
+from dyadic_jax import weights
+from dyadic_jax.testing import adversarial
 from tests import verify_cases as vc
 
 M = dj.M
+S = dj.Status
 TV_BOUND = Fraction(1, 2 ** 20)
 
 
-def _cases():
-  v = 10
-  rng = np.random.default_rng(4)
-  p_rand = rng.dirichlet(np.ones(v))
-  one_hot_ish = np.full(v, 1.0)
-  one_hot_ish[3] = 1e7
-  tiny_at_0 = np.r_[1e-12, np.full(v - 1, 1.0)]
-  masked = np.where(np.arange(v) % 3 == 0, 0.0, rng.random(v))
-  return {
-      "q_equals_p": (p_rand, p_rand),
-      "disjoint_supports": (np.r_[np.ones(5), np.zeros(5)],
-                            np.r_[np.zeros(5), np.ones(5)]),
-      "tiny_p_at_drafted": (tiny_at_0, np.r_[100.0, np.ones(v - 1)]),
-      "grammar_mask_in_p": (masked, rng.random(v)),
-      "sparse_q": (rng.random(v), np.r_[rng.random(3), np.zeros(v - 3)]),
-      "q_nearly_one_hot": (rng.random(v), one_hot_ish),
-      "p_one_hot": (np.eye(1, v, 7)[0], rng.random(v)),
-      "random": (rng.random(v), rng.random(v)),
-  }
-
-
-_CASES = _cases()
+_CASES = adversarial.verification_cases()
 
 
 @pytest.mark.parametrize("name", sorted(_CASES))
@@ -83,6 +68,7 @@ def _bits(key, position, domain):
   return int(dj.draw64(dj.draw_key(key, position, domain)))
 
 
+@pytest.mark.usefixtures("row_mode")
 @pytest.mark.parametrize("representation", ["dense", "sparse"])
 def test_decisions_equal_oracle_replay(representation):
   rng = np.random.default_rng(12)
@@ -103,6 +89,7 @@ def test_decisions_equal_oracle_replay(representation):
              for i in range(depth)]
     got = dj.verify_chain(logits, qobj, np.asarray(draft, np.int32), key,
                           anchor=anchor)
+    assert int(got[2]) == dj.Status.OK
     want = ref.verify_chain_replay(
         p_rows, count_rows, draft,
         [_bits(key, anchor + i, dj.Domain.ACCEPT) for i in range(depth)],
@@ -113,6 +100,7 @@ def test_decisions_equal_oracle_replay(representation):
   assert outcomes == set(range(depth + 1))  # rejections at every position
 
 
+@pytest.mark.usefixtures("row_mode")
 def test_vmap_over_requests_equals_single_calls():
   rng = np.random.default_rng(2)
   v, depth, requests = 40, 4, 5
@@ -132,30 +120,110 @@ def test_vmap_over_requests_equals_single_calls():
     chex.assert_trees_all_equal(single, tuple(b[i] for b in batched))
 
 
-def test_refused_inputs_give_sentinel():
+def _chain(logits, q, draft, key=None):
+  key = dj.round_key(0, 0, 0) if key is None else key
+  return tuple(int(x) for x in dj.verify_chain(logits, q, np.asarray(
+      draft, np.int32), key))
+
+
+@pytest.mark.usefixtures("row_mode")
+def test_refused_inputs_give_sentinel_and_status():
   p = np.full((3, 4), 0.25)
   logits = vc.logits_for(p)
   good = dj.DenseQ(np.full((2, 4), M // 4, np.int32))
-  key = dj.round_key(0, 0, 0)
-  assert int(dj.verify_chain(logits, good, np.array([0, 1]), key)[1]) >= 0
+  accepted, token, status = _chain(logits, good, [0, 1])
+  assert token >= 0 and status == S.OK
   bad_logits = logits.copy()
   bad_logits[2, 1] = np.nan
-  assert tuple(map(int, dj.verify_chain(bad_logits, good, np.array([0, 1]),
-                                        key))) == (0, -1)
+  assert _chain(bad_logits, good, [0, 1]) == (0, -1, S.NAN)
+  bad_logits[1, 0] = np.inf  # the first refused target row wins
+  assert _chain(bad_logits, good, [0, 1]) == (0, -1, S.INF)
+  masked = logits.copy()
+  masked[0] = -np.inf
+  assert _chain(masked, good, [0, 1]) == (0, -1, S.ZERO_MASS)
   wrong_sum = dj.DenseQ(good.counts.copy())
   wrong_sum.counts[1, 0] += 1
-  assert tuple(map(int, dj.verify_chain(logits, wrong_sum, np.array([0, 1]),
-                                        key))) == (0, -1)
+  assert _chain(logits, wrong_sum, [0, 1]) == (0, -1, S.WRONG_MASS)
+  negative = dj.DenseQ(good.counts.copy())
+  negative.counts[1] = [M // 2, M // 2, M // 4, -(M // 4)]
+  assert _chain(logits, negative, [0, 1]) == (0, -1, S.NEGATIVE)
+  above = dj.DenseQ(good.counts.copy())
+  above.counts[0] = [M + M // 2, -(M // 2), 0, 0]  # NEGATIVE comes first
+  assert _chain(logits, above, [0, 1]) == (0, -1, S.NEGATIVE)
+  # A target row refusal is reported before a q row refusal.
+  assert _chain(bad_logits, negative, [0, 1])[2] == S.INF
 
 
+_GOOD_SPARSE = ([[0, 2, -1], [1, 3, -1]], [[M // 2, M // 2, 0]] * 2, [2, 2])
+
+
+@pytest.mark.parametrize("name,edit,status", [
+    ("ok", lambda ids, c, n: None, S.OK),
+    ("missing", lambda ids, c, n: n.__setitem__(1, 0), S.MISSING_Q),
+    ("id_out_of_range", lambda ids, c, n: ids.__setitem__((1, 1), 4),
+     S.ID_OUT_OF_RANGE),
+    ("duplicate", lambda ids, c, n: ids.__setitem__((0, 1), 0),
+     S.DUPLICATE_ID),
+    ("unsorted", lambda ids, c, n: ids.__setitem__(0, [2, 0, -1]),
+     S.UNSORTED_IDS),
+    ("negative", lambda ids, c, n: c.__setitem__(1, [M, -1, 0]),
+     S.NEGATIVE),
+    ("wrong_mass", lambda ids, c, n: c.__setitem__((1, 0), 1), S.WRONG_MASS),
+    ("above_m", lambda ids, c, n: c.__setitem__(1, [2 * M, 0, 0]),
+     S.WRONG_MASS),
+])
+def test_sparse_q_statuses(name, edit, status):
+  del name
+  logits = vc.logits_for(np.full((3, 4), 0.25))
+  ids, counts, n = (np.asarray(a, np.int32) for a in _GOOD_SPARSE)
+  edit(ids, counts, n)
+  accepted, token, got = _chain(logits, dj.SparseQ(ids, counts, n), [0, 1])
+  assert got == status
+  if status != S.OK:
+    assert (accepted, token) == (0, -1)
+  else:
+    assert token >= 0
+
+
+def test_depth_zero_is_the_target_only_bonus_draw():
+  rng = np.random.default_rng(5)
+  logits = rng.normal(size=(64, 1, 9)).astype(np.float32)
+  logits[:, :, 4] = -np.inf
+  keys = jax.vmap(lambda r: dj.round_key(11, 0, r))(np.arange(64))
+  anchors = np.arange(64) * 3
+  empty = dj.DenseQ(np.zeros((64, 0, 9), np.int32))
+  accepted, token, status = jax.vmap(
+      lambda t, q, key, a: dj.verify_chain(t, q, np.zeros(0, np.int32), key,
+                                           anchor=a))(logits, empty, keys,
+                                                      anchors)
+  bonus_keys = jax.vmap(lambda k, a: dj.draw_key(k, a, dj.Domain.BONUS))(
+      keys, anchors)
+  want, want_status = dj.sample_target(logits[:, 0], bonus_keys)
+  np.testing.assert_array_equal(np.asarray(token), np.asarray(want))
+  assert not np.any(np.asarray(accepted)) and not np.any(np.asarray(status))
+  assert np.all(np.asarray(token) != 4) and not np.any(np.asarray(want_status))
+  # q may be None (and a sparse q with no rows is accepted too).
+  single = _chain(logits[0], None, [], keys[0])
+  sparse = dj.SparseQ(np.zeros((0, 3), np.int32), np.zeros((0, 3), np.int32),
+                      np.zeros(0, np.int32))
+  assert single == _chain(logits[0], sparse, [], keys[0]) == (
+      0, int(token[0]), S.OK)
+  bad = logits[0].copy()
+  bad[0, 0] = np.nan
+  assert _chain(bad, None, [], keys[0]) == (0, -1, S.NAN)
+
+
+@pytest.mark.usefixtures("row_mode")
 def test_zero_q_or_out_of_range_draft_is_rejected():
   logits = vc.logits_for(np.full((3, 4), 0.25))
   q = dj.DenseQ(np.array([[0, M // 2, M // 2, 0]] * 2, np.int32))
   for r in range(20):
     key = dj.round_key(1, 0, r)
     for bad in (0, 3, 4, -1):
-      accepted, token = dj.verify_chain(logits, q, np.array([bad, 1]), key)
+      accepted, token, status = dj.verify_chain(logits, q, np.array([bad, 1]),
+                                                key)
       assert int(accepted) == 0 and 0 <= int(token) < 4
+      assert int(status) == S.OK
 
 
 def test_shape_errors():
@@ -168,8 +236,18 @@ def test_shape_errors():
     dj.verify_chain(np.zeros((3, 5), np.float32), q, np.array([0, 1]), key)
   with pytest.raises(TypeError, match="DenseQ or SparseQ"):
     dj.verify_chain(logits, np.zeros((2, 4)), np.array([0, 1]), key)
+  with pytest.raises(TypeError, match="DenseQ or SparseQ"):
+    dj.verify_chain(logits, None, np.array([0, 1]), key)  # None only at D=0
+  with pytest.raises(ValueError, match="D\\+1"):
+    dj.verify_chain(logits, q, np.int32(0), key)
+  with pytest.raises(ValueError, match="sparse q"):
+    dj.verify_chain(logits, dj.SparseQ(np.zeros((2, 3), np.int32),
+                                       np.zeros((2, 3), np.int32),
+                                       np.zeros(3, np.int32)),
+                    np.array([0, 1]), key)
 
 
+@pytest.mark.usefixtures("row_mode")
 def test_target_only_sampler_replay_and_distribution():
   rng = np.random.default_rng(3)
   p = rng.dirichlet(np.ones(9), size=64)
@@ -187,3 +265,25 @@ def test_target_only_sampler_replay_and_distribution():
   dist = ref.categorical_int_distribution(p_rows[0])
   assert ref.total_variation(dist, ref.target_distribution(p_rows[0])) <= \
       Fraction(9, 2 ** 64)
+
+
+def test_recomputed_residual_row_is_the_row_of_target_probs():
+  # Verification keeps only each row's max, Z' and T; the one row it needs
+  # whole is recomputed from the logits (docs/numerics.md 6.1). Its P must
+  # be the P that entered T: quantize_target(target_probs(...)).
+  rng = np.random.default_rng(8)
+  v = dj.DEFAULT_VOCAB
+  logits = (rng.normal(size=(3, v)) * np.array([[1.0], [6.0], [30.0]])
+            + 2e4 * (np.arange(3) == 2)[:, None]).astype(np.float32)
+  logits[0, ::3] = -np.inf
+  probs, _ = dj.target_probs(logits)
+  with jax.enable_x64(True):
+    want, want_total = dj.quantize_target(probs)
+    rows, _ = jax.jit(weights.target_summary)(
+        logits, jnp.zeros(3, jnp.int32))
+    got = jax.jit(lambda x, r: jax.vmap(
+        lambda i: verification.fixed_row(x, r, i))(jnp.arange(3)))(
+            logits, rows)
+  np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+  np.testing.assert_array_equal(np.asarray(rows.total).astype(np.int64),
+                                np.asarray(want_total))

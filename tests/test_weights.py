@@ -1,6 +1,11 @@
-"""Draft/target weights, statuses, x64 scoping and the checked wrapper."""
+"""Draft/target weights, statuses, x64 scoping and the checked wrapper.
+
+Tests of multi-row calls run in both row modes (`row_mode`,
+tests/conftest.py).
+"""
 
 from fractions import Fraction
+import math
 
 import jax
 import jax.numpy as jnp
@@ -8,6 +13,7 @@ import numpy as np
 import pytest
 
 import dyadic_jax as dj
+from dyadic_jax import fastexp
 from dyadic_jax import weights as wmod
 
 S = dj.Status
@@ -18,6 +24,7 @@ def _np_softmax(x):
   return e / e.sum(-1, keepdims=True)
 
 
+@pytest.mark.usefixtures("row_mode")
 def test_matches_numpy_softmax_with_bias_and_temperature():
   rng = np.random.default_rng(0)
   logits = rng.normal(size=(3, 1000)).astype(np.float32) * 4
@@ -28,6 +35,7 @@ def test_matches_numpy_softmax_with_bias_and_temperature():
   np.testing.assert_allclose(np.asarray(w), want, rtol=1e-12, atol=0)
 
 
+@pytest.mark.usefixtures("row_mode")
 def test_per_row_temperature():
   logits = np.array([[0.0, 1.0], [0.0, 1.0]], np.float32)
   w, _ = dj.draft_weights(logits, temperature=np.array([1.0, 0.5]))
@@ -77,12 +85,74 @@ def test_refusals(row, temperature, status):
   assert not np.any(np.asarray(w))
 
 
+@pytest.mark.usefixtures("row_mode")
 def test_target_probs_statuses_and_values():
   logits = np.array([[0.0, 1.0, -np.inf], [np.nan, 0, 0]], np.float32)
   p, status = dj.target_probs(logits)
   assert np.asarray(status).tolist() == [S.OK, S.NAN]
   np.testing.assert_allclose(np.asarray(p)[0, :2],
-                             _np_softmax(np.array([0.0, 1.0])), rtol=1e-15)
+                             _np_softmax(np.array([0.0, 1.0])), rtol=2 ** -21)
+  assert np.asarray(p)[0, 2] == 0 and not np.any(np.asarray(p)[1])
+
+
+def _tv_to_softmax(logits):
+  """TV(P / T, exact softmax) per row; the softmax in float64 (2^-50 off)."""
+  p, status = dj.target_probs(logits)
+  assert not np.any(np.asarray(status))
+  with jax.enable_x64(True):
+    fixed, total = dj.quantize_target(p)
+  x = np.asarray(logits, np.float64)
+  out = []
+  for row, xr, t in zip(np.asarray(fixed), x, np.asarray(total)):
+    # T within rounding of 2^38 * E / Z', E / Z' in [1, 1 + V 2^-32].
+    assert int(row.sum()) == int(t) and 2 ** 38 - len(row) < int(t) < 2 ** 39
+    soft = np.exp(xr - xr.max())
+    soft /= math.fsum(soft)
+    out.append(0.5 * math.fsum(np.abs(row / float(t) - soft)))
+  return np.asarray(out)
+
+
+@pytest.mark.parametrize("v", [1000, dj.DEFAULT_VOCAB, dj.MAX_VOCAB])
+def test_target_distance_to_exact_softmax_within_contract(v):
+  # docs/numerics.md section 6: TV(P / T, softmax) <= 2^-22 + V 2^-39.
+  rng = np.random.default_rng(v)
+  rows = [
+      rng.normal(size=v) * 3,                       # typical
+      rng.normal(size=v) * 30,                      # peaked
+      np.zeros(v),                                  # flat: T spread thin
+      rng.normal(size=v) * 3 + 3e4,                 # inexact float32 x - max
+      np.where(rng.random(v) < 0.5, -np.inf, rng.normal(size=v) * 0.01),
+      -np.abs(rng.normal(size=v)) * 90,              # terms below the cutoff
+  ]
+  logits = np.stack(rows).astype(np.float32)
+  bound = 2.0 ** -22 + v * 2.0 ** -39
+  tv = _tv_to_softmax(logits)
+  assert np.all(tv <= bound), (np.log2(tv), np.log2(bound))
+  assert np.all(tv <= 2.0 ** -20)
+  # The float64 path (float64 logits) holds the same bound.
+  assert np.all(_tv_to_softmax(logits.astype(np.float64)[:2]) <= bound)
+
+
+def test_subnormal_and_bad_temperatures_are_refused():
+  row = np.array([[0.0, 1.0]], np.float32)
+  for t in (5e-324, 2.2e-308, -5e-324, 0.0, -0.0):
+    w, status = dj.draft_weights(row, temperature=t)
+    assert int(status[0]) == S.BAD_TEMPERATURE, t
+    assert not np.any(np.asarray(w))
+  # The smallest normal float64 is a temperature: one-hot at the max, or
+  # INF where a score overflows.
+  w, status = dj.draft_weights(row, temperature=2.2250738585072014e-308)
+  assert int(status[0]) == S.OK and np.asarray(w)[0].tolist() == [0.0, 1.0]
+  _, status = dj.draft_weights(row * 100, temperature=1e-307)
+  assert int(status[0]) == S.INF
+
+
+@pytest.mark.parametrize("op,args", [
+    ("draft_weights", ()), ("target_probs", ()), ("allocate_dense", ()),
+    ("allocate_sparse", (1,)), ("quantize_target", ())])
+def test_zero_d_input_is_a_clear_error(op, args):
+  with pytest.raises(ValueError, match=f"{op}: .*0-d"):
+    getattr(dj, op)(np.float32(1.0), *args)
 
 
 def test_vocabulary_bounds():
@@ -118,12 +188,14 @@ def test_library_ops_inside_a_callers_jit():
       jax.jit(lambda x: dj.draft_weights(x)[1])(logits)
 
 
+@pytest.mark.usefixtures("row_mode")
 def test_vmap_needs_no_x64():
   logits = np.log(np.array([[0.25, 0.75], [0.5, 0.5]], np.float32))
   w, status = jax.vmap(dj.draft_weights)(logits)
   assert w.dtype == np.float64 and np.asarray(status).tolist() == [0, 0]
 
 
+@pytest.mark.usefixtures("row_mode")
 def test_checked_wrapper_raises_typed_error():
   logits = np.array([[0.0, 1.0], [np.nan, 0.0], [-np.inf, -np.inf]],
                     np.float32)
@@ -138,6 +210,7 @@ def test_checked_wrapper_raises_typed_error():
   assert w.shape == (1, 2)
 
 
+@pytest.mark.usefixtures("row_mode")
 def test_checked_wrapper_multi_output_and_batch_rank():
   w = np.array([[[0.5, 0.5], [0.5, np.nan]]])
   with pytest.raises(dj.DyadicError) as info:
@@ -155,3 +228,33 @@ def test_fixed_point_limbs_are_exact_floors():
     x = Fraction(float(v)) * 2 ** 32
     assert h == int(x) and l == int((x - int(x)) * 2 ** 32)
     assert h <= 2 ** 32 and l < 2 ** 32  # limb sums over 2^21 stay < 2^53
+
+
+def test_fastexp_relative_error_within_proved_bound():
+  # docs/numerics.md 6.1: |e / exp(x - m) - 1| <= 2^-22 for x - m >= -87.
+  # Every float32 exponent in range, 4096 mantissas each, m = 0 (the
+  # polynomial and reduction), random (x, m) pairs (the TwoSum path) and
+  # float64 logits (the float64 reduction). The whole range is measured by
+  # `python -m experiments.bench_core --exp_accuracy` (max 2^-23.41).
+  rng = np.random.default_rng(0)
+  exps = np.arange(0, int(np.float32(87).view(np.uint32) >> 23) + 1)
+  mant = rng.integers(0, 1 << 23, (len(exps), 4096))
+  bits = ((exps[:, None] << 23) | mant).astype(np.uint32).ravel()
+  d = -bits.view(np.float32)
+  d = d[d >= fastexp.CUTOFF]
+  x = (rng.normal(size=1 << 18) * 30).astype(np.float32)
+  m = np.maximum(x, (rng.normal(size=1 << 18) * 30).astype(np.float32))
+  with jax.enable_x64(True):
+    e0 = np.asarray(jax.jit(fastexp.exp_shifted32)(d, np.float32(0)))
+    e1 = np.asarray(jax.jit(fastexp.exp_shifted32)(x, m))
+    e2 = np.asarray(jax.jit(fastexp.exp_shifted64)(
+        x.astype(np.float64) * 1.1, m.astype(np.float64) * 1.1))
+  for e, arg in ((e0, d.astype(np.float64)),
+                 (e1, x.astype(np.float64) - m),
+                 (e2, x.astype(np.float64) * 1.1 - m.astype(np.float64) * 1.1)):
+    live = arg >= fastexp.CUTOFF
+    rel = np.abs(e[live].astype(np.float64) / np.exp(arg[live]) - 1)
+    assert rel.max() <= fastexp.EXP_REL_ERROR, np.log2(rel.max())
+    assert not np.any(e[~live])
+  assert e0.max() <= 1 and float(jax.jit(fastexp.exp_shifted32)(
+      np.float32(3.5), np.float32(3.5))) == 1.0

@@ -228,7 +228,9 @@ def test_audit_draws_are_the_proposers():
   import jax  # pylint: disable=g-import-not-at-top
   with jax.enable_x64(True):
     for r in range(3):
-      key = audit.round_key(seeds[r:r + 1].view(np.int64)[0],
+      # The proposer's traced int64 view of the seed (an array: a host
+      # integer must be a nonnegative uint64 value).
+      key = audit.round_key(np.asarray(seeds[r:r + 1].view(np.int64)[0]),
                             np.uint32(gens[r]), np.uint32(rounds[r]))
       for i in range(3):
         want = audit.proposal_draw(key, np.int64(anchors[r] + i))

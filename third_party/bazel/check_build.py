@@ -68,7 +68,7 @@ KNOWN_THIRD_PARTY = {
 EXTRA_TAGS = {name: ["slow"] for name in (
     "test_pipeline", "test_bridge_soak", "test_wire_fuzz", "test_experiments",
     "test_bench_bridge", "test_sessions_fuzz", "test_bridge_drill",
-    "test_bridge_hardening")}
+    "test_bridge_hardening", "test_gpu_qualify")}
 
 # Deps and data that a file's import statements do not show, by target name:
 # test_readme execs the README's code blocks (dyadic_jax and sharding);
@@ -94,6 +94,8 @@ EXTRA_DEPS = {"test_readme": ["dyadic_jax", "sharding", "dyadic_jax_bridge",
                            "experiments_wire_sizes",
                            "experiments_bench_sharding",
                            "experiments_pipeline_config"],
+              "test_gpu_qualify": ["experiments_gpu_qualify",
+                                   "experiments_bench_core"],
               "test_wire_fuzz": ["tests_fuzz_wire"]}
 _CORPUS = "tests/fuzz_corpus/wire"
 EXTRA_DATA = {"test_readme": ["README.md"],

@@ -1,0 +1,172 @@
+"""The row-mode switch: DYADIC_JAX_ROWS, the `rows` scope, the jit key.
+
+The "batched" mode is what accelerators run; this file shows that CPU
+really runs it when asked (a different program), that jit caches never
+serve a program traced in the other mode, and that both modes give the
+same bits on shapes where XLA CPU picks different kernels for a batch than
+for a row.
+"""
+
+import os
+import subprocess
+import sys
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import dyadic_jax as dj
+from dyadic_jax import rowwise
+from dyadic_jax import weights
+
+
+def _recording_jit():
+  """A jitted row op whose body records the row shapes it is traced with."""
+  traced = []
+
+  def body(x):
+    traced.append(x.shape)
+    return x * 2
+
+  return jax.jit(lambda x: rowwise.map_rows(body, x, core_ndims=(1,))), traced
+
+
+def _run_python(code, mode):
+  env = dict(os.environ)
+  env.pop(rowwise.ROWS_ENV, None)
+  if mode is not None:
+    env[rowwise.ROWS_ENV] = mode
+  return subprocess.run([sys.executable, "-c", code], env=env,
+                        capture_output=True, text=True, timeout=120,
+                        check=False)
+
+
+_PRINT_MODE = ("from dyadic_jax import rowwise; "
+               "print(rowwise.setting(), rowwise.row_mode())")
+
+
+@pytest.mark.parametrize("env,want", [
+    (None, "auto loop"), ("loop", "loop loop"),
+    ("batched", "batched batched")])
+def test_environment_variable_sets_the_mode(env, want):
+  out = _run_python(_PRINT_MODE, env)
+  assert out.returncode == 0, out.stderr
+  assert out.stdout.split()[-2:] == want.split()
+
+
+def test_bad_environment_value_is_refused_at_import():
+  out = _run_python("import dyadic_jax", "fast")
+  assert out.returncode != 0
+  last = out.stderr.strip().splitlines()[-1]
+  assert last.startswith("ValueError: environment variable DYADIC_JAX_ROWS")
+  assert "'fast'" in last and "auto, loop, batched" in last
+
+
+def test_bad_scope_value_is_refused():
+  with pytest.raises(ValueError, match="rows: row mode 'fast'"):
+    with rowwise.rows("fast"):
+      pass
+  assert rowwise.setting() in rowwise.SETTINGS
+
+
+def test_scope_nests_and_restores():
+  outer = rowwise.setting()
+  with rowwise.rows("batched") as mode:
+    assert mode == "batched" and rowwise.row_mode() == "batched"
+    with rowwise.rows("loop") as inner:
+      assert inner == "loop" and rowwise.setting() == "loop"
+    assert rowwise.setting() == "batched"
+  assert rowwise.setting() == outer
+
+
+def test_jit_cache_is_keyed_on_the_mode():
+  f, traced = _recording_jit()
+  x = np.ones((3, 5), np.float32)
+  for mode in ("loop", "batched", "loop", "batched"):
+    with rowwise.rows(mode):
+      np.testing.assert_array_equal(f(x), 2 * x)
+  # One trace per mode, each with its own row shape; the repeats hit the
+  # cache of their own mode.
+  assert traced == [(5,), (3, 5)]
+  assert rowwise.jit_keyed()  # this JAX has jax.make_user_context
+
+
+def test_fallback_without_user_context_clears_caches(monkeypatch):
+  monkeypatch.setattr(rowwise, "_SETTING",
+                      rowwise._make_context("auto", keyed=False))
+  assert not rowwise.jit_keyed()
+  f, traced = _recording_jit()
+  x = np.ones((3, 5), np.float32)
+  for mode in ("loop", "batched", "loop"):
+    with rowwise.rows(mode):
+      np.testing.assert_array_equal(f(x), 2 * x)
+  assert traced == [(5,), (3, 5), (5,)]
+
+
+def _exp_operand_shapes(text):
+  """Shapes of the float64 exponentials in a lowered (StableHLO) program."""
+  shapes = []
+  for line in text.splitlines():
+    if "stablehlo.exponential" in line:
+      shapes.append(line.rsplit("tensor<", 1)[1].split(">")[0])
+  return shapes
+
+
+def test_modes_trace_different_programs():
+  x = jnp.zeros((4, 1000), jnp.float32)
+  programs = {}
+  for mode in ("loop", "batched"):
+    with rowwise.rows(mode), jax.enable_x64(True):
+      programs[mode] = weights._target_probs.lower(x).as_text()
+  loop, batched = programs["loop"], programs["batched"]
+  # Loop: a while loop over the 4 rows, exp on one [1000] row at a time.
+  assert "stablehlo.while" in loop
+  assert _exp_operand_shapes(loop) == ["1000xf64"]
+  # Batched: exp on the whole [4, 1000] batch. (The while loop left is the
+  # scalar-at-a-time reciprocal, CPU's correctly rounded division.)
+  assert _exp_operand_shapes(batched) == ["4x1000xf64"]
+
+
+# Shapes on both sides of the batch size where XLA CPU hands a fused
+# elementwise pass to a library kernel (about 5,000 elements): a batch may
+# take that kernel while its rows do not.
+@pytest.mark.parametrize("rows,v", [(3, 7), (8, 1000), (16, 1000),
+                                    (2, dj.DEFAULT_VOCAB)])
+def test_modes_give_the_same_bits(rows, v):
+  rng = np.random.default_rng(rows * v)
+  logits = (rng.normal(size=(rows, v)) * 4).astype(np.float32)
+  logits[0, : v // 2] = -np.inf
+  bias = rng.normal(size=(rows, v)).astype(np.float32)
+  keys = jax.vmap(lambda i: dj.rng_key(4, 0, 0, i, dj.Domain.TARGET_ONLY))(
+      jnp.arange(rows))
+  depth = rows - 1
+
+  def ops():
+    w, _ = dj.draft_weights(logits, temperature=0.7, bias=bias)
+    out = {"draft_weights": dj.draft_weights(logits, temperature=0.7,
+                                             bias=bias),
+           "target_probs": dj.target_probs(logits),
+           "allocate_dense": dj.allocate_dense(w),
+           "allocate_sparse": dj.allocate_sparse(w, min(16, v)),
+           "sample_target": dj.sample_target(logits, keys)}
+    if depth:
+      counts, _ = out["allocate_dense"]
+      draft = jnp.argmax(counts[:depth], -1).astype(jnp.int32)
+      out["verify_chain"] = dj.verify_chain(
+          logits, dj.DenseQ(counts[:depth]), draft, dj.round_key(1, 2, 3))
+    return jax.tree.map(np.asarray, out)
+
+  with rowwise.rows("loop"):
+    loop = ops()
+  with rowwise.rows("batched"):
+    batched = ops()
+  for name in loop:
+    chex.assert_trees_all_equal(loop[name], batched[name], strict=True)
+  # And both equal the ops on one row at a time.
+  for i in range(rows):
+    row, _ = dj.draft_weights(logits[i:i + 1], temperature=0.7,
+                              bias=bias[i:i + 1])
+    np.testing.assert_array_equal(np.asarray(row)[0],
+                                  loop["draft_weights"][0][i])
