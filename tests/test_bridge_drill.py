@@ -33,7 +33,9 @@ def _run(tmp_path, *flags):
       [sys.executable, "-m", "experiments.pp1_pipeline",
        "--check_distribution", "--worker_bug=token_not_from_q",
        f"--check_samples={_SAMPLES}", "--alpha=1e-8", f"--json_out={out}",
-       "--plot_out=", *flags], cwd=_ROOT, env=env, capture_output=True,
+       # A deadline no healthy exchange misses on a loaded machine: the
+       # only refusals are then the audit's (asserted exactly).
+       "--timeout=120", "--plot_out=", *flags], cwd=_ROOT, env=env, capture_output=True,
       text=True, timeout=900)
   return proc, json.loads(out.read_text())
 

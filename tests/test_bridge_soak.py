@@ -12,6 +12,13 @@ faults STEP and reply messages (delay, drop, duplicate, reorder, truncate,
 corrupt, reset, and a benign jitter), at most one fault per exchange. It
 holds no key: every frame it damages fails authentication.
 
+No outcome depends on the machine's speed: the verifier's deadline is
+generous (DEADLINE_S, 60 s: no healthy exchange misses it, however loaded
+the machine), and when the proxy loses an exchange (a fault in
+`proxy.LOST`) it warps the verifier's clock past that deadline
+(`bridge_harness.WarpClock`), so the exchange times out at once instead of
+after a wall-clock wait.
+
 What a soak asserts, without re-deriving how the sessions classify a
 message (the protocol's own objects classify; the soak checks outcomes):
 
@@ -50,7 +57,7 @@ power at ALPHA is 1 - 3e-13 (the test recomputes this from the run's own
 counts and requires at least stats.POWER = 1 - 1e-4).
 
 Runtime on 2 shared CPU cores: the CI soak (2,000 rounds, worker process)
-about a minute; the mutant run and the 16 per-kind runs about half a
+one to two minutes (95 s with another full suite running); the mutant run and the 16 per-kind runs about half a
 minute each; each slow soak (20,000 rounds, sparse or dense q, worker
 process, `--runslow`) several minutes. `pytest -s` prints the tables.
 """
