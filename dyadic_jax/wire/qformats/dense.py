@@ -45,6 +45,9 @@ def _device(values, tokens, draws, *, audit):
                            axis=-1)[..., 0]
   ok = (total == M) & (tokens >= 0) & (tokens < vocab) & (at > 0)
   if audit:
+    # Sibling reductions over the batch that XLA CPU fuses into one
+    # multi-output reduction run several times slower than apart.
+    counts, ok = lax.optimization_barrier((counts, ok))
     drawn = base.audit(counts, tokens, draws, jnp)
   else:
     drawn = jnp.ones(ok.shape, bool)
