@@ -146,7 +146,8 @@ def test_verify_chain_equal(row_mode, n, v, representation):
 def test_verify_chain_refusals_and_depth_zero_equal(n):
   """Refused chains (target row, dense and sparse q) and D = 0 on shards."""
   v = 7
-  target, dense, sparse, tokens, keys = _requests(v, requests=4)
+  target, dense, sparse, tokens, keys = adversarial.round_requests(
+      v, requests=4)
   target = np.array(target)
   target[0, 2, 5] = np.nan                      # a refused target row
   counts = np.array(dense.counts)
