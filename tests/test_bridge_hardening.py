@@ -32,7 +32,7 @@ import pytest
 import zmq
 
 from dyadic_jax import bridge
-from dyadic_jax.bridge import transport
+from dyadic_jax.bridge import transport, worker_session
 from dyadic_jax.wire import auth, codec, layouts
 from dyadic_jax.wire.errors import Code, ProtocolError
 from dyadic_jax.wire.layouts import FIXED_BYTES, Kind, Reason, Representation
@@ -616,13 +616,14 @@ def test_a_hello_storm_without_the_key_forces_no_fallback():
     thread = threading.Thread(target=storm, daemon=True)
     thread.start()
     try:
-      fallbacks = 0
+      fallbacks = []
       for _ in range(30):
-        fallbacks += sum(r.fallback for r in verifier.round([0, 1]))
+        fallbacks += [r for r in verifier.round([0, 1]) if r.fallback]
     finally:
       stop.set()
       thread.join()
-    assert fallbacks == 0
+    assert not fallbacks, (fallbacks, verifier.counters.snapshot(),
+                           worker.counters.snapshot())
     assert worker.counters.errors(Code.AUTH_FAILED) > 10
     assert worker.session.established.id == verifier.session.session
 
@@ -670,3 +671,33 @@ def test_replays_across_sessions_fail_authentication():
   assert worker.counters.errors(Code.AUTH_FAILED) == 1
   assert new.receive(bytes(new.begin([0], 1, 0.0).message)) == []
   assert new.counters.errors(Code.AUTH_FAILED) == 1
+
+
+def test_a_replayed_hello_cannot_evict_the_session_being_opened():
+  """Under load the HELLO storm above failed its first round with
+  UNKNOWN_SESSION: a replayed (authentic, recorded) HELLO arriving between
+  the verifier's HELLO and its first STEP replaced the worker's one pending
+  session. Now the worker keeps its last MAX_PENDING pending sessions."""
+  c = SPARSE
+  worker = bridge.WorkerSession(c, secret=h.SECRET)
+  recorded = [bytes(bridge.VerifierSession(c, secret=h.SECRET).hello()
+                    .message) for _ in range(worker_session.MAX_PENDING)]
+  verifier = bridge.VerifierSession(c, secret=h.SECRET)
+  for send in worker.finish(worker.receive(verifier.hello().message)):
+    verifier.receive(bytes(send.message))
+  assert verifier.is_open
+  for message in recorded[:-1] * 50:    # a storm of MAX_PENDING - 1 replays
+    worker.finish(worker.receive(message))
+  verifier.add_request(0, [1], seed=1)
+  answer = worker.receive(verifier.begin([0], 2, 0.0).message)
+  assert answer.propose and worker.established.id == verifier.session
+  assert worker.counters.errors(Code.UNKNOWN_SESSION) == 0
+  # The bound: MAX_PENDING distinct replays do evict a pending session.
+  other = bridge.VerifierSession(c, secret=h.SECRET)
+  for send in worker.finish(worker.receive(other.hello().message)):
+    other.receive(bytes(send.message))
+  for message in recorded:
+    worker.finish(worker.receive(message))
+  other.add_request(0, [1], seed=1)
+  assert not worker.receive(other.begin([0], 2, 0.0).message).propose
+  assert worker.counters.errors(Code.UNKNOWN_SESSION) == 1

@@ -16,8 +16,11 @@ else (IDENTITY_MISMATCH: a RESET(REFUSED) answer). It is answered with this
 side's HELLO and a fresh nonce; both nonces key the session
 (`wire.auth.session_keys`). The new session is *pending* until a frame
 authenticates under its keys: a replayed HELLO (which the replayer cannot
-follow with any valid frame) never displaces the established session. The
-same HELLO again (same session and nonce) gets the same answer.
+follow with any valid frame) never displaces the established session. Nor
+the one being opened: the last MAX_PENDING pending sessions are all kept
+(a replay storm of one recorded HELLO holds one of them), and the first to
+authenticate a frame becomes the established one. The same HELLO again
+(same session and nonce) gets the same answer.
 
 One STEP message holds one STEP frame per request of a batch; the answer
 is one message with, per request, its REPLY (all D rows) then its
@@ -62,6 +65,10 @@ from dyadic_jax.wire.layouts import (ALL_REQUESTS, FIXED_BYTES, Kind, Policy,
                                      Reason)
 
 _COMPLETION = FIXED_BYTES[Kind.COMPLETION]
+# Pending sessions kept at once: a replayed (authentic, recorded) HELLO
+# cannot evict the session a verifier is opening unless the replayer holds
+# this many distinct recorded HELLOs.
+MAX_PENDING = 4
 
 
 class _Session(typing.NamedTuple):
@@ -129,7 +136,10 @@ class WorkerSession:
     self._hello_keys = auth.hello_keys(secret, auth.WORKER)
     self.max_views = int(max_views)
     self.established: typing.Any = None    # _Session | None
-    self.pending: typing.Any = None        # _Session | None
+    self.pending: typing.Any = None        # _Session | None: the newest
+    # Older pending sessions, oldest first (at most MAX_PENDING - 1).
+    self._older: collections.OrderedDict[int, typing.Any] = (
+        collections.OrderedDict())
     self.views: collections.OrderedDict[int, _View] = (
         collections.OrderedDict())
     self.slots: typing.Any = None          # bytearrays, after a HELLO
@@ -162,7 +172,8 @@ class WorkerSession:
         self.counters.reject(Code.BAD_SEQUENCE, "HELLO with other frames")
         return _NOTHING
       return self._hello(frames[0], first)
-    candidates = [s for s in (self.established, self.pending)
+    candidates = [s for s in (self.established, self.pending,
+                              *self._older.values())
                   if s is not None and s.id == first.session]
     if not candidates:
       self.counters.reject(Code.UNKNOWN_SESSION, f"session {first.session}")
@@ -183,8 +194,9 @@ class WorkerSession:
     except ProtocolError as e:
       self.counters.reject(e.code, "in a verifier message")
       return _NOTHING
-    if session is self.pending:     # first authenticated frame: it is real
+    if session is not self.established:   # first authenticated frame
       self.established, self.pending = session, None
+      self._older.clear()
       self.views = collections.OrderedDict()
       self.counters.event("sessions")
     kinds = {f.header.kind for f in decoded}
@@ -227,7 +239,7 @@ class WorkerSession:
     except ProtocolError as e:
       self.counters.reject(e.code, "HELLO")
       return _NOTHING
-    for s in (self.pending, self.established):
+    for s in (self.pending, self.established, *self._older.values()):
       if s is not None and (s.id, s.nonce_v) == (header.session, body.nonce):
         self.counters.event("hello_retries")
         return WorkerAnswer([Send(s.answer)], [])
@@ -240,6 +252,12 @@ class WorkerSession:
     keys = auth.session_keys(self._secret, header.session, body.nonce,
                              nonce_w, auth.WORKER)
     answer = hello.hello_frame(self.caps, header.session, nonce_w, keys.send)
+    if self.pending is not None:
+      self._older.pop(self.pending.id, None)
+      self._older[self.pending.id] = self.pending
+      while len(self._older) > MAX_PENDING - 1:
+        self._older.popitem(last=False)
+    self._older.pop(header.session, None)
     self.pending = _Session(header.session, bytes(body.nonce), keys, answer)
     if self.slots is None:   # sized from the agreed (local) bounds, once
       self.slots = [bytearray(self.bounds.max_reply_message)
