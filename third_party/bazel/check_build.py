@@ -68,7 +68,10 @@ KNOWN_THIRD_PARTY = {
 EXTRA_TAGS = {name: ["slow"] for name in (
     "test_pipeline", "test_bridge_soak", "test_wire_fuzz", "test_experiments",
     "test_bench_bridge", "test_sessions_fuzz", "test_bridge_drill",
-    "test_bridge_hardening", "test_gpu_qualify")}
+    "test_bridge_hardening", "test_gpu_qualify",
+    # mypy reads the whole source tree, which a Bazel sandbox holding only
+    # the target's runfiles does not have; the README's pytest command runs it.
+    "test_typecheck")}
 
 # Deps and data that a file's import statements do not show, by target name:
 # test_readme execs the README's code blocks (dyadic_jax and sharding);
