@@ -81,7 +81,7 @@ _CHECKS_FLAG = flags.DEFINE_list(
     "checks", list(_CHECKS), f"Checks to run, any of: {', '.join(_CHECKS)}.")
 _VOCAB = flags.DEFINE_integer(
     "vocab", 129280, "Largest vocabulary of the identity checks and the "
-    "benchmark (--quick: 1001).", lower_bound=8, upper_bound=1 << 21)
+    "benchmark (--quick: 1001).", lower_bound=8, upper_bound=dj.MAX_VOCAB)
 _MAX_SHARDS = flags.DEFINE_integer(
     "max_shards", 8, "Largest mesh of the sharded identity check (capped by "
     "the local devices; --quick: 2).", lower_bound=1)

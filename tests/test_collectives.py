@@ -8,7 +8,6 @@ would change (-0.0, NaN payloads), and a whole sharded op is run with the
 psum path forced.
 """
 
-import functools
 
 import jax
 import jax.numpy as jnp
@@ -21,15 +20,12 @@ from dyadic_jax.testing import adversarial
 from dyadic_jax.testing import hlo as hlo_lib
 import sharding
 from sharding import collectives
+from tests import meshes
 
 pytestmark = pytest.mark.multidevice
 
 
-@functools.lru_cache(maxsize=None)
-def _mesh(n):
-  if jax.device_count() < n:
-    pytest.skip(f"needs {n} devices, have {jax.device_count()}")
-  return sharding.vocab_mesh(n)
+_mesh = meshes.vocab_mesh
 
 
 def _blocks(dtype, n, width=3, rows=2):

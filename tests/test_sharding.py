@@ -20,6 +20,7 @@ import dyadic_jax as dj
 from dyadic_jax.testing import adversarial
 import sharding
 from dyadic_jax.testing import hlo
+from tests import meshes
 
 M = dj.M
 pytestmark = pytest.mark.multidevice
@@ -27,11 +28,7 @@ pytestmark = pytest.mark.multidevice
 SHARDS = [1, 2, 3, 4, 8]
 
 
-@functools.lru_cache(maxsize=None)
-def _mesh(n):
-  if jax.device_count() < n:
-    pytest.skip(f"needs {n} devices, have {jax.device_count()}")
-  return sharding.vocab_mesh(n)
+_mesh = meshes.vocab_mesh
 
 
 def _assert_same(single, sharded):
