@@ -58,7 +58,32 @@ def row_mode(request):
     yield mode
 
 
+def _long_tests_first(items):
+  """Puts the tests marked `long` at the head of each half of the run.
+
+  Started last, a minutes-long test leaves the other xdist worker idle for
+  its whole run. xdist's worksteal scheduler (pyproject.toml) gives each of
+  the README's two workers one half of the collection and lets an idle one
+  steal from the back of the other's queue, so the long tests go to the two
+  halves' fronts, longest first, each to the half with fewer minutes so far
+  (`pytest.mark.long(minutes=m)`, 1 when not given); the rest keep their
+  order.
+  """
+  minutes = lambda item: item.get_closest_marker("long").kwargs.get(
+      "minutes", 1)
+  long = sorted((item for item in items if "long" in item.keywords),
+                key=minutes, reverse=True)
+  rest = [item for item in items if "long" not in item.keywords]
+  heads = ([], [])
+  for item in long:
+    heads[sum(map(minutes, heads[0])) > sum(map(minutes, heads[1]))].append(
+        item)
+  half = len(items) // 2 - len(heads[1])
+  items[:] = heads[0] + rest[:half] + heads[1] + rest[half:]
+
+
 def pytest_collection_modifyitems(config, items):
+  _long_tests_first(items)
   if config.getoption("--runslow"):
     return
   skip = pytest.mark.skip(reason="slow: run with --runslow (see README)")

@@ -21,6 +21,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _SAMPLES = 400
 
@@ -40,6 +42,7 @@ def _run(tmp_path, *flags):
   return proc, json.loads(out.read_text())
 
 
+@pytest.mark.long
 def test_the_audit_refuses_every_forged_proposal(tmp_path):
   proc, record = _run(tmp_path)
   assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -50,6 +53,7 @@ def test_the_audit_refuses_every_forged_proposal(tmp_path):
   assert record["distribution_check"]["verdict"] == "pass"
 
 
+@pytest.mark.long
 def test_without_the_audit_the_same_drill_fails_the_check(tmp_path):
   proc, record = _run(tmp_path, "--no_sampling_audit")
   assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]

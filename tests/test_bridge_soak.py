@@ -626,6 +626,7 @@ def test_each_fault_kind_is_accounted(kind, direction):
   assert (sum(damaged.values()) == 0) == harmless, damaged
 
 
+@pytest.mark.long
 def test_soak_ci_worker_process():
   soak, damaged = _soak_and_check("CI soak (worker process, sparse q)",
                                   ROUNDS, process=True)

@@ -45,6 +45,7 @@ def _run(module, tmp_path, *flags):
   return run.stdout, json.loads(json_out.read_text())
 
 
+@pytest.mark.long
 def test_acceptance_figures(tmp_path):
   stdout, record = _run("acceptance", tmp_path, "--vocab=512",
                         "--contexts=32", "--ks=16,512", "--closeness=0.9",
@@ -80,6 +81,7 @@ def test_acceptance_figures(tmp_path):
     assert all(0 < a <= 1 for a in e["alpha_by_position"])
 
 
+@pytest.mark.long
 def test_selection_bias(tmp_path):
   # One test, so that pytest-xdist never runs the experiment twice.
   stdout, record = _run("selection_bias", tmp_path, "--samples=20000",

@@ -46,6 +46,7 @@ def test_zmq_shim_works(no_zmq_env):
   assert out.returncode != 0 and "test shim" in out.stderr
 
 
+@pytest.mark.long(minutes=3)
 def test_quick_run_passes_without_zmq(no_zmq_env, tmp_path):
   path = tmp_path / "report.json"
   out = _run(no_zmq_env, "--quick", f"--json_out={path}")

@@ -112,6 +112,7 @@ def test_default_pipeline_single_process(tmp_path):
   assert 5 * 48 + 72 < per_request["measured_in"] <= 5 * (48 + 8 * 32) + 72
 
 
+@pytest.mark.long
 @pytest.mark.multidevice
 def test_default_pipeline_multiprocess(tmp_path):
   single, _, _ = _run(tmp_path, "--tokens=8", "--vocab=4096")
@@ -124,6 +125,7 @@ def test_default_pipeline_multiprocess(tmp_path):
     assert multi[key] == single[key], key
 
 
+@pytest.mark.long
 def test_distribution_check_passes(tmp_path):
   record, stdout, _ = _run(tmp_path, "--check_distribution",
                            f"--alpha={_ALPHA}")
@@ -134,6 +136,7 @@ def test_distribution_check_passes(tmp_path):
   _time_split_adds_up(record)
 
 
+@pytest.mark.long
 def test_distribution_check_passes_with_faults(tmp_path):
   record, _, stderr = _run(tmp_path, "--check_distribution",
                            f"--alpha={_ALPHA}", "--inject_faults=0.05",
@@ -145,6 +148,7 @@ def test_distribution_check_passes_with_faults(tmp_path):
   assert "refused" in stderr        # the warnings _run checks for glue
 
 
+@pytest.mark.long
 def test_distribution_check_rejects_the_mutant(tmp_path):
   record, stdout, _ = _run(tmp_path, "--check_distribution",
                            f"--alpha={_ALPHA}", "--mutant=uniform_q",
@@ -156,6 +160,7 @@ def test_distribution_check_rejects_the_mutant(tmp_path):
   assert "p=0.0000" not in stdout
 
 
+@pytest.mark.long
 def test_worker_killed_mid_run(tmp_path):
   record, _, _ = _run(tmp_path, "--tokens=16", "--vocab=4096",
                       "--kill_worker_at=2", "--timeout=1.0")

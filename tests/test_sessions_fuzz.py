@@ -23,6 +23,7 @@ def test_empty_and_tiny_inputs_run():
     fuzz_sessions.TestOneInput(data)
 
 
+@pytest.mark.long(minutes=8)
 def test_fuzz_run_fixed_seed(tmp_path):
   pytest.importorskip("atheris", reason="atheris is not installed")
   corpus = tmp_path / "corpus"

@@ -50,6 +50,7 @@ def test_corpus_covers_every_code_decode_can_raise():
     assert code.name in make_wire_corpus.__doc__, code
 
 
+@pytest.mark.long
 def test_fuzz_run_fixed_seed(tmp_path):
   pytest.importorskip("atheris", reason="atheris is not installed")
   corpus = tmp_path / "corpus"  # libFuzzer adds new inputs to this copy

@@ -51,6 +51,9 @@ KNOWN_THIRD_PARTY = {
     "absl", "chex", "crc32c", "hypothesis", "jax", "jaxlib", "matplotlib",
     "mpl_toolkits", "ml_dtypes", "numpy", "pytest", "_pytest", "scipy",
     "zmq", "atheris", "blake3",
+    # experiments/hf_peer.py runs under a peer's own interpreter (bench_core's
+    # --hf_python), never under the project's venv or Bazel.
+    "torch", "transformers",
 }
 
 # Extra tags for tests whose markers do not say it, by target name; e.g.
@@ -72,6 +75,11 @@ EXTRA_TAGS = {name: ["slow"] for name in (
     # mypy reads the whole source tree, which a Bazel sandbox holding only
     # the target's runfiles does not have; the README's pytest command runs it.
     "test_typecheck")}
+
+# Bazel shards of the heaviest files (third_party/bazel/pytest_main.py deals
+# their tests out round-robin): one process per file would otherwise run
+# tens of compiles in a row and pass the "moderate" timeout on 2 loaded cores.
+SHARD_COUNTS = {"test_sharding": 4, "test_allocation": 2, "test_row_modes": 2}
 
 # Deps and data that a file's import statements do not show, by target name:
 # test_readme execs the README's code blocks (dyadic_jax and sharding);
@@ -444,6 +452,8 @@ def render(targets):
         extra = ""
         if "slow" in tags:
           extra += '    timeout = "long",\n'
+        if n in SHARD_COUNTS:
+          extra += f"    shard_count = {SHARD_COUNTS[n]},\n"
         if tags:
           extra += f"    tags = {_list([_q(x) for x in tags])},\n"
         out.append(

@@ -16,6 +16,11 @@ Nothing is written into the read-only runfiles/source tree: no
 .pytest_cache (cacheprovider disabled), no __pycache__ (bytecode writing
 off), and Hypothesis' example database, matplotlib's config dir and HOME go
 to $TEST_TMPDIR.
+
+Bazel test sharding (`shard_count` in BUILD): this runner touches
+$TEST_SHARD_STATUS_FILE to say it shards, then keeps the collected tests whose
+position i satisfies i % $TEST_TOTAL_SHARDS == $TEST_SHARD_INDEX, so a heavy
+file's parametrized cases spread over the shards round-robin.
 """
 
 import os
@@ -61,7 +66,41 @@ def main(argv):
   if test_filter:
     args += ["-k", test_filter]
   args += argv[2:]
-  return pytest.main(args, plugins=[_TmpdirPlugin(tmp)])
+  plugins = [_TmpdirPlugin(tmp)]
+  shards = _shard_plugin()
+  if shards is not None:
+    plugins.append(shards)
+  status = pytest.main(args, plugins=plugins)
+  if status == 5 and shards is not None and shards.kept == 0:
+    return 0  # more shards than tests: this shard has nothing to run
+  return status
+
+
+def _shard_plugin():
+  total = int(os.environ.get("TEST_TOTAL_SHARDS", "1") or 1)
+  if total <= 1:
+    return None
+  status_file = os.environ.get("TEST_SHARD_STATUS_FILE")
+  if status_file:
+    with open(status_file, "a"):
+      pass
+  return _ShardPlugin(int(os.environ.get("TEST_SHARD_INDEX", "0")), total)
+
+
+class _ShardPlugin:
+  """Keeps every `total`-th collected test, starting at `index`."""
+
+  def __init__(self, index, total):
+    self._index, self._total = index, total
+    self.kept = 0
+
+  def pytest_collection_modifyitems(self, config, items):
+    keep = [t for i, t in enumerate(items) if i % self._total == self._index]
+    drop = [t for i, t in enumerate(items) if i % self._total != self._index]
+    if drop:
+      config.hook.pytest_deselected(items=drop)
+    items[:] = keep
+    self.kept = len(keep)
 
 
 class _TmpdirPlugin:
