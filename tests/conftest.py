@@ -74,10 +74,11 @@ def _long_tests_first(items):
   long = sorted((item for item in items if "long" in item.keywords),
                 key=minutes, reverse=True)
   rest = [item for item in items if "long" not in item.keywords]
-  heads = ([], [])
+  heads, total = ([], []), [0, 0]
   for item in long:
-    heads[sum(map(minutes, heads[0])) > sum(map(minutes, heads[1]))].append(
-        item)
+    lighter = int(total[1] < total[0])
+    heads[lighter].append(item)
+    total[lighter] += minutes(item)
   half = len(items) // 2 - len(heads[1])
   items[:] = heads[0] + rest[:half] + heads[1] + rest[half:]
 

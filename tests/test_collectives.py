@@ -8,7 +8,6 @@ would change (-0.0, NaN payloads), and a whole sharded op is run with the
 psum path forced.
 """
 
-
 import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P

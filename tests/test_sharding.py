@@ -61,7 +61,8 @@ CASES = [(n, v) for n in (1, 2, 4, 8) for v in (7, 1001)] + [
 # vocabulary.
 BATCHED_CASES = [(1, 1001), (2, 7), (8, 7), (8, dj.DEFAULT_VOCAB)]
 # verify_chain composes the ops above; its own cost is compile time, so it
-# runs on one vocabulary per mesh size (every size, both row modes).
+# runs on one vocabulary per mesh size in loop mode, and on an uneven split
+# and the full vocabulary in batched mode.
 VERIFY_CASES = [(1, 1001), (2, 7), (3, 1001), (4, 1001), (8, 7),
                 (8, dj.DEFAULT_VOCAB)]
 VERIFY_BATCHED_CASES = [(2, 1001), (8, dj.DEFAULT_VOCAB)]
