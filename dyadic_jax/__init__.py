@@ -7,6 +7,7 @@ oracle. The numerical contract is in docs/numerics.md.
 """
 
 from dyadic_jax import qrows
+from dyadic_jax import rowops
 from dyadic_jax import reference
 from dyadic_jax.admission import (AdmissionContext, FixedDepth, StoppingRule,
                                   draft_chain)
@@ -19,7 +20,8 @@ from dyadic_jax.errors import DyadicError, checked, raise_for_status
 from dyadic_jax.rng import (Domain, draw24, draw64, draw_key, rng_key,
                             round_key)
 from dyadic_jax.verification import (DenseQ, SparseQ, quantize_target,
-                                     sample_target, verify_chain)
+                                     sample_target, verify_batch,
+                                     verify_chain)
 from dyadic_jax.weights import draft_weights, target_probs
 from dyadic_jax.x64 import X64Required
 
@@ -30,6 +32,6 @@ __all__ = [
     "allocate_sparse", "checked", "counts_to_q", "draft_chain",
     "draft_weights", "draw24", "draw64", "draw_key", "q_to_counts",
     "qrows", "quantize_target", "raise_for_status", "reference", "rng_key",
-    "round_key", "sample_counts", "sample_target", "target_probs",
-    "verify_chain", "X64Required",
+    "round_key", "rowops", "sample_counts", "sample_target", "target_probs",
+    "verify_batch", "verify_chain", "X64Required",
 ]

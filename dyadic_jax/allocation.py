@@ -26,7 +26,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from dyadic_jax import reducer
-from dyadic_jax import rowwise
+from dyadic_jax import rowops
 from dyadic_jax import x64
 from dyadic_jax.weights import check_rows, exact_sums, reciprocal
 from dyadic_jax.constants import M, Status
@@ -453,12 +453,16 @@ def largest_remainder(w: jax.Array, total: int, red: reducer.Reducer | None = No
   return jnp.where(ok[..., None], counts, 0), status
 
 
-_allocate_dense = jax.jit(rowwise.row_op(
-    lambda w: largest_remainder(w, M), (1,)))
+@functools.partial(jax.jit, static_argnames="executor")
+def _allocate_dense(w, executor):
+  return executor.run(
+      rowops.rows(lambda w, red: largest_remainder(w, M, red),
+                  (rowops.Arg(1, 0.0),), (True, False), w.shape[-1]), w)
 
 
 @x64.scoped
-def allocate_dense(weights: jax.typing.ArrayLike
+def allocate_dense(weights: jax.typing.ArrayLike, *,
+                   executor: rowops.Executor = rowops.LOCAL
                    ) -> tuple[jax.Array, jax.Array]:
   """Dense dyadic allocation: int32 counts with an exact sum of M per row.
 
@@ -482,7 +486,7 @@ def allocate_dense(weights: jax.typing.ArrayLike
   """
   w = jnp.asarray(weights)
   check_rows("allocate_dense", w)
-  return _allocate_dense(w.astype(jnp.float64))
+  return _allocate_dense(w.astype(jnp.float64), executor)
 
 
 def _round_down_f32(w, ok):
@@ -571,9 +575,11 @@ def sparse_from_support(ids: jax.Array, ws: jax.Array, row_status: jax.Array
           jnp.where(status == Status.OK, n, 0), status)
 
 
-@functools.partial(jax.jit, static_argnums=1)
-def _allocate_sparse(w, k):
-  return rowwise.row_op(lambda w: allocate_sparse_rows(w, k), (1,))(w)
+@functools.partial(jax.jit, static_argnames=("k", "executor"))
+def _allocate_sparse(w, k, executor):
+  return executor.run(
+      rowops.rows(lambda w, red: allocate_sparse_rows(w, k, red),
+                  (rowops.Arg(1, 0.0),), (False,) * 4, w.shape[-1]), w)
 
 
 def allocate_sparse_rows(w: jax.Array, k: int, red: reducer.Reducer | None = None
@@ -589,7 +595,8 @@ def allocate_sparse_rows(w: jax.Array, k: int, red: reducer.Reducer | None = Non
 
 
 @x64.scoped
-def allocate_sparse(weights: jax.typing.ArrayLike, k: int
+def allocate_sparse(weights: jax.typing.ArrayLike, k: int, *,
+                    executor: rowops.Executor = rowops.LOCAL
                     ) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
   """Sparse dyadic allocation on the exact global top-k support.
 
@@ -616,6 +623,6 @@ def allocate_sparse(weights: jax.typing.ArrayLike, k: int
   k = int(k)
   if not 1 <= k <= w.shape[-1]:
     raise ValueError(f"allocate_sparse: k={k} not in [1, {w.shape[-1]}]")
-  return _allocate_sparse(w, k)
+  return _allocate_sparse(w, k, executor)
 
 

@@ -7,10 +7,12 @@ once instead of paying a full-row cumulative sum. Integers throughout: the
 answer depends only on the weights and u, never on a summation order.
 """
 
+import functools
+
 import jax
 import jax.numpy as jnp
 
-from dyadic_jax import x64
+from dyadic_jax import rowops, x64
 
 _BLOCK = 256
 
@@ -57,14 +59,21 @@ def first_cum_greater(weights: jax.Array, u: jax.Array) -> jax.Array:
   return scan_blocks(blocks, block_cum, u, weights.shape[-1])
 
 
-@jax.jit
-def _sample_counts(counts, draw):
-  return first_cum_greater(counts, draw)
+def _sample_row(counts, draw, red):
+  return red.first_cum_greater(counts, draw.astype(jnp.int64))
+
+
+@functools.partial(jax.jit, static_argnames="executor")
+def _sample_counts(counts, draw, executor):
+  return executor.run(
+      rowops.rows(_sample_row, (rowops.Arg(1, 0), rowops.Arg(0)), False,
+                  counts.shape[-1]), counts, draw)
 
 
 @x64.scoped
 def sample_counts(counts: jax.typing.ArrayLike,
-                  draw: jax.typing.ArrayLike) -> jax.Array:
+                  draw: jax.typing.ArrayLike, *,
+                  executor: rowops.Executor = rowops.LOCAL) -> jax.Array:
   """Maps a 24-bit draw to an index by integer cumulative counts.
 
   Args:
@@ -84,7 +93,7 @@ def sample_counts(counts: jax.typing.ArrayLike,
   if draw.shape != counts.shape[:-1]:
     raise ValueError(f"sample_counts: draw shape {draw.shape} must be the "
                      f"batch shape {counts.shape[:-1]} of counts")
-  return _sample_counts(counts, draw)
+  return _sample_counts(counts, draw, executor)
 
 
 def mulhi64(a: jax.Array, b: jax.Array) -> jax.Array:

@@ -20,6 +20,7 @@ max, Z' and T; the drafted entries P_x and c_x by lookup; and the residual
 row of the one position where the chain stops.
 """
 
+import functools
 import typing
 
 import jax
@@ -27,7 +28,8 @@ import jax.numpy as jnp
 from jax import lax
 from jax.typing import ArrayLike
 
-from dyadic_jax import draws, qrows, reducer, rng, rowwise, weights, x64
+from dyadic_jax import (draws, qrows, reducer, rng, rowops, rowwise, weights,
+                        x64)
 from dyadic_jax.constants import M, Status, TARGET_BITS
 
 
@@ -133,14 +135,17 @@ def sample_target_rows(target_logits: jax.Array, bits: jax.Array, red: reducer.R
   return jnp.where(rows.status == Status.OK, token, -1), rows.status
 
 
-@jax.jit
-def _sample_target(target_logits, key):
-  return rowwise.row_op(sample_target_rows, (1, 0))(target_logits,
-                                                    rng.draw64(key))
+@functools.partial(jax.jit, static_argnames="executor")
+def _sample_target(target_logits, key, executor):
+  return executor.run(
+      rowops.rows(sample_target_rows, (rowops.Arg(1, -jnp.inf), rowops.Arg(0)),
+                  (False, False), target_logits.shape[-1]),
+      target_logits, rng.draw64(key))
 
 
 @x64.scoped
-def sample_target(target_logits: jax.typing.ArrayLike, key: jax.Array
+def sample_target(target_logits: jax.typing.ArrayLike, key: jax.Array, *,
+                  executor: rowops.Executor = rowops.LOCAL
                   ) -> tuple[jax.Array, jax.Array]:
   """The ordinary target-only sampler: one token from P / T per row.
 
@@ -159,7 +164,7 @@ def sample_target(target_logits: jax.typing.ArrayLike, key: jax.Array
   if jnp.shape(key) != target_logits.shape[:-1]:
     raise ValueError(f"sample_target: key shape {jnp.shape(key)} must be the "
                      f"batch shape {target_logits.shape[:-1]}")
-  return _sample_target(target_logits, key)
+  return _sample_target(target_logits, key, executor)
 
 
 def _row(x, i):
@@ -307,20 +312,44 @@ def verify_rows(summary: tuple[weights.TargetRows, jax.Array], target_logits: ja
   return jnp.where(ok, accepted, 0), jnp.where(ok, token, -1), chain
 
 
-_target_summary = rowwise.row_op(weights.target_summary, (1, 0))
+def chains(target_logits: jax.Array, q: DenseQ | SparseQ,
+           draft_tokens: jax.Array, key: jax.Array, anchor: jax.Array, *,
+           red: reducer.Reducer) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """Body of `verify_batch` on [N] requests (local or one shard).
+
+  The target rows' summaries of all N requests are one row op over the
+  N (D+1) rows (one row at a time on CPU); the rest of each chain runs per
+  request.
+  """
+  ids = jax.vmap(summary_ids)(draft_tokens)                       # [N, D+1]
+  summary = rowwise.map_rows(
+      lambda x, i: weights.target_summary(x, i, red), target_logits, ids,
+      core_ndims=(1, 0))
+  return jax.vmap(
+      lambda s, tl, q, x, k, a: verify_rows(s, tl, q, x, k, a, red))(
+          summary, target_logits, q, draft_tokens, key, anchor)
 
 
-@jax.jit
-def _verify_chain(target_logits, q, draft_tokens, key, anchor):
-  summary = _target_summary(target_logits, summary_ids(draft_tokens))
-  return verify_rows(summary, target_logits, q, draft_tokens, key, anchor)
+def _q_args(q):
+  if isinstance(q, DenseQ):
+    return DenseQ(rowops.Arg(2, 0))        # [D, V] counts, zero at padding
+  return SparseQ(rowops.Arg(2), rowops.Arg(2), rowops.Arg(1))  # replicated
+
+
+@functools.partial(jax.jit, static_argnames="executor")
+def _verify(target_logits, q, draft_tokens, key, anchor, executor):
+  args = (rowops.Arg(2, -jnp.inf), _q_args(q), rowops.Arg(1), rowops.Arg(0),
+          rowops.Arg(0))
+  op = rowops.RowOp(chains, args, (False,) * 3, target_logits.shape[-1])
+  return executor.run(op, target_logits, q, draft_tokens, key, anchor)
 
 
 @x64.scoped
 def verify_chain(target_logits: jax.typing.ArrayLike,
                  q: DenseQ | SparseQ | None,
                  draft_tokens: jax.typing.ArrayLike, key: jax.Array, *,
-                 anchor: jax.typing.ArrayLike = 0
+                 anchor: jax.typing.ArrayLike = 0,
+                 executor: rowops.Executor = rowops.LOCAL
                  ) -> tuple[jax.Array, jax.Array, jax.Array]:
   """Standard fixed-depth verification of one request's drafted chain.
 
@@ -334,6 +363,8 @@ def verify_chain(target_logits: jax.typing.ArrayLike,
     key: typed JAX key of the round (`rng.round_key`). Decision keys derive
       from it as position -> domain -> counter, positions anchor + i.
     anchor: absolute position of x_1 (int, may be traced).
+    executor: where the rows run (`dyadic_jax.rowops`; `sharding` passes
+      its mesh's, which also accepts a dense q in the padded layout).
 
   Returns:
     (num_accepted int32 in [0, D], next_token int32, status int32):
@@ -351,14 +382,58 @@ def verify_chain(target_logits: jax.typing.ArrayLike,
     DUPLICATE_ID, UNSORTED_IDS). A refused chain returns (0, -1, status):
     never commit its token.
 
-  Use `jax.vmap` over requests (key and anchor batched alike).
+  Many requests: `verify_batch` (or `jax.vmap` of this op, which runs the
+  same program).
   """
   target_logits = jnp.asarray(target_logits)
   draft_tokens = jnp.asarray(draft_tokens, jnp.int32)
   q = empty_q(q, target_logits, draft_tokens)
-  check_chain_shapes(target_logits, q, draft_tokens)
-  return _verify_chain(target_logits, q, draft_tokens, key,
-                       jnp.asarray(anchor, jnp.int64))
+  check_chain_shapes("verify_chain", target_logits, q, draft_tokens,
+                     executor.widths(target_logits.shape[-1]))
+  return _verify(target_logits, q, draft_tokens, key,
+                 jnp.asarray(anchor, jnp.int64), executor)
+
+
+@x64.scoped
+def verify_batch(target_logits: jax.typing.ArrayLike,
+                 q: DenseQ | SparseQ | None,
+                 draft_tokens: jax.typing.ArrayLike, keys: jax.Array,
+                 anchors: jax.typing.ArrayLike = 0, *,
+                 executor: rowops.Executor = rowops.LOCAL
+                 ) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """`verify_chain` of B requests of one depth D in one call.
+
+  Args:
+    target_logits: float[B, D+1, V], request b's rows as in `verify_chain`.
+    q: `DenseQ` (counts int32[B, D, V]) or `SparseQ` (ids/counts int32[B,
+      D, k], n int32[B, D]); None when D = 0.
+    draft_tokens: int32[B, D].
+    keys: typed keys [B], each request's round key.
+    anchors: int[B] (or a scalar for all), each request's position of x_1.
+    executor: as in `verify_chain`; a ("requests", "vocab") mesh splits the
+      B requests over "requests".
+
+  Returns:
+    (num_accepted int32[B], next_token int32[B], status int32[B]), each
+    request's exactly as `verify_chain` returns it (tests/test_verify_batch
+    .py compares them bit for bit).
+  """
+  target_logits = jnp.asarray(target_logits)
+  draft_tokens = jnp.asarray(draft_tokens, jnp.int32)
+  if target_logits.ndim != 3 or draft_tokens.ndim != 2:
+    raise ValueError(f"verify_batch: need target_logits [B, D+1, V] and "
+                     f"draft_tokens [B, D], got {target_logits.shape} and "
+                     f"{draft_tokens.shape}")
+  batch = target_logits.shape[:1]
+  if q is None and draft_tokens.shape[1:] == (0,):
+    q = DenseQ(jnp.zeros(batch + (0, target_logits.shape[-1]), jnp.int32))
+  check_chain_shapes("verify_batch", target_logits, q, draft_tokens,
+                     executor.widths(target_logits.shape[-1]), batch_ndim=1)
+  if jnp.shape(keys) != batch:
+    raise ValueError(f"verify_batch: keys shape {jnp.shape(keys)} must be "
+                     f"{batch}, one key per request")
+  anchors = jnp.broadcast_to(jnp.asarray(anchors, jnp.int64), batch)
+  return _verify(target_logits, q, draft_tokens, keys, anchors, executor)
 
 
 def empty_q(q: DenseQ | SparseQ | None, target_logits: jax.Array,
@@ -369,32 +444,38 @@ def empty_q(q: DenseQ | SparseQ | None, target_logits: jax.Array,
   return q
 
 
-def check_chain_shapes(target_logits: jax.Array, q: typing.Any, draft_tokens: jax.Array,
-                       dense_widths: tuple[int, ...] | None = None) -> None:
-  """Raises ValueError/TypeError unless the shapes form one D-chain.
+def check_chain_shapes(name: str, target_logits: jax.Array, q: typing.Any,
+                       draft_tokens: jax.Array, dense_widths: tuple[int, ...],
+                       batch_ndim: int = 0) -> None:
+  """Raises ValueError/TypeError unless the shapes form D-chains.
 
-  dense_widths: accepted column counts of a DenseQ (default: V only).
+  batch_ndim leading axes (the same on every argument) precede each
+  chain's [D+1, V] target rows, [D] tokens and [D, ...] q rows;
+  dense_widths: accepted column counts of a DenseQ (V, or also the padded
+  layout of a mesh).
   """
-  if draft_tokens.ndim != 1 or target_logits.ndim != 2 or (
-      target_logits.shape[0] != draft_tokens.shape[0] + 1):
+  b = batch_ndim
+  t, d = target_logits.shape, draft_tokens.shape
+  lead = "B, " if b else ""
+  if len(d) != b + 1 or len(t) != b + 2 or t[:b] != d[:b] or (
+      t[b] != d[b] + 1):
     raise ValueError(
-        f"verify_chain: need target_logits [D+1, V] and draft_tokens [D], got "
-        f"{target_logits.shape} and {draft_tokens.shape}")
-  weights.check_vocab("verify_chain", target_logits.shape[-1])
-  depth = draft_tokens.shape[0]
+        f"{name}: need target_logits [{lead}D+1, V] and draft_tokens "
+        f"[{lead}D], got {t} and {d}")
+  weights.check_vocab(name, t[-1])
+  rows = t[:b] + (d[b],)
   if not isinstance(q, (DenseQ, SparseQ)):
-    raise TypeError(f"verify_chain: q must be DenseQ or SparseQ, got {type(q)}")
-  widths = dense_widths or (target_logits.shape[-1],)
+    raise TypeError(f"{name}: q must be DenseQ or SparseQ, got {type(q)}")
   counts_shape = jnp.shape(q.counts)
   if isinstance(q, DenseQ) and counts_shape[-1:] != () and (
-      counts_shape[-1] not in widths):
-    raise ValueError(f"verify_chain: dense q has {counts_shape[-1]} columns,"
-                     f" target vocabulary is {target_logits.shape[-1]}")
-  if len(counts_shape) != 2 or counts_shape[0] != depth:
-    raise ValueError(f"verify_chain: q rows {counts_shape} do not match "
-                     f"depth {depth}")
+      counts_shape[-1] not in dense_widths):
+    raise ValueError(f"{name}: dense q has {counts_shape[-1]} columns,"
+                     f" target vocabulary is {t[-1]}")
+  if len(counts_shape) != b + 2 or counts_shape[:b + 1] != rows:
+    raise ValueError(f"{name}: q rows {counts_shape} do not match "
+                     f"[{lead}D] = {rows}")
   if isinstance(q, SparseQ) and (jnp.shape(q.ids) != counts_shape
-                                 or jnp.shape(q.n) != (depth,)):
-    raise ValueError(f"verify_chain: sparse q needs ids and counts [D, k] "
-                     f"and n [D], got {jnp.shape(q.ids)}, {counts_shape}, "
-                     f"{jnp.shape(q.n)}")
+                                 or jnp.shape(q.n) != rows):
+    raise ValueError(f"{name}: sparse q needs ids and counts [{lead}D, k] "
+                     f"and n [{lead}D], got {jnp.shape(q.ids)}, "
+                     f"{counts_shape}, {jnp.shape(q.n)}")

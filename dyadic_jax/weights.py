@@ -22,6 +22,7 @@ is within total variation 2^-22 + V 2^-39 of the exact softmax of the given
 logits (docs/numerics.md sections 1 and 6).
 """
 
+import functools
 import typing
 
 import jax
@@ -30,6 +31,7 @@ from jax import lax
 
 from dyadic_jax import fastexp
 from dyadic_jax import reducer
+from dyadic_jax import rowops
 from dyadic_jax import rowwise
 from dyadic_jax import x64
 from dyadic_jax.constants import (MAX_VOCAB, NORMALIZER_BITS, TARGET_BITS,
@@ -157,10 +159,6 @@ def draft_rows(logits: jax.Array, t: jax.Array, bias: jax.Array | None = None,
   return softmax64_rows(x * reciprocal(t)[..., None], red)
 
 
-_draft_rows_no_bias = rowwise.row_op(draft_rows, (1, 0))
-_draft_rows_bias = rowwise.row_op(draft_rows, (1, 0, 1))
-
-
 def temperature_status(temperature: jax.Array, batch: tuple[int, ...]
                        ) -> tuple[jax.Array, jax.Array]:
   """(t, t_ok): per-row float64 temperatures, 1.0 where t is refused.
@@ -182,21 +180,22 @@ def apply_temperature_status(w: jax.Array, status: jax.Array, t_ok: jax.Array
   return jnp.where(t_ok[..., None], w, 0.0), status
 
 
-@jax.jit
-def _draft_weights(logits, temperature, bias):
+@functools.partial(jax.jit, static_argnames="executor")
+def _draft_weights(logits, temperature, bias, executor):
   t, t_ok = temperature_status(temperature, logits.shape[:-1])
-
-  if bias is None:
-    w, status = _draft_rows_no_bias(logits, t)
-  else:
-    w, status = _draft_rows_bias(logits, t, bias)
+  args = (logits, t) + (() if bias is None else (bias,))
+  specs = (rowops.Arg(1, -jnp.inf), rowops.Arg(0)) + (
+      () if bias is None else (rowops.Arg(1, 0.0),))
+  w, status = executor.run(
+      rowops.rows(draft_rows, specs, (True, False), logits.shape[-1]), *args)
   return apply_temperature_status(w, status, t_ok)
 
 
 @x64.scoped
 def draft_weights(logits: jax.typing.ArrayLike, *,
                   temperature: jax.typing.ArrayLike = 1.0,
-                  bias: jax.typing.ArrayLike | None = None
+                  bias: jax.typing.ArrayLike | None = None,
+                  executor: rowops.Executor = rowops.LOCAL
                   ) -> tuple[jax.Array, jax.Array]:
   """Draft weights softmax((logits + bias) / temperature) in float64.
 
@@ -205,6 +204,8 @@ def draft_weights(logits: jax.typing.ArrayLike, *,
     temperature: positive normal float64 scalar, or float[...] one per row.
     bias: optional float[..., V] (e.g. the Markov head's bias), added before
       the temperature.
+    executor: where the rows run (`dyadic_jax.rowops`; the `sharding` ops
+      pass their mesh's).
 
   Returns:
     (weights float64[..., V], status int32[...]). Rows with a NaN get
@@ -219,7 +220,8 @@ def draft_weights(logits: jax.typing.ArrayLike, *,
   check_rows("draft_weights", logits)
   if bias is not None:
     bias = jnp.broadcast_to(jnp.asarray(bias), logits.shape)
-  return _draft_weights(logits, jnp.asarray(temperature, jnp.float64), bias)
+  return _draft_weights(logits, jnp.asarray(temperature, jnp.float64), bias,
+                        executor)
 
 
 # ----------------------------------------------------------------------------
@@ -305,13 +307,16 @@ def target_probs_rows(x: jax.Array, red: reducer.Reducer | None = None) -> tuple
   return probs_of(e, rows.inv[..., None]), rows.status
 
 
-@jax.jit
-def _target_probs(target_logits):
-  return rowwise.row_op(target_probs_rows, (1,))(target_logits)
+@functools.partial(jax.jit, static_argnames="executor")
+def _target_probs(target_logits, executor):
+  return executor.run(
+      rowops.rows(target_probs_rows, (rowops.Arg(1, -jnp.inf),),
+                  (True, False), target_logits.shape[-1]), target_logits)
 
 
 @x64.scoped
-def target_probs(target_logits: jax.typing.ArrayLike
+def target_probs(target_logits: jax.typing.ArrayLike, *,
+                 executor: rowops.Executor = rowops.LOCAL
                  ) -> tuple[jax.Array, jax.Array]:
   """Target probabilities at T=1: p_v = fl(e_v * fl(1 / Z')) in float64.
 
@@ -328,4 +333,4 @@ def target_probs(target_logits: jax.typing.ArrayLike
   """
   target_logits = jnp.asarray(target_logits)
   check_rows("target_probs", target_logits)
-  return _target_probs(target_logits)
+  return _target_probs(target_logits, executor)

@@ -609,8 +609,9 @@ def sparse_round_trips(requests, depth, vocab, k, rng, round_trips,
         caps, endpoint.address, timeout_s=10.0, secret=_SECRET,
         sampling_audit=False, counters=Counters("verifier", log=False),
         target_fn=lambda prefix, draft: fixed_logits[:len(draft) + 1],
-        verify_fn=lambda logits, q, draft, key, anchor: (0, int(draft[0]),
-                                                         0))
+        verify_fn=lambda logits, q, draft, keys, anchors: (
+            np.zeros(len(draft), np.int32), np.asarray(draft)[:, 0],
+            np.zeros(len(draft), np.int32)))
     closers.append(verifier.close)
     verifier.open()
     for rid in range(requests):

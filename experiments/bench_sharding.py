@@ -37,7 +37,7 @@ Every sharded result must equal the unsharded one bit for bit (asserted;
 vocabulary-sized outputs are compared on [..., :V] and padding ids must hold
 zero).
 
-Collectives: each op's private jitted program (sharding.ops._*) is compiled
+Collectives: each public sharded op's program (`hlo.program`) is compiled
 on ONE row of the benchmark data (verification: one request, D+1 target
 rows) and its call sites are listed with `hlo.collectives`, so every
 byte figure is per call site per row, each site counted once. A site inside
@@ -247,56 +247,44 @@ def collective_report(name: str, hlo_text: str, vocab: int, n: int,
                         for d, c in sites]}
 
 
-def compiled_text(fn: typing.Any, *args: typing.Any) -> str:
-  return fn.lower(*args).compile().as_text()
-
-
 def collective_programs(data: dict[str, typing.Any], n: int,
                         mesh: jax.sharding.Mesh, ks: list[int],
                         verify_k: int) -> list[tuple[str, str, int, str]]:
   """(name, compiled HLO text, bound, expectation) of each op on one row.
 
-  The ops' private jits are lowered directly, so 64-bit mode is on for the
-  whole of it (as the public ops scope it): the scalar arguments are built
-  as float64/int64, exactly the programs the public ops run.
+  Each public sharded op is compiled as it runs (`hlo.program`: 64-bit
+  mode on, as the ops scope it).
   """
-  with jax.enable_x64(True):
-    return _collective_programs(data, n, mesh, ks, verify_k)
-
-
-def _collective_programs(data, n, mesh, ks, verify_k):
   one = lambda x: x[:1]
   logits, w64, counts, u = (one(data[k]) for k in ("logits", "w64", "counts",
                                                    "u"))
-  t = jnp.asarray(1.0, jnp.float64)
-  ops = sharding.ops
   out = [
-      ("draft_weights", compiled_text(ops._draft_weights, logits, t, None,
-                                      mesh), n, "O(n) scalars"),
-      ("allocate_dense", compiled_text(ops._allocate_dense, w64, mesh),
+      ("draft_weights", hlo.program(sharding.draft_weights, logits,
+                                    mesh=mesh), n, "O(n) scalars"),
+      ("allocate_dense", hlo.program(sharding.allocate_dense, w64, mesh=mesh),
        _search_bound(n, w64.shape[-1]),
        f"max({_SMALL}n, V/{_SAMPLE_STRIDE}) = "
        f"{_search_bound(n, w64.shape[-1])} candidates / sample"),
-      ("sample_counts", compiled_text(ops._sample_counts, counts, u, mesh),
+      ("sample_counts", hlo.program(sharding.sample_counts, counts, u,
+                                    mesh=mesh),
        n, "O(n) shard totals"),
   ]
   for k in ks:
     out.append((f"allocate_sparse k={k}",
-                compiled_text(ops._allocate_sparse, w64, k, mesh),
+                hlo.program(sharding.allocate_sparse, w64, k=k, mesh=mesh),
                 max(n * k, _search_bound(n, w64.shape[-1])),
                 f"max(n*k, search) = "
                 f"{max(n * k, _search_bound(n, w64.shape[-1]))}"))
   request = lambda tree: jax.tree.map(lambda x: x[0], tree)
-  anchor = jnp.asarray(data["anchors"][0], jnp.int64)
   rows = data["chain"].shape[1] + 1  # D + 1 target rows of one request
   for label, q, tokens in (
       ("verify dense", data["dense_q"], data["chain"]),
       (f"verify sparse k={verify_k}", data["sparse_q"],
        data["sparse_tokens"])):
-    out.append((label, compiled_text(
-        ops._verify_chain, data["target"][0], request(q), tokens[0],
-        data["keys"][0], anchor, mesh), rows * n,
-        f"O((D+1)*n) = {rows * n} /req"))
+    out.append((label, hlo.program(
+        sharding.verify_chain, data["target"][0], request(q), tokens[0],
+        data["keys"][0], anchor=int(data["anchors"][0]), mesh=mesh),
+        rows * n, f"O((D+1)*n) = {rows * n} /req"))
   return out
 
 

@@ -631,8 +631,8 @@ def _install_mutant(name):
   if name == "ticket":
     exact = allocation._allocate_dense  # pylint: disable=protected-access
 
-    def moved_ticket(w):
-      counts, status = exact(w)
+    def moved_ticket(w, executor):
+      counts, status = exact(w, executor)
       if rowwise.row_mode() != "batched" or w.ndim < 2 or w.shape[0] < 2:
         return counts, status
       # Row 0: one ticket from its largest count to the next id (mod V).

@@ -17,7 +17,7 @@ progress bar):
   dense) with its PROPOSAL keys;
 * the host bridge (dyadic_jax.bridge): HELLO negotiation, STEP, REPLY rows,
   COMPLETION, validation before use, COMMIT, fallback on any defect;
-* the verifier on a vocabulary mesh: `sharding.verify_chain` and
+* the verifier on a vocabulary mesh: `sharding.verify_batch` and
   `sharding.sample_target` over --verifier_devices devices (emulated CPU
   devices here), with the toy target and its processors (repetition
   penalty, optional grammar mask) applied unchanged.
@@ -61,13 +61,14 @@ summary.
 Outputs: a summary table on stdout, --json_out (tokens, rounds,
 mean_accepted, acceptance_by_position, bytes_per_round, errors, the time
 split, distribution_check) and a PNG plot at --plot_out. The time split
-adds up to the wall time: start-up (worker spawn, JAX start, building the
-verifier), compile (the verifier's warm-up), worker start-up (waiting for
+adds up to the wall time: start-up (the key set, worker spawn, JAX start,
+building the verifier), compile (the verifier's warm-up), worker start-up (waiting for
 the worker's READY and HELLO beyond that), then per round draft (the
 worker's proposal time), bridge (the rest of each exchange: encode,
-transport, decode, validation), verification (target rows, verify_chain,
+transport, decode, validation), verification (target rows, verify_batch,
 fallback samples), host (everything else in the loop: STEP/COMMIT,
-bookkeeping, the plan broadcast with --multiprocess), and shutdown. The wall
+bookkeeping, the plan broadcast with --multiprocess), shutdown, and other
+(what no phase claims: the gaps between phases). The wall
 time runs from the program's start to the end of the shutdown; the Python
 interpreter's own start before it and writing the JSON and the plot after
 it are not in it.
@@ -473,7 +474,7 @@ def _build_verifier(jax: typing.Any, config: pipeline_config.PipelineConfig,
   mesh = sharding.vocab_mesh(len(devices), devices)
   target: models.TargetModel
   target, _ = toy_models.make_models(_model_config(config))
-  verify = functools.partial(sharding.verify_chain, mesh=mesh)
+  verify = functools.partial(sharding.verify_batch, mesh=mesh)
   sample = functools.partial(sharding.sample_target, mesh=mesh)
   if _MUTANT.value == "uniform_q":
     verify = functools.partial(_uniform_q_verify, verify, caps)
@@ -496,7 +497,9 @@ def _build_verifier(jax: typing.Any, config: pipeline_config.PipelineConfig,
       q = dj.SparseQ(jnp.tile(jnp.arange(k, dtype=jnp.int32), (d, 1)),
                      jnp.asarray(counts), jnp.full(d, k, jnp.int32))
     key = dj.round_key(0, 0, 0)
-    block(verify(logits, q, draft, key, anchor=len(prefix)))
+    batch = lambda x: jnp.stack([x] * caps.max_requests)
+    block(verify(batch(logits), jax.tree.map(batch, q), batch(draft),
+                 batch(key), np.full(caps.max_requests, len(prefix))))
     block(sample(logits[0], key))
 
   # A follower rank never talks to the worker: it holds no keys.
@@ -517,15 +520,15 @@ def _model_config(config):
                              grammar_modulus=_GRAMMAR.value)
 
 
-def _uniform_q_verify(verify, caps, logits, q, draft, key, *, anchor):
+def _uniform_q_verify(verify, caps, logits, q, draft, keys, anchors):
   """The mutant: verifies against a uniform q, not the sampled one."""
   import numpy as np  # pylint: disable=g-import-not-at-top
   import dyadic_jax as dj  # pylint: disable=g-import-not-at-top
   del q
-  v, depth = caps.vocab, len(draft)
-  counts = np.full((depth, v), dj.M // v, np.int32)
-  counts[:, :dj.M - (dj.M // v) * v] += 1
-  return verify(logits, dj.DenseQ(counts), draft, key, anchor=anchor)
+  v, (requests, depth) = caps.vocab, np.shape(draft)
+  counts = np.full((requests, depth, v), dj.M // v, np.int32)
+  counts[..., :dj.M - (dj.M // v) * v] += 1
+  return verify(logits, dj.DenseQ(counts), draft, keys, anchors)
 
 
 # -- rounds ------------------------------------------------------------------
@@ -901,15 +904,16 @@ def main(argv: list[str]) -> int | None:
 
 def _lead(tmp):
   """The leader rank: the whole run, its record and its outputs."""
-  config = _config()
-  if config.insecure:
-    print(pipeline_config.INSECURE_WARNING, file=sys.stderr, flush=True)
-  elif config.keys_dir is None:
-    # One command stays one command: a throwaway key set, removed with tmp.
-    from dyadic_jax.bridge import keys  # pylint: disable=g-import-not-at-top
-    config = dataclasses.replace(config, keys_dir=str(keys.make(
-        os.path.join(tmp, "keys"))))
   watch = _Stopwatch(_START)
+  with watch.phase("start-up"):   # importing the bridge imports JAX
+    config = _config()
+    if config.insecure:
+      print(pipeline_config.INSECURE_WARNING, file=sys.stderr, flush=True)
+    elif config.keys_dir is None:
+      # One command stays one command: a throwaway key set, removed with tmp.
+      from dyadic_jax.bridge import keys  # pylint: disable=g-import-not-at-top
+      config = dataclasses.replace(config, keys_dir=str(keys.make(
+          os.path.join(tmp, "keys"))))
   multiprocess = _MULTIPROCESS.value
   workers, follower, proxy, jax = [], None, None, None
   try:

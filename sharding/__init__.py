@@ -1,20 +1,25 @@
-"""sharding: the dyadic_jax ops as collectives over a vocabulary mesh axis.
+"""sharding: the dyadic_jax ops over a (requests, vocab) device mesh.
 
-Same names and signatures as the `dyadic_jax` ops plus `mesh=`, same bits
-for any number of shards (docs/architecture.md, "sharding"; the contract:
-docs/numerics.md); `vocab_mesh`, `shard_ranges` and `place` set up the mesh
-and the contiguous id blocks.
+Same names and signatures as the `dyadic_jax` ops plus `mesh=` (None: one
+device), same bits for any mesh shape (docs/architecture.md, "sharding";
+the contract: docs/numerics.md). `make_mesh(requests=r, vocab=v)` and
+`vocab_mesh(n)` build meshes; `shard_ranges` and `place` give the
+contiguous id blocks; `executor(mesh)` is what the ops pass to their
+`dyadic_jax` declarations.
 """
 
-from sharding.mesh import (VOCAB_AXIS, ShardRange, pad_vocab, padded_size,
+from sharding.mesh import (AXES, REQUESTS_AXIS, VOCAB_AXIS, ShardRange,
+                           make_mesh, mesh_shape, pad_vocab, padded_size,
                            place, shard_ranges, vocab_mesh, vocab_spec)
-from sharding.ops import (allocate_dense, allocate_sparse, draft_weights,
-                          sample_counts, sample_target, target_probs, unpad,
+from sharding.ops import (MeshExecutor, allocate_dense, allocate_sparse,
+                          draft_weights, executor, sample_counts,
+                          sample_target, target_probs, unpad, verify_batch,
                           verify_chain)
 
 __all__ = [
-    "VOCAB_AXIS", "ShardRange", "allocate_dense", "allocate_sparse",
-    "draft_weights", "pad_vocab", "padded_size", "place", "sample_counts",
-    "sample_target", "shard_ranges", "target_probs", "unpad", "verify_chain",
-    "vocab_mesh", "vocab_spec",
+    "AXES", "MeshExecutor", "REQUESTS_AXIS", "VOCAB_AXIS", "ShardRange",
+    "allocate_dense", "allocate_sparse", "draft_weights", "executor",
+    "make_mesh", "mesh_shape", "pad_vocab", "padded_size", "place",
+    "sample_counts", "sample_target", "shard_ranges", "target_probs",
+    "unpad", "verify_batch", "verify_chain", "vocab_mesh", "vocab_spec",
 ]

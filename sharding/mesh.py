@@ -1,7 +1,10 @@
-"""The vocabulary mesh and contiguous shard ranges.
+"""The (requests, vocab) mesh and contiguous shard ranges.
 
-Shard s of n owns global ids [start, stop) of a vocabulary padded to
-n * size; ids in [V, n * size) are padding and always carry zero mass.
+A mesh has a "vocab" axis and optionally a "requests" axis before it:
+batch rows are split over "requests" (every group of devices along "vocab"
+holds a slice of the rows), the vocabulary over "vocab". Vocabulary shard
+s of n owns global ids [start, stop) of a vocabulary padded to n * size;
+ids in [V, n * size) are padding and always carry zero mass.
 """
 
 import typing
@@ -9,7 +12,9 @@ import typing
 import jax
 import numpy as np
 
+REQUESTS_AXIS = "requests"
 VOCAB_AXIS = "vocab"
+AXES = (REQUESTS_AXIS, VOCAB_AXIS)
 
 
 class ShardRange(typing.NamedTuple):
@@ -35,35 +40,58 @@ def shard_ranges(vocab_size: int, n_shards: int) -> tuple[ShardRange, ...]:
                  size) for s in range(n_shards))
 
 
-def vocab_mesh(n_shards: int,
-               devices: typing.Sequence[jax.Device] | None = None
-               ) -> jax.sharding.Mesh:
-  """A 1-D mesh of the first `n_shards` devices, single axis "vocab".
+def make_mesh(*, requests: int = 1, vocab: int = 1,
+              devices: typing.Sequence[jax.Device] | None = None
+              ) -> jax.sharding.Mesh:
+  """A requests x vocab mesh of the first `requests * vocab` devices.
 
   Args:
-    n_shards: devices on the axis, in [1, len(devices)].
-    devices: default `jax.devices()` (the default backend's).
+    requests: devices along "requests" (batch rows split over them), >= 1.
+    vocab: devices along "vocab" (the vocabulary split over them), >= 1.
+    devices: default `jax.devices()` (the default backend's), row-major:
+      devices[i * vocab + j] is request group i, vocabulary shard j.
 
-  The axis is Auto on purpose, so that arrays placed with NamedSharding and
-  shard_map in_specs agree without explicit-sharding type errors.
+  Both axes are Auto on purpose, so that arrays placed with NamedSharding
+  and shard_map in_specs agree without explicit-sharding type errors.
 
   On a CPU, emulate devices before JAX first uses one:
   `jax.config.update("jax_num_cpu_devices", 8)`, or
   `XLA_FLAGS=--xla_force_host_platform_device_count=8` in the environment.
   """
   devices = jax.devices() if devices is None else list(devices)
-  if not 1 <= n_shards <= len(devices):
+  for name, n in (("requests", requests), ("vocab", vocab)):
+    if not isinstance(n, (int, np.integer)) or n < 1:
+      raise ValueError(f"make_mesh: {name}={n!r} must be an int >= 1")
+  need = requests * vocab
+  if need > len(devices):
     hint = ""
     if devices and devices[0].platform == "cpu":
       hint = (f"; for more CPU devices, before JAX first uses a device: "
-              f"jax.config.update(\"jax_num_cpu_devices\", {max(n_shards, 1)})"
+              f"jax.config.update(\"jax_num_cpu_devices\", {need})"
               f" or XLA_FLAGS=--xla_force_host_platform_device_count="
-              f"{max(n_shards, 1)}")
-    raise ValueError(f"vocab_mesh: {n_shards} shards but {len(devices)} "
-                     f"devices available{hint}")
+              f"{need}")
+    raise ValueError(f"make_mesh: {requests} x {vocab} devices but "
+                     f"{len(devices)} available{hint}")
   return jax.sharding.Mesh(
-      np.asarray(devices[:n_shards]), (VOCAB_AXIS,),
-      axis_types=(jax.sharding.AxisType.Auto,))
+      np.asarray(devices[:need]).reshape(requests, vocab), AXES,
+      axis_types=(jax.sharding.AxisType.Auto,) * 2)
+
+
+def vocab_mesh(n_shards: int,
+               devices: typing.Sequence[jax.Device] | None = None
+               ) -> jax.sharding.Mesh:
+  """`make_mesh(requests=1, vocab=n_shards)`: the vocabulary split alone."""
+  return make_mesh(requests=1, vocab=n_shards, devices=devices)
+
+
+def mesh_shape(mesh: jax.sharding.Mesh) -> tuple[int, int]:
+  """(requests, vocab) sizes of a mesh with axes ("requests", "vocab") or
+  ("vocab",); raises ValueError for any other mesh."""
+  names = tuple(mesh.axis_names)
+  if names not in (AXES, (VOCAB_AXIS,)):
+    raise ValueError(f"mesh must have axes {AXES} or ({VOCAB_AXIS!r},), got "
+                     f"{dict(mesh.shape)}")
+  return mesh.shape.get(REQUESTS_AXIS, 1), mesh.shape[VOCAB_AXIS]
 
 
 def vocab_spec(ndim: int) -> jax.sharding.PartitionSpec:
@@ -88,7 +116,7 @@ def pad_vocab(x: jax.Array, n_shards: int, fill: typing.Any) -> jax.Array:
 def place(x: jax.typing.ArrayLike, mesh: jax.sharding.Mesh,
           fill: typing.Any = 0) -> jax.Array:
   """Pads [..., V] to the mesh's blocks and puts each block on its device."""
-  n = mesh.shape[VOCAB_AXIS]
+  n = mesh_shape(mesh)[1]
   x = pad_vocab(jax.numpy.asarray(x), n, fill)
   return jax.device_put(
       x, jax.sharding.NamedSharding(mesh, vocab_spec(x.ndim)))

@@ -502,9 +502,11 @@ def test_a_verification_refusal_is_a_counted_fallback():
   counted; it never commits -1 or raises."""
   from dyadic_jax.constants import Status  # pylint: disable=g-import-not-at-top
 
-  def refusing(logits, q, draft, key, *, anchor):
-    del logits, q, draft, key, anchor
-    return 0, -1, int(Status.NAN)
+  def refusing(logits, q, draft, keys, anchors):
+    del logits, q, keys, anchors
+    rows = len(draft)
+    return (np.zeros(rows, np.int32), np.full(rows, -1, np.int32),
+            np.full(rows, int(Status.NAN), np.int32))
   with h.running(SPARSE, verify_fn=refusing) as (worker, verifier):
     results = verifier.round([0, 1])
     assert all(r.fallback and r.code == Code.NON_FINITE for r in results)

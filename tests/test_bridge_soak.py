@@ -73,6 +73,7 @@ import subprocess
 import sys
 import time
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -236,7 +237,7 @@ def run_soak(rounds, *, representation=Representation.SPARSE, rate=RATE,
              seed=SEED, kinds=SOAK_KINDS,
              directions=(proxy_lib.TO_WORKER, proxy_lib.TO_VERIFIER),
              process=False,
-             verify_fn=dj.verify_chain, epoch=EPOCH, deadline_s=DEADLINE_S):
+             verify_fn=dj.verify_batch, epoch=EPOCH, deadline_s=DEADLINE_S):
   """Drives `rounds` rounds (whole epochs) through the proxy; see above."""
   assert rounds % epoch == 0, (rounds, epoch)
   caps = _caps(representation)
@@ -294,7 +295,9 @@ def _warm_verifier(caps, verify_fn):
     q = dj.SparseQ(np.tile(np.arange(K, dtype=np.int32), (DEPTH, 1)),
                    np.full((DEPTH, K), M // K, np.int32),
                    np.full(DEPTH, K, np.int32))
-  verify_fn(TARGET[:DEPTH + 1], q, np.zeros(DEPTH, np.int32), key, anchor=1)
+  batch = lambda x: jnp.stack([x] * REQUESTS)
+  verify_fn(batch(TARGET[:DEPTH + 1]), jax.tree.map(batch, q),
+            batch(np.zeros(DEPTH, np.int32)), batch(key), np.ones(REQUESTS))
 
 
 # -- (a) and (c): nothing lost, nothing repeated ------------------------------
@@ -500,23 +503,23 @@ def _shifted(counts, x, shift=MUTANT_SHIFT):
   return counts
 
 
-def mutant_verify(target_logits, q, draft_tokens, key, *, anchor=0):
-  """verify_chain against q' (see the module docstring): biased."""
+def mutant_verify(target_logits, q, draft_tokens, keys, anchors):
+  """verify_batch against q' (see the module docstring): biased."""
   draft = np.asarray(draft_tokens)
   if isinstance(q, dj.DenseQ):
     c = np.asarray(q.counts).copy()
-    for i, x in enumerate(draft):
-      c[i] = _shifted(c[i], x)
+    for (b, i), x in np.ndenumerate(draft):
+      c[b, i] = _shifted(c[b, i], x)
     q = dj.DenseQ(c)
   else:
     ids, c, n = (np.asarray(a).copy() for a in q)
-    for i, x in enumerate(draft):
-      live = slice(0, int(n[i]))
-      hit = np.nonzero(ids[i, live] == x)[0]
+    for (b, i), x in np.ndenumerate(draft):
+      live = slice(0, int(n[b, i]))
+      hit = np.nonzero(ids[b, i, live] == x)[0]
       if len(hit):
-        c[i, live] = _shifted(c[i, live], int(hit[0]))
+        c[b, i, live] = _shifted(c[b, i, live], int(hit[0]))
     q = dj.SparseQ(ids, c, n)
-  return dj.verify_chain(target_logits, q, draft, key, anchor=anchor)
+  return dj.verify_batch(target_logits, q, draft, keys, anchors)
 
 
 def _mutant_law(shift=MUTANT_SHIFT):

@@ -73,8 +73,7 @@ def test_this_jax_has_the_modern_spelling():
   assert collectives.GATHER == "all_gather"
   mesh = _mesh(2)
   w = adversarial.weight_rows(1001)
-  with jax.enable_x64(True):
-    hlo = sharding.ops._allocate_sparse.lower(w, 7, mesh).compile().as_text()
+  hlo = hlo_lib.program(sharding.allocate_sparse, w, k=7, mesh=mesh)
   assert "all-gather" in {c.kind for c in hlo_lib.collectives(hlo)}
 
 
@@ -102,8 +101,7 @@ def test_sharded_ops_through_the_psum_gather(n):
       np.testing.assert_array_equal(np.asarray(a),
                                     np.asarray(b)[..., :np.shape(a)[-1]]
                                     if np.ndim(a) > 1 else np.asarray(b))
-  with jax.enable_x64(True):  # the op's private jit, lowered directly
-    hlo = sharding.ops._allocate_sparse.lower(w, 7, mesh).compile().as_text()
+  hlo = hlo_lib.program(sharding.allocate_sparse, w, k=7, mesh=mesh)
   kinds = {c.kind for c in hlo_lib.collectives(hlo)}
   assert "all-gather" not in kinds and "all-reduce" in kinds, kinds
   logits = adversarial.logit_rows(v)

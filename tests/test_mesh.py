@@ -30,12 +30,13 @@ def test_bad_ranges():
 @pytest.mark.parametrize("n", [1, 2, 4, 8])
 def test_vocab_mesh(n):
   mesh = meshes.vocab_mesh(n)
-  assert mesh.axis_names == (sharding.VOCAB_AXIS,)
+  assert mesh.axis_names == (sharding.REQUESTS_AXIS, sharding.VOCAB_AXIS)
+  assert sharding.mesh_shape(mesh) == (1, n)
   assert mesh.devices.size == n
 
 
 def test_vocab_mesh_too_many():
-  with pytest.raises(ValueError, match="devices available"):
+  with pytest.raises(ValueError, match="devices but .* available"):
     sharding.vocab_mesh(jax.device_count() + 1)
 
 

@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 import dyadic_jax as dj
+from dyadic_jax import rowops
 from dyadic_jax import rowwise
 from dyadic_jax import weights
 
@@ -117,7 +118,8 @@ def test_modes_trace_different_programs():
   programs = {}
   for mode in ("loop", "batched"):
     with rowwise.rows(mode), jax.enable_x64(True):
-      programs[mode] = weights._target_probs.lower(x).as_text()
+      programs[mode] = weights._target_probs.lower(
+          x, rowops.LOCAL).as_text()
   loop, batched = programs["loop"], programs["batched"]
   # Loop: a while loop over the 4 rows, each reduction yields one row's
   # scalar. Batched: every reduction yields the whole batch's [4].

@@ -211,24 +211,21 @@ def test_placement_pads_with_zero_mass():
 def test_bad_mesh_is_refused():
   devices = np.asarray(jax.devices()[:1]).reshape(1, 1)
   mesh = jax.sharding.Mesh(devices, ("vocab", "other"))
-  with pytest.raises(ValueError, match="1-D"):
+  with pytest.raises(ValueError, match="must have axes"):
     sharding.allocate_dense(np.ones((1, 4)) / 4, mesh=mesh)
-
-
-def _compiled(fn, *args, **kwargs):
-  return fn.lower(*args, **kwargs).compile().as_text()
 
 
 @pytest.mark.usefixtures("row_mode")
 def test_no_collective_moves_vocabulary_sized_data():
-  """Lowered programs of every sharded op: collectives stay O(shards * k)."""
-  with jax.enable_x64(True):  # the ops' private jits, lowered directly
-    _check_collectives()
+  """Compiled programs of every sharded op: collectives stay O(shards * k),
+  on a vocabulary mesh and on a requests x vocab mesh."""
+  _check_collectives(_mesh(8))
+  if jax.device_count() >= 8:
+    _check_collectives(sharding.make_mesh(requests=2, vocab=4))
 
 
-def _check_collectives():
-  n, v = 8, dj.DEFAULT_VOCAB
-  mesh = _mesh(n)
+def _check_collectives(mesh):
+  n, v = mesh.shape["vocab"], dj.DEFAULT_VOCAB
   block = -(-v // n)
   rng = np.random.default_rng(0)
   logits = jnp.asarray(rng.normal(size=(2, v)).astype(np.float32))
@@ -238,29 +235,29 @@ def _check_collectives():
   keys = jax.vmap(lambda i: dj.rng_key(0, 0, 0, i, dj.Domain.TARGET_ONLY))(
       jnp.arange(2))
   ids, scounts, nn, _ = dj.allocate_sparse(w, 32)
-  t = jnp.asarray(1.0, jnp.float64)
+  chain = (jnp.zeros((2, 1), jnp.int32),
+           jax.vmap(lambda i: dj.round_key(0, 0, i))(jnp.arange(2)))
+  two = lambda x: jnp.stack([x[:2]] * 2)           # 2 requests, D = 1
   programs = {
-      "draft_weights": _compiled(sharding.ops._draft_weights, logits, t, None,
-                                 mesh),
-      "target_probs": _compiled(sharding.ops._target_probs, logits, mesh),
-      "allocate_dense": _compiled(sharding.ops._allocate_dense, w, mesh),
-      "allocate_sparse": _compiled(sharding.ops._allocate_sparse, w, 32,
-                                   mesh),
-      "sample_counts": _compiled(sharding.ops._sample_counts, counts, u,
-                                 mesh),
-      "sample_target": _compiled(sharding.ops._sample_target, logits, keys,
-                                 mesh),
-      "verify_chain dense": _compiled(
-          sharding.ops._verify_chain, logits, dj.DenseQ(counts[:1]),
-          jnp.zeros((1,), jnp.int32), dj.round_key(0, 0, 0),
-          jnp.asarray(0, jnp.int64), mesh),
-      "verify_chain sparse": _compiled(
-          sharding.ops._verify_chain, logits,
-          dj.SparseQ(ids[:1], scounts[:1], nn[:1]),
-          jnp.zeros((1,), jnp.int32), dj.round_key(0, 0, 0),
-          jnp.asarray(0, jnp.int64), mesh),
+      "draft_weights": hlo.program(sharding.draft_weights, logits, mesh=mesh),
+      "target_probs": hlo.program(sharding.target_probs, logits, mesh=mesh),
+      "allocate_dense": hlo.program(sharding.allocate_dense, w, mesh=mesh),
+      "allocate_sparse": hlo.program(sharding.allocate_sparse, w, k=32,
+                                     mesh=mesh),
+      "sample_counts": hlo.program(sharding.sample_counts, counts, u,
+                                   mesh=mesh),
+      "sample_target": hlo.program(sharding.sample_target, logits, keys,
+                                   mesh=mesh),
+      "verify_batch dense": hlo.program(
+          sharding.verify_batch, two(logits),
+          dj.DenseQ(jnp.stack([counts[:1]] * 2)), *chain, mesh=mesh),
+      "verify_batch sparse": hlo.program(
+          sharding.verify_batch, two(logits),
+          dj.SparseQ(*(jnp.stack([a[:1]] * 2) for a in (ids, scounts, nn))),
+          *chain, mesh=mesh),
   }
-  print(f"\ncollectives per op (V={v}, {n} shards, 2 rows; per call site):")
+  print(f"\ncollectives per op (V={v}, mesh {dict(mesh.shape)}, 2 rows; "
+        "per call site):")
   for name, text in programs.items():
     found = hlo.collectives(text)
     assert found, f"{name}: no collectives found; the parser is broken"

@@ -9,14 +9,17 @@ for:
   the PROPOSAL draws (`audit.proposal_draws`, computed while the worker
   drafts);
 * `Verify`: the plan is shared with the other ranks (`share_fn`), then
-  every request is verified with `verify_fn` on its exact q, or, where the
-  plan says its proposal was discarded, gets one token from `sample_fn`
-  (the target alone, TARGET_ONLY key); `verify_fn` returning a refusal
-  status makes that request a counted fallback too.
+  the requests whose q validated are verified together, one `verify_fn`
+  call per round on their exact q (padded to max_requests rows, so one
+  compiled shape serves every round), and each request whose proposal the
+  plan discarded gets one token from `sample_fn` (the target alone,
+  TARGET_ONLY key); `verify_fn` returning a refusal status makes that
+  request a counted fallback too.
 
-`verify_fn` is `dyadic_jax.verify_chain` or the vocabulary-sharded
-`sharding.verify_chain` with its mesh bound (the bridge never imports
-`sharding`); `target_fn(prefix, draft)` returns the target logits
+`verify_fn` is `dyadic_jax.verify_batch` or the sharded
+`sharding.verify_batch` with its mesh bound (the bridge never imports
+`sharding`): (target_logits [B, D+1, V], q [B, D, ...], draft [B, D],
+keys [B], anchors [B]) -> (accepted [B], token [B], status [B]); `target_fn(prefix, draft)` returns the target logits
 float32[len(draft) + 1, V] after the committed `prefix` and the drafted
 tokens, with the target's processors applied.
 """
@@ -26,6 +29,7 @@ import time
 import typing
 
 from absl import logging
+import jax.numpy as jnp
 import numpy as np
 
 from dyadic_jax import rng, verification
@@ -62,7 +66,7 @@ class Verifier:
   """Drives rounds against one worker; owns the requests' committed state."""
 
   def __init__(self, caps, address, *, target_fn, secret,
-               verify_fn=verification.verify_chain,
+               verify_fn=verification.verify_batch,
                sample_fn=verification.sample_target, timeout_s=2.0,
                counters=None, clock=time.monotonic, share_fn=None,
                request_factory=None, sampling_audit=True, curve=None,
@@ -271,39 +275,61 @@ class Verifier:
       self.share_fn(plan._replace(stop=np.ones((), np.int32)))
 
   def _run(self, plan):
-    outcomes = []
+    outcomes = [None] * len(plan.rids)
+    verified = []
     for i, rid in enumerate(plan.rids):
       rid = int(rid)
       if rid not in self.requests and self.request_factory:
         self.add_request(rid, *self.request_factory(rid))
-      req = self.requests[rid]
-      tag = (int(plan.tags[i, 0]), int(plan.tags[i, 1]))
       if plan.codes[i]:
-        outcomes.append(Outcome(0, self._target_only(req, tag)))
+        outcomes[i] = Outcome(0, self._target_only(self.requests[rid],
+                                                   _tag(plan, i)))
       else:
-        outcomes.append(self._verify(req, tag, plan, i))
+        verified.append(i)
+    if verified:
+      for i, out in zip(verified, self._verify(plan, verified)):
+        outcomes[i] = out
     return outcomes
 
-  def _verify(self, req, tag, plan, i):
-    draft = np.array(plan.draft[i])
-    logits = self.target_fn(np.asarray(req.tokens, np.int32), draft)
+  def _verify(self, plan, rows):
+    """Outcomes of the plan rows `rows` (validated q): one `verify_fn` call
+    for all of them, padded to max_requests rows (one compiled shape)."""
+    reqs = [self.requests[int(plan.rids[i])] for i in rows]
+    logits = [self.target_fn(np.asarray(req.tokens, np.int32),
+                             np.array(plan.draft[i]))
+              for req, i in zip(reqs, rows)]
     if self.caps.greedy:
-      return Outcome(*greedy_verify(logits, draft))
+      return [Outcome(*greedy_verify(x, np.array(plan.draft[i])))
+              for x, i in zip(logits, rows)]
+    pad = list(rows) + [rows[0]] * (self.caps.max_requests - len(rows))
+    idx = np.asarray(pad)
     fmt = self.caps.format
-    q = fmt.to_q(plan.counts[i], _PlanRows(plan, i))
-    key = rng.round_key(req.seed, tag[0], tag[1])
-    out = self.verify_fn(logits, q, draft, key, anchor=req.anchor)
-    accepted, token = int(out[0]), int(out[1])
-    row_status = int(out[2]) if len(out) > 2 else 0
-    if row_status or token < 0:
-      # The verifier refused the row (e.g. NaN target logits): a counted
-      # fallback to the target alone, never a committed -1.
-      code = int(status_lib.codes([row_status or 1])[0])
-      logging.log_every_n_seconds(logging.WARNING, "verify_fn refused "
-                                  "request %d: status %d", 1.0, req.rid,
-                                  row_status)
-      return Outcome(0, self._target_only(req, tag), code)
-    return Outcome(accepted, token)
+    counts = plan.counts if pad == list(range(len(plan.rids))) else (
+        plan.counts[idx])
+    q = fmt.to_q(counts, _PlanRows(plan, idx))
+    keys = jnp.stack([rng.round_key(req.seed, *_tag(plan, i))
+                      for req, i in zip(reqs, rows)]
+                     + [rng.round_key(0, 0, 0)] * (len(pad) - len(rows)))
+    anchors = np.asarray([req.anchor for req in reqs]
+                         + [0] * (len(pad) - len(rows)), np.int64)
+    logits = np.stack(logits + [logits[0]] * (len(pad) - len(rows)))
+    accepted, tokens, status = (
+        np.asarray(a) for a in self.verify_fn(logits, q, plan.draft[idx],
+                                              keys, anchors))
+    outcomes = []
+    for j, (req, i) in enumerate(zip(reqs, rows)):
+      if status[j] or tokens[j] < 0:
+        # The verifier refused the row (e.g. NaN target logits): a counted
+        # fallback to the target alone, never a committed -1.
+        code = int(status_lib.codes([int(status[j]) or 1])[0])
+        logging.log_every_n_seconds(logging.WARNING, "verify_fn refused "
+                                    "request %d: status %d", 1.0, req.rid,
+                                    int(status[j]))
+        outcomes.append(Outcome(0, self._target_only(req, _tag(plan, i)),
+                                code))
+      else:
+        outcomes.append(Outcome(int(accepted[j]), int(tokens[j])))
+    return outcomes
 
   def _target_only(self, req, tag):
     """The fallback: one token from the target alone (TARGET_ONLY key)."""
@@ -319,10 +345,16 @@ class Verifier:
     logging.info("verifier counters: %s", self.counters.snapshot())
 
 
+def _tag(plan, i):
+  """(generation, round) of plan row i."""
+  return int(plan.tags[i, 0]), int(plan.tags[i, 1])
+
+
 class _PlanRows(typing.NamedTuple):
-  """The Rows of one plan request (what `QFormat.to_q` reads)."""
+  """The Rows of plan requests i (an index array; what `QFormat.to_q`
+  reads)."""
   plan: typing.Any
-  i: int
+  i: typing.Any
 
   @property
   def ids(self):

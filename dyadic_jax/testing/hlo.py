@@ -1,14 +1,17 @@
 """Collectives in compiled programs: what each sharded op moves.
 
-Reads the text of a compiled HLO module (`jax.jit(f).lower(...).compile()
-.as_text()`). Used by the tests (no collective may move vocabulary-sized
+Reads the text of a compiled HLO module (`program(op, *args)`, or any
+`jax.jit(f).lower(...).compile().as_text()`). Used by the tests (no collective may move vocabulary-sized
 data) and by experiments/bench_sharding.py (bytes per collective). Counts
 are per call site in the program text; a site inside a loop runs once per
 iteration.
 """
 
+import functools
 import re
 import typing
+
+import jax
 
 _COLLECTIVES = ("all-reduce", "all-gather", "collective-permute",
                 "all-to-all", "reduce-scatter")
@@ -18,6 +21,16 @@ _BYTES = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2,
 _DEF = re.compile(r"^\s*%?[\w.\-]+ = (\(.*?\)|\S+) (" + "|".join(_COLLECTIVES)
                   + r")\(")
 _ARRAY = re.compile(r"\b(" + "|".join(_BYTES) + r")\[([0-9,]*)\]")
+
+
+def program(op: typing.Callable, *args: typing.Any, **static: typing.Any
+            ) -> str:
+  """Compiled HLO text of op(*args, **static) (a public op: its host checks
+  run at trace time), with 64-bit mode on as the ops scope it. `static`
+  holds the Python arguments (k, mesh, ...), fixed in the program."""
+  with jax.enable_x64(True):
+    return str(jax.jit(functools.partial(op, **static)).lower(
+        *args).compile().as_text())
 
 
 class Collective(typing.NamedTuple):
