@@ -113,7 +113,6 @@ class _Local:
     cores = [s.core for s in specs]
     red = reducer.local(op.vocab)
 
-    @jax.custom_batching.custom_vmap
     def call(*leaves):
       batch = batch_shape(list(leaves), specs)
       n = int(np.prod(batch, dtype=np.int64))
@@ -121,14 +120,7 @@ class _Local:
       out = op.body(*jax.tree.unflatten(tree, flat), red=red)
       return unflatten_batch(out, batch)
 
-    @call.def_vmap
-    def _rule(axis_size, in_batched, *leaves):
-      leaves = [x if b else jax.numpy.broadcast_to(x, (axis_size,) + x.shape)
-                for x, b in zip(leaves, in_batched)]
-      out = call(*leaves)
-      return out, jax.tree.map(lambda _: True, out)
-
-    return call(*leaves)
+    return rowwise.fold_vmap(call)(*leaves)
 
 
 LOCAL: Executor = _Local()

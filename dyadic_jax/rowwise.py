@@ -142,17 +142,14 @@ def map_rows(fn: Callable, *args: jax.Array, core_ndims: Sequence[int]):
   return jax.tree.map(lambda o: o.reshape(batch + o.shape[1:]), out)
 
 
-def row_op(fn: Callable, core_ndims: Sequence[int]) -> Callable:
-  """fn as a row op: `map_rows` on call, and a vmap rule that keeps rows.
+def fold_vmap(fn: Callable) -> Callable:
+  """fn with a vmap rule that widens its batch instead of its steps.
 
   Under `jax.vmap` the vmapped axis becomes one more leading batch axis of
-  every argument (unbatched arguments are broadcast), and the op runs once
-  on the widened batch.
+  every argument (unbatched arguments are broadcast), and fn runs once on
+  the widened batch. fn must take any leading batch shape.
   """
-
-  @jax.custom_batching.custom_vmap
-  def op(*args):
-    return map_rows(fn, *args, core_ndims=core_ndims)
+  op = jax.custom_batching.custom_vmap(fn)
 
   @op.def_vmap
   def _rule(axis_size, in_batched, *args):
@@ -162,3 +159,9 @@ def row_op(fn: Callable, core_ndims: Sequence[int]) -> Callable:
     return out, jax.tree.map(lambda _: True, out)
 
   return op
+
+
+def row_op(fn: Callable, core_ndims: Sequence[int]) -> Callable:
+  """fn as a row op: `map_rows` on call, and a vmap rule that keeps rows
+  (`fold_vmap`)."""
+  return fold_vmap(lambda *args: map_rows(fn, *args, core_ndims=core_ndims))

@@ -17,9 +17,10 @@ progress bar):
   dense) with its PROPOSAL keys;
 * the host bridge (dyadic_jax.bridge): HELLO negotiation, STEP, REPLY rows,
   COMPLETION, validation before use, COMMIT, fallback on any defect;
-* the verifier on a vocabulary mesh: `sharding.verify_batch` and
-  `sharding.sample_target` over --verifier_devices devices (emulated CPU
-  devices here), with the toy target and its processors (repetition
+* the verifier on a requests x vocab mesh (`--verifier_requests` groups of
+  the vocabulary split; 1 by default): `sharding.verify_batch`, one call
+  per round, and `sharding.sample_target` over --verifier_devices devices
+  (emulated CPU devices here), with the toy target and its processors (repetition
   penalty, optional grammar mask) applied unchanged.
 
 Every request runs until it has --tokens new tokens and then leaves the
@@ -124,9 +125,14 @@ _MULTIPROCESS = flags.DEFINE_bool(
     "multiprocess", False, "Verifier as 2 jax.distributed ranks (gloo, one "
     "CPU device each) plus the worker: 3 processes.")
 _DEVICES = flags.DEFINE_integer(
-    "verifier_devices", 2, "Vocabulary mesh size of the single-process "
-    "verifier, 1..64 (emulated CPU devices when on CPU).", lower_bound=1,
+    "verifier_devices", 2, "Devices of the single-process verifier's mesh, "
+    "1..64 (emulated CPU devices when on CPU).", lower_bound=1,
     upper_bound=64)
+_REQUEST_GROUPS = flags.DEFINE_integer(
+    "verifier_requests", 1, "Size of the verifier mesh's \"requests\" axis: "
+    "a round's requests split over this many device groups, each group's "
+    "vocabulary over --verifier_devices / this many devices; must divide "
+    "--verifier_devices.", lower_bound=1, upper_bound=64)
 _FAULTS = flags.DEFINE_float(
     "inject_faults", 0.0, "Fraction of exchanges a loopback proxy damages, "
     "in [0, 1].")
@@ -218,6 +224,13 @@ cli.check(["multiprocess", "verifier_devices"],
               multiprocess and flags.FLAGS["verifier_devices"].present),
           "--verifier_devices is the single-process mesh; --multiprocess "
           "always runs 2 ranks of one device")
+cli.check(["verifier_requests", "verifier_devices", "multiprocess"],
+          lambda verifier_requests, verifier_devices, multiprocess: (
+              verifier_devices % verifier_requests == 0
+              and not (multiprocess and verifier_requests > 1)),
+          "--verifier_requests must divide --verifier_devices (and is for "
+          "the single-process verifier: --multiprocess splits the "
+          "vocabulary only)")
 cli.check(["rank", "coordinator"],
           lambda rank, coordinator: rank == 0 or bool(coordinator),
           "--rank=1 is internal: it needs --coordinator")
@@ -471,7 +484,9 @@ def _build_verifier(jax: typing.Any, config: pipeline_config.PipelineConfig,
   caps = config.capabilities()
   devices = jax.devices() if _MULTIPROCESS.value else jax.devices()[
       :_DEVICES.value]
-  mesh = sharding.vocab_mesh(len(devices), devices)
+  groups = _REQUEST_GROUPS.value
+  mesh = sharding.make_mesh(requests=groups, vocab=len(devices) // groups,
+                            devices=devices)
   target: models.TargetModel
   target, _ = toy_models.make_models(_model_config(config))
   verify = functools.partial(sharding.verify_batch, mesh=mesh)
@@ -720,6 +735,11 @@ def _summarize(run, verifier, config, worker_stats, proxy, watch, check):
       "config": {"vocab": caps.vocab, "requests": caps.max_requests,
                  "depth": depth, "q": config.q, "k": caps.max_support,
                  "tokens": _TOKENS.value, "multiprocess": _MULTIPROCESS.value,
+                 "verifier_mesh": ({"requests": 1, "vocab": 2}
+                                   if _MULTIPROCESS.value else
+                                   {"requests": _REQUEST_GROUPS.value,
+                                    "vocab": _DEVICES.value
+                                    // _REQUEST_GROUPS.value}),
                  "inject_faults": _FAULTS.value, "seed": _SEED.value,
                  "mutant": _MUTANT.value,
                  "authentication": ("none (--insecure)" if config.insecure
@@ -769,6 +789,9 @@ def _print_summary(record):
         f"depth={c['depth']} q={c['q']}"
         + (f" k={c['k']}" if c["q"] == "sparse" else "")
         + (" multiprocess" if c["multiprocess"] else "")
+        + (f" verifier mesh {c['verifier_mesh']['requests']}x"
+           f"{c['verifier_mesh']['vocab']}"
+           if c["verifier_mesh"]["requests"] > 1 else "")
         + (f" faults={c['inject_faults']}" if c["inject_faults"] else ""))
   check = record.get("distribution_check")
   if check:

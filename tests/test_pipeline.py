@@ -119,12 +119,18 @@ def test_default_pipeline_single_process(tmp_path):
 def test_default_pipeline_multiprocess(tmp_path):
   single, _, _ = _run(tmp_path, "--tokens=8", "--vocab=4096")
   multi, _, _ = _run(tmp_path, "--tokens=8", "--vocab=4096", "--multiprocess")
+  grid, stdout, _ = _run(tmp_path, "--tokens=8", "--vocab=4096",
+                         "--verifier_devices=4", "--verifier_requests=2")
   _healthy(multi)
   assert multi["errors"] == {} and multi["config"]["multiprocess"]
-  # Two gloo ranks commit exactly what one process with two devices does.
+  assert grid["config"]["verifier_mesh"] == {"requests": 2, "vocab": 2}
+  assert "verifier mesh 2x2" in stdout
+  # Two gloo ranks, and 2 request groups of 2 vocabulary shards, commit
+  # exactly what one process with two devices does.
   for key in ("tokens", "outputs", "rounds", "mean_accepted",
               "acceptance_by_position"):
     assert multi[key] == single[key], key
+    assert grid[key] == single[key], key
 
 
 @pytest.mark.long
