@@ -68,12 +68,10 @@ def _bits(key, position, domain):
   return int(dj.draw64(dj.draw_key(key, position, domain)))
 
 
-@pytest.mark.usefixtures("row_mode")
-@pytest.mark.parametrize("representation", ["dense", "sparse"])
-def test_decisions_equal_oracle_replay(representation):
+def _oracle_rounds(representation, rounds=48, anchor=17):
+  """(logits, q, drafts, keys, the oracle's (accepted, token) per round)."""
   rng = np.random.default_rng(12)
-  v, depth, rounds = 12, 3, 48
-  anchor = 17
+  v, depth = 12, 3
   # Draft close to the target on some rows so every outcome occurs.
   p = rng.dirichlet(np.ones(v) * 0.7, size=depth + 1)
   q = np.where(rng.random((depth, v)) < 0.3, 0.0, p[:depth] + 0.05)
@@ -82,25 +80,47 @@ def test_decisions_equal_oracle_replay(representation):
   count_rows = [vc.counts_for(row) for row in q]
   qobj = (dj.DenseQ(np.asarray(count_rows, np.int32)) if representation ==
           "dense" else vc.sparse_q(count_rows))
-  outcomes = set()
+  drafts, keys, wants = [], [], []
   for r in range(rounds):
     key = dj.round_key(5, 0, r)
     draft = [ref.sample_counts(count_rows[i], int(rng.integers(0, M)))
              for i in range(depth)]
-    got = dj.verify_chain(logits, qobj, np.asarray(draft, np.int32), key,
-                          anchor=anchor)
-    assert int(got[2]) == dj.Status.OK
-    want = ref.verify_chain_replay(
+    drafts.append(draft)
+    keys.append(key)
+    wants.append(ref.verify_chain_replay(
         p_rows, count_rows, draft,
         [_bits(key, anchor + i, dj.Domain.ACCEPT) for i in range(depth)],
         [_bits(key, anchor + i, dj.Domain.CORRECTION) for i in range(depth)],
-        _bits(key, anchor + depth, dj.Domain.BONUS))
-    assert (int(got[0]), int(got[1])) == want, f"round {r}"
-    outcomes.add(want[0])
-  assert outcomes == set(range(depth + 1))  # rejections at every position
+        _bits(key, anchor + depth, dj.Domain.BONUS)))
+  return logits, qobj, np.asarray(drafts, np.int32), keys, wants
 
 
 @pytest.mark.usefixtures("row_mode")
+@pytest.mark.parametrize("representation", ["dense", "sparse"])
+def test_decisions_equal_oracle_replay(representation):
+  logits, qobj, drafts, keys, wants = _oracle_rounds(representation)
+  for r, (draft, key, want) in enumerate(zip(drafts, keys, wants)):
+    got = dj.verify_chain(logits, qobj, draft, key, anchor=17)
+    assert int(got[2]) == dj.Status.OK
+    assert (int(got[0]), int(got[1])) == want, f"round {r}"
+  # Rejections at every position, and all accepted.
+  assert {w[0] for w in wants} == set(range(drafts.shape[1] + 1))
+
+
+@pytest.mark.usefixtures("row_mode")
+@pytest.mark.parametrize("representation", ["dense", "sparse"])
+def test_verify_batch_equals_oracle_replay(representation):
+  """The 48 rounds as one batch of 48 requests, each held to the oracle."""
+  logits, qobj, drafts, keys, wants = _oracle_rounds(representation)
+  b = len(keys)
+  accepted, token, status = dj.verify_batch(
+      np.stack([logits] * b), jax.tree.map(lambda a: np.stack([a] * b), qobj),
+      drafts, jnp.stack(keys), np.full(b, 17))
+  assert not np.any(np.asarray(status))
+  assert list(zip(np.asarray(accepted).tolist(),
+                  np.asarray(token).tolist())) == wants
+
+
 def test_vmap_over_requests_equals_single_calls():
   rng = np.random.default_rng(2)
   v, depth, requests = 40, 4, 5
