@@ -18,8 +18,9 @@ its mesh's.
 
 The body sees every argument with exactly one leading batch axis [N] (the
 caller's batch shape flattened; a single row is N = 1) and returns a pytree
-of arrays led by [N]. Under `jax.vmap`, a LOCAL op folds the vmapped axis
-into N (one program for the widened batch, as `rowwise.row_op` does).
+of arrays led by [N]. Under `jax.vmap`, both executors fold the vmapped
+axis into N (`rowwise.fold_vmap`): vmap of an op is one call on the
+widened batch, the same program.
 """
 
 import typing

@@ -34,7 +34,7 @@ import numpy as np
 from jax.sharding import PartitionSpec as P
 
 import dyadic_jax as dj
-from dyadic_jax import rowops
+from dyadic_jax import rowops, rowwise
 from sharding import collectives
 from sharding.mesh import (REQUESTS_AXIS, VOCAB_AXIS, mesh_shape, pad_vocab,
                            padded_size, shard_ranges)
@@ -62,9 +62,17 @@ class MeshExecutor:
     return (vocab, padded_size(vocab, self.shape[1]))
 
   def run(self, op: rowops.RowOp, *args: typing.Any) -> typing.Any:
+    # Under jax.vmap the vmapped axis joins the batch (`rowwise.fold_vmap`):
+    # vmap of an op over a mesh runs the same program as one call on the
+    # widened batch. (Batching the shard_map itself instead deadlocked
+    # XLA CPU's collectives at random, tests/test_sharding.py.)
+    leaves, specs, tree = rowops.leaf_specs(op, args)
+    return rowwise.fold_vmap(
+        lambda *xs: self._run(op, list(xs), specs, tree))(*leaves)
+
+  def _run(self, op, leaves, specs, tree):
     r, n = self.shape
     size = shard_ranges(op.vocab, n)[0].size
-    leaves, specs, tree = rowops.leaf_specs(op, args)
     batch = rowops.batch_shape(leaves, specs)
     rows = int(np.prod(batch, dtype=np.int64))
     padded_rows = -(-rows // r) * r
@@ -97,8 +105,11 @@ class MeshExecutor:
                            out_specs=out_specs, axis_names={VOCAB_AXIS},
                            check_vma=True)(*xs)
 
-    if lead is None:
-      out = over_vocab(self.mesh, *flat)
+    if lead is None or r == 1:
+      # One request group: the vocabulary map alone (on a 2-D mesh the
+      # size-1 "requests" axis holds every row; nothing varies over it).
+      out = jax.shard_map(body, mesh=self.mesh, in_specs=in_specs,
+                          out_specs=out_specs, check_vma=True)(*flat)
     else:
       # Rows split over "requests", then each group's vocabulary. No
       # collective crosses "requests", so its map leaves check_vma off:
@@ -124,9 +135,9 @@ def _onto(mesh: jax.sharding.Mesh, x: typing.Any) -> typing.Any:
   to other devices (e.g. one device's output, as the bridge's dense
   validation returns): replicated onto the mesh (the jit keeps each
   device's block), or a host copy when the mesh spans processes."""
-  if not (isinstance(x, jax.Array) and x.committed
-          and x.sharding.device_set != set(mesh.devices.flat)):
-    return x
+  if not isinstance(x, jax.Array) or isinstance(x, jax.core.Tracer) or not (
+      x.committed and x.sharding.device_set != set(mesh.devices.flat)):
+    return x      # a traced value is placed by the caller's own jit
   if any(d.process_index != jax.process_index() for d in mesh.devices.flat):
     return np.asarray(x)
   return jax.device_put(x, jax.sharding.NamedSharding(mesh, P()))
