@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from dyadic_jax import draws
+from dyadic_jax import cumulative
 
 
 class Reducer(typing.NamedTuple):
@@ -48,7 +48,7 @@ def local(vocab: int) -> Reducer:
                                   (x.ndim - 1,)),
       gather=lambda x: x,
       lookup=_lookup,
-      first_cum_greater=draws.first_cum_greater,
+      first_cum_greater=cumulative.first_cum_greater,
       offset=0,
       vocab=vocab,
       shards=1,

@@ -28,7 +28,7 @@ import typing
 import jax
 import numpy as np
 
-from dyadic_jax import rowwise
+from dyadic_jax import reducer, rowwise
 
 
 class Arg(typing.NamedTuple):
@@ -108,8 +108,6 @@ class _Local:
     return (vocab,)
 
   def run(self, op: RowOp, *args: typing.Any) -> typing.Any:
-    # Imported here: reducer imports draws, whose sample_counts is a row op.
-    from dyadic_jax import reducer  # pylint: disable=g-import-not-at-top
     leaves, specs, tree = leaf_specs(op, args)
     cores = [s.core for s in specs]
     red = reducer.local(op.vocab)

@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from dyadic_jax import draws
+from dyadic_jax import cumulative
 from dyadic_jax import reducer
 from sharding.mesh import VOCAB_AXIS
 
@@ -102,14 +102,14 @@ def shard_reducer(vocab: int, size: int, shards: int) -> reducer.Reducer:
                     VOCAB_AXIS)
 
   def first_cum_greater(w, u):
-    blocks, block_cum = draws.cumulative_blocks(w)
+    blocks, block_cum = cumulative.cumulative_blocks(w)
     totals = gather(block_cum[..., -1:])                          # [..., S]
     cum = jnp.cumsum(totals, -1)
     owner = jnp.sum(cum <= u[..., None], -1, dtype=jnp.int32)
     before = jnp.take_along_axis(
         cum, jnp.maximum(owner - 1, 0)[..., None], -1)[..., 0]
     before = jnp.where(owner > 0, before, 0)
-    idx = draws.scan_blocks(blocks, block_cum, u - before, w.shape[-1])
+    idx = cumulative.scan_blocks(blocks, block_cum, u - before, w.shape[-1])
     idx = idx + offset
     token = lax.psum(jnp.where(owner == me, idx, 0), VOCAB_AXIS)
     return jnp.where(owner >= shards, vocab, token).astype(jnp.int32)

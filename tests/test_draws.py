@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 import dyadic_jax as dj
+from dyadic_jax import cumulative
 from dyadic_jax import draws
 from dyadic_jax import reference as ref
 
@@ -48,7 +49,7 @@ def test_exhaustive_small_row_counts_exactly():
     dj.sample_counts(np.broadcast_to(counts, (1, 4)), allu[None, :1])
   with jax.enable_x64(True):
     tokens = np.asarray(jax.jit(jax.vmap(
-        lambda u: draws.first_cum_greater(jnp.asarray(counts), u)))(allu))
+        lambda u: cumulative.first_cum_greater(jnp.asarray(counts), u)))(allu))
   np.testing.assert_array_equal(np.bincount(tokens, minlength=4), counts)
 
 
