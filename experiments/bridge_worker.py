@@ -43,6 +43,19 @@ _ADDRESS = flags.DEFINE_string(
     "tcp://127.0.0.1:PORT (0: a free port) or ipc:///path.")
 cli.check("address", lambda a: a.startswith(("tcp://", "ipc://")),
           "--address must be tcp://HOST:PORT or ipc://PATH")
+_RANK = flags.DEFINE_integer(
+    "rank", 0, "This process's rank of a --worker_ranks worker (0: the "
+    "leader, which serves the session; s >= 1 sends block s on the rank "
+    "link bound at --address).", lower_bound=0,
+    upper_bound=pipeline_config.MAX_RANKS - 1)
+_COORDINATOR = flags.DEFINE_string(
+    "coordinator", "", "host:port of the worker ranks' jax.distributed "
+    "coordinator (rank 0's process), with --worker_ranks > 1.")
+cli.check(["rank", "worker_ranks", "coordinator"],
+          lambda rank, worker_ranks, coordinator: rank < worker_ranks and (
+              worker_ranks == 1 or bool(coordinator)),
+          "--rank must be < --worker_ranks, and --worker_ranks > 1 needs "
+          "--coordinator")
 
 cli.parse_flags_early(__name__)
 
@@ -80,17 +93,29 @@ def main(argv: list[str]) -> None:
                     "makes one) or --insecure")
   # JAX starts here, after the flags passed their checks.
   # pylint: disable=g-import-not-at-top
-  from dyadic_jax import bridge
+  import jax
+  from dyadic_jax import bridge, rowops
+  from dyadic_jax.bridge import rank_links
   from dyadic_jax.testing import toy_models
+  import sharding
   # pylint: enable=g-import-not-at-top
   # JAX's backend probe logs "Unable to initialize backend 'tpu'" at INFO.
   logging.getLogger("jax._src.xla_bridge").setLevel(logging.WARNING)
   config = pipeline_config.from_flags()
-  caps = config.capabilities()
+  ranks, rank = config.worker_ranks, _RANK.value
+  caps = config.capabilities().link(rank)
+  executor = rowops.LOCAL
+  if ranks > 1:
+    # One CPU device per rank; the draws' collectives run over gloo.
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    jax.config.update("jax_num_cpu_devices", 1)
+    jax.distributed.initialize(_COORDINATOR.value, num_processes=ranks,
+                               process_id=rank, initialization_timeout=120)
+    executor = sharding.executor(sharding.vocab_mesh(ranks))
   _, draft = toy_models.make_models(config.model_config())
   propose = bridge.draft_proposer(
       draft.head, caps, backbone_fn=draft.backbone if config.backbone
-      else None)
+      else None, executor=executor)
   if config.worker_bug == "token_not_from_q":
     propose = token_not_from_q(propose)
   if config.insecure:
@@ -103,10 +128,29 @@ def main(argv: list[str]) -> None:
     print(f"READY {address}", flush=True)
 
   def on_exit(worker):
+    if ranks > 1:
+      worker.stop_ranks()
     print("STATS " + json.dumps(worker.counters.snapshot()), flush=True)
 
-  bridge.serve_forever(caps, propose, _ADDRESS.value, secret=secret,
-                       curve=curve, ready=ready, on_exit=on_exit)
+  if rank == 0:
+    bridge.serve_forever(caps, propose, _ADDRESS.value, secret=secret,
+                         curve=curve, ready=ready, on_exit=on_exit,
+                         worker_factory=rank_links.RankWorker if ranks > 1
+                         else None)
+    return
+  # A rank s >= 1: its block on its own link (dense), or only the draws.
+  sender = (rank_links.ShardSender(caps, _ADDRESS.value, secret=secret,
+                                   curve=curve) if config.rank_links
+            else None)
+  ready(sender.address if sender else "none")
+  try:
+    sent = rank_links.follow_proposals(propose, sender)
+  except (SystemExit, KeyboardInterrupt):
+    sent = -1
+  stats = sender.counters.snapshot() if sender else {}
+  print("STATS " + json.dumps(dict(stats, sent=sent)), flush=True)
+  if sender:
+    sender.close()
 
 
 if __name__ == "__main__":

@@ -31,6 +31,7 @@ if typing.TYPE_CHECKING:
 MAX_DEPTH = 32        # drafted positions per round (the toy's backbone is
                       # [depth, 16, V] floats: 8 MB per position at V=129280)
 MAX_REQUESTS = 64     # requests per batch slot
+MAX_RANKS = 4         # processes of a tensor-parallel side, on loopback
 MAX_MODEL_SEED = (1 << 31) - 2    # jax.random.key(seed + 1) in int32
 Q_CHOICES = ("sparse", "dense", "greedy")
 
@@ -78,6 +79,13 @@ WORKER_BUG = flags.DEFINE_enum(
     "token_not_from_q: the worker sends its q but each drafted token is "
     "the entry after the one its draw picked (never drawn from that q); "
     "the verifier's sampling audit refuses every such proposal.")
+WORKER_RANKS = flags.DEFINE_integer(
+    "worker_ranks", 1, f"Tensor-parallel ranks of the draft worker "
+    f"(1..{MAX_RANKS}): jax.distributed processes on loopback, each holding one vocabulary "
+    "block of the draft; the token draws are shard-then-token collectives. "
+    "With --q=dense each rank sends its block on its own link to the "
+    "verifier rank of the same index (the pipeline then needs "
+    "--verifier_ranks equal to it).", lower_bound=1, upper_bound=MAX_RANKS)
 INSECURE_WARNING = ("WARNING: --insecure: the bridge link is NOT "
                     "authenticated; any process that reaches the socket "
                     "can talk to either side")
@@ -109,6 +117,8 @@ class PipelineConfig:
     insecure: no authentication on the link.
     encrypt: ZeroMQ CURVE on the link.
     worker_bug: "none" or the "token_not_from_q" drill.
+    worker_ranks: tensor-parallel ranks of the worker (dense q: one rank
+      link per rank, `Capabilities.shards`).
   """
   vocab: int = cli.DEFAULT_VOCAB
   depth: int = 5
@@ -122,6 +132,7 @@ class PipelineConfig:
   insecure: bool = False
   encrypt: bool = False
   worker_bug: str = "none"
+  worker_ranks: int = 1
 
   def __post_init__(self):
     if self.q not in Q_CHOICES:
@@ -129,7 +140,8 @@ class PipelineConfig:
     if not (2 <= self.vocab <= cli.MAX_VOCAB and 1 <= self.depth <= MAX_DEPTH
             and 1 <= self.requests <= MAX_REQUESTS
             and 0.0 <= self.closeness <= 1.0
-            and 0 <= self.model_seed <= MAX_MODEL_SEED):
+            and 0 <= self.model_seed <= MAX_MODEL_SEED
+            and 1 <= self.worker_ranks <= MAX_RANKS):
       raise ValueError(f"PipelineConfig: a value out of bounds: {self}")
     if self.q == "sparse" and not 1 <= self.k <= self.vocab:
       raise ValueError(f"PipelineConfig: k={self.k} not in [1, V={self.vocab}]")
@@ -147,8 +159,15 @@ class PipelineConfig:
         out.append(f"--{field.name}={value}")
     return out
 
+  @property
+  def rank_links(self) -> bool:
+    """Dense q from a tensor-parallel worker: one link per rank."""
+    return self.q == "dense" and self.worker_ranks > 1
+
   def capabilities(self) -> "bridge.Capabilities":
-    """The bridge Capabilities (HELLO) of this config; imports the bridge."""
+    """The bridge Capabilities (HELLO) of this config (of rank 0's link
+    with rank links: `Capabilities.link(s)` is rank s's); imports the
+    bridge."""
     from dyadic_jax import bridge  # pylint: disable=g-import-not-at-top
     from dyadic_jax.wire import layouts  # pylint: disable=g-import-not-at-top
     representation = {"sparse": layouts.Representation.SPARSE,
@@ -159,7 +178,8 @@ class PipelineConfig:
     return bridge.Capabilities(
         mode=mode, vocab=self.vocab, max_depth=self.depth,
         max_requests=self.requests, representation=representation,
-        max_support=self.k)
+        max_support=self.k,
+        shards=self.worker_ranks if self.rank_links else 1)
 
   def link_keys(self, role: str) -> tuple[typing.Any, typing.Any]:
     """(secret, curve) of one side: (None, None) when insecure."""
@@ -196,4 +216,5 @@ def from_flags(default_vocab: int = cli.DEFAULT_VOCAB) -> PipelineConfig:
                         closeness=CLOSENESS.value,
                         model_seed=MODEL_SEED.value, backbone=BACKBONE.value,
                         keys_dir=KEYS_DIR.value, insecure=INSECURE.value,
-                        encrypt=ENCRYPT.value, worker_bug=WORKER_BUG.value)
+                        encrypt=ENCRYPT.value, worker_bug=WORKER_BUG.value,
+                        worker_ranks=WORKER_RANKS.value)

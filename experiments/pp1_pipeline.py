@@ -124,6 +124,13 @@ _GRAMMAR = flags.DEFINE_integer(
 _MULTIPROCESS = flags.DEFINE_bool(
     "multiprocess", False, "Verifier as 2 jax.distributed ranks (gloo, one "
     "CPU device each) plus the worker: 3 processes.")
+_VERIFIER_RANKS = flags.DEFINE_integer(
+    "verifier_ranks", 1, f"Verifier as this many jax.distributed ranks "
+    f"(1..{pipeline_config.MAX_RANKS}; gloo, one CPU device each, a "
+    "vocabulary mesh over them). With --q=dense and --worker_ranks equal to "
+    "it, rank s receives block s of q on its own link from worker rank s "
+    "(rank-to-rank links); otherwise rank 0 receives q and broadcasts the "
+    "round's plan.", lower_bound=1, upper_bound=pipeline_config.MAX_RANKS)
 _DEVICES = flags.DEFINE_integer(
     "verifier_devices", 2, "Devices of the single-process verifier's mesh, "
     "1..64 (emulated CPU devices when on CPU).", lower_bound=1,
@@ -176,9 +183,15 @@ _KILL_AT = flags.DEFINE_integer(
     "many rounds and start a new one on the same address, as a supervisor "
     "would (0: never). The verifier falls back while it is gone and "
     "negotiates a new session with the new process.", lower_bound=0)
-# Internal: the follower rank of --multiprocess.
+# Internal: the follower ranks of --verifier_ranks.
 _RANK = flags.DEFINE_integer("rank", 0, "Internal: jax.distributed rank.",
-                             lower_bound=0, upper_bound=1)
+                             lower_bound=0,
+                             upper_bound=pipeline_config.MAX_RANKS - 1)
+_SHARD_ADDRESS = flags.DEFINE_string(
+    "shard_address", "", "Internal: the rank link a follower rank connects.")
+_STATS_OUT = flags.DEFINE_string(
+    "stats_out", "", "Internal: where a follower rank writes its link's "
+    "figures.")
 _COORDINATOR = flags.DEFINE_string("coordinator", "",
                                    "Internal: host:port of rank 0.")
 
@@ -219,21 +232,35 @@ cli.check(["kill_worker_at", "check_distribution"],
           not (kill_worker_at and check_distribution),
           "--kill_worker_at is a drill of the generation run, not of "
           "--check_distribution")
-cli.check(["multiprocess", "verifier_devices"],
-          lambda multiprocess, verifier_devices: not (
-              multiprocess and flags.FLAGS["verifier_devices"].present),
-          "--verifier_devices is the single-process mesh; --multiprocess "
-          "always runs 2 ranks of one device")
-cli.check(["verifier_requests", "verifier_devices", "multiprocess"],
-          lambda verifier_requests, verifier_devices, multiprocess: (
+cli.check(["multiprocess", "verifier_ranks"],
+          lambda multiprocess, verifier_ranks: not (
+              multiprocess and flags.FLAGS["verifier_ranks"].present),
+          "--multiprocess is --verifier_ranks=2: give one of them")
+cli.check(["multiprocess", "verifier_ranks", "verifier_devices"],
+          lambda multiprocess, verifier_ranks, verifier_devices: not (
+              (multiprocess or verifier_ranks > 1)
+              and flags.FLAGS["verifier_devices"].present),
+          "--verifier_devices is the single-process mesh; --verifier_ranks "
+          "(and --multiprocess) run ranks of one device each")
+cli.check(["q", "worker_ranks", "verifier_ranks", "multiprocess"],
+          lambda q, worker_ranks, verifier_ranks, multiprocess: (
+              q != "dense" or worker_ranks == 1
+              or worker_ranks == (2 if multiprocess else verifier_ranks)),
+          "--q=dense with --worker_ranks > 1 pairs each worker rank with a "
+          "verifier rank: --verifier_ranks must equal --worker_ranks")
+cli.check(["verifier_requests", "verifier_devices", "multiprocess",
+           "verifier_ranks"],
+          lambda verifier_requests, verifier_devices, multiprocess,
+          verifier_ranks: (
               verifier_devices % verifier_requests == 0
-              and not (multiprocess and verifier_requests > 1)),
+              and not ((multiprocess or verifier_ranks > 1)
+                       and verifier_requests > 1)),
           "--verifier_requests must divide --verifier_devices (and is for "
           "the single-process verifier: --multiprocess splits the "
           "vocabulary only)")
 cli.check(["rank", "coordinator"],
           lambda rank, coordinator: rank == 0 or bool(coordinator),
-          "--rank=1 is internal: it needs --coordinator")
+          "--rank is internal: it needs --coordinator")
 cli.check_output_path("json_out")
 cli.check_output_path("plot_out")
 cli.parse_flags_early(__name__)
@@ -340,24 +367,39 @@ class _ChildFailed(Exception):
   """A child process failed; the message carries its own error text."""
 
 
-class _Worker:
-  """The worker process: started, awaited, stopped; its stderr in a log."""
+def _verifier_ranks():
+  return 2 if _MULTIPROCESS.value else _VERIFIER_RANKS.value
 
-  def __init__(self, config, tmp, on_death, address=None):
-    self.log = os.path.join(tmp, "worker.log")
-    address = address or ("tcp://127.0.0.1:0" if _TRANSPORT.value == "tcp"
-                          else f"ipc://{tmp}/pp1-worker.sock")
+
+def _link_address(tmp, rank):
+  """Where worker rank `rank` binds: a free port (rank 0: any) or a path."""
+  if _TRANSPORT.value == "ipc":
+    return f"ipc://{tmp}/pp1-worker{rank or ''}.sock"
+  return f"tcp://127.0.0.1:{_free_port() if rank else 0}"
+
+
+class _Worker:
+  """One worker process: started, awaited, stopped; its stderr in a log."""
+
+  def __init__(self, config, tmp, on_death, address=None, rank=0,
+               coordinator=""):
+    self.log = os.path.join(tmp, f"worker{rank or ''}.log")
+    address = address or _link_address(tmp, 0)
     env = _child_env()
     env["JAX_PLATFORMS"] = "cpu"   # the worker's draft runs on the host CPU
+    ranked = ([f"--rank={rank}", f"--coordinator={coordinator}"]
+              if config.worker_ranks > 1 else [])
     with open(self.log, "a") as log:
       self.proc = subprocess.Popen(
           [sys.executable, "-m", "experiments.bridge_worker",
-           f"--address={address}", *config.to_flags()], cwd=_ROOT, env=env,
+           f"--address={address}", *ranked, *config.to_flags()], cwd=_ROOT,
+          env=env,
           stdout=subprocess.PIPE, stderr=log, text=True,
           preexec_fn=_die_with_parent)
     self.address = None
     # A worker that dies while this process compiles ends the run at once.
-    _watch(self.proc, self.log, "worker", on_death)
+    _watch(self.proc, self.log, f"worker rank {rank}" if ranked else
+           "worker", on_death)
 
   def wait_ready(self, timeout_s=_READY_TIMEOUT_S):
     """Blocks until the worker prints READY; _ChildFailed if it dies."""
@@ -396,6 +438,37 @@ class _Worker:
       if line.startswith("STATS "):
         return json.loads(line[6:])
     return {}
+
+
+class _WorkerGroup:
+  """The worker's ranks (one process, or --worker_ranks of them with a
+  jax.distributed coordinator of their own), started and stopped together;
+  `addresses[s]` is where rank s binds (rank 0: the session's link)."""
+
+  def __init__(self, config, tmp, on_death, addresses):
+    coordinator = (f"127.0.0.1:{_free_port()}" if config.worker_ranks > 1
+                   else "")
+    self.addresses = list(addresses)
+    self.ranks = [_Worker(config, tmp, on_death, a, s, coordinator)
+                  for s, a in enumerate(self.addresses)]
+    self.stats = []
+
+  def wait_ready(self):
+    """The leader's address, once every rank printed READY."""
+    ready = [w.wait_ready() for w in self.ranks]
+    self.addresses = ready[:1] + self.addresses[1:]
+    return ready[0]
+
+  def kill(self, rank=None):
+    for w in self.ranks if rank is None else [self.ranks[rank]]:
+      if w.proc.poll() is None:
+        w.kill()
+
+  def stop(self):
+    """Stops every rank (the leader first: it tells the others); returns
+    the leader's STATS counters and keeps every rank's in `stats`."""
+    self.stats = [w.stop() for w in self.ranks]
+    return self.stats[0]
 
 
 def _watch(proc, log, name, on_death):
@@ -440,12 +513,12 @@ def _stdout_to_devnull():
 # -- JAX and the verifier ----------------------------------------------------
 
 
-def _setup_jax(multiprocess, rank, coordinator):
+def _setup_jax(ranks, rank, coordinator):
   import jax  # pylint: disable=g-import-not-at-top
-  if multiprocess:
+  if ranks > 1:
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
     jax.config.update("jax_num_cpu_devices", 1)
-    jax.distributed.initialize(coordinator, num_processes=2,
+    jax.distributed.initialize(coordinator, num_processes=ranks,
                                process_id=rank, initialization_timeout=120)
   elif jax.device_count() < _DEVICES.value:
     backend = jax.default_backend()
@@ -479,11 +552,12 @@ def _build_verifier(jax: typing.Any, config: pipeline_config.PipelineConfig,
   from dyadic_jax import models
   from dyadic_jax.testing import toy_models
   import sharding
+  from dyadic_jax.bridge import rank_links
   # pylint: enable=g-import-not-at-top
 
   caps = config.capabilities()
-  devices = jax.devices() if _MULTIPROCESS.value else jax.devices()[
-      :_DEVICES.value]
+  ranked = _verifier_ranks() > 1
+  devices = jax.devices() if ranked else jax.devices()[:_DEVICES.value]
   groups = _REQUEST_GROUPS.value
   mesh = sharding.make_mesh(requests=groups, vocab=len(devices) // groups,
                             devices=devices)
@@ -494,6 +568,9 @@ def _build_verifier(jax: typing.Any, config: pipeline_config.PipelineConfig,
   if _MUTANT.value == "uniform_q":
     verify = functools.partial(_uniform_q_verify, verify, caps)
   block = jax.block_until_ready
+
+  executor = sharding.executor(mesh)
+  assemble = functools.partial(sharding.from_blocks, mesh=mesh)
 
   with watch.phase("compile"):
     d, k = config.depth, caps.width
@@ -506,22 +583,39 @@ def _build_verifier(jax: typing.Any, config: pipeline_config.PipelineConfig,
     counts = np.full((d, width), dj.M // width, np.int32)
     counts[:, 0] += dj.M - counts[0].sum()
     q: dj.DenseQ | dj.SparseQ
-    if config.q == "dense":
+    if config.rank_links:
+      # As the rounds hold q: each rank's block of every request's rows.
+      lo, hi = caps.link(_RANK.value).shard_range
+      blocks = np.zeros((caps.max_requests, d, caps.width), np.int32)
+      blocks[..., :hi - lo] = counts[:, lo:hi]
+      q = dj.DenseQ(assemble(blocks))
+      r = caps.max_requests
+      block(dj.qcheck.check_dense(
+          assemble(np.zeros((r, d, caps.width), np.float32)),
+          np.zeros((r, d), np.int32), np.zeros((r, d), np.uint32),
+          vocab=config.vocab, executor=executor))
+    elif config.q == "dense":
       q = dj.DenseQ(jnp.asarray(counts))
     else:
       q = dj.SparseQ(jnp.tile(jnp.arange(k, dtype=jnp.int32), (d, 1)),
                      jnp.asarray(counts), jnp.full(d, k, jnp.int32))
     key = dj.round_key(0, 0, 0)
     batch = lambda x: jnp.stack([x] * caps.max_requests)
-    block(verify(batch(logits), jax.tree.map(batch, q), batch(draft),
-                 batch(key), np.full(caps.max_requests, len(prefix))))
+    block(verify(batch(logits), q if config.rank_links else jax.tree.map(
+        batch, q), batch(draft), batch(key),
+                 np.full(caps.max_requests, len(prefix))))
     block(sample(logits[0], key))
 
-  # A follower rank never talks to the worker: it holds no keys.
+  # A follower rank never talks to the worker's session: it holds no
+  # session keys (its rank link is opened with its own, `_follower`).
   secret, curve = ((None, None) if _RANK.value else
                    config.link_keys("verifier"))
-  return bridge.Verifier(
-      caps, address,
+  kind, extra = bridge.Verifier, {}
+  if config.rank_links and not _RANK.value:
+    kind = rank_links.RankVerifier
+    extra = {"executor": executor, "assemble": assemble}
+  return kind(
+      caps, address, **extra,
       target_fn=watch.timed("verification", target.logits, block),
       verify_fn=watch.timed("verification", verify, block),
       sample_fn=watch.timed("verification", sample, block),
@@ -714,7 +808,36 @@ def _time_split(watch, worker_stats):
   return split
 
 
-def _summarize(run, verifier, config, worker_stats, proxy, watch, check):
+def _link_figures(verifier, request_rounds, tmp):
+  """Per rank link: bytes in per request-round and seconds per round (the
+  leader's from its session, the others' from their --stats_out files)."""
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  rounds = max(len(verifier.seconds), 1)
+  links = [{"rank": 0, "bytes_in": verifier.counters.events("bytes_in"),
+            "request_rounds": request_rounds,
+            "round_seconds": list(verifier.seconds)}]
+  for rank in range(1, _verifier_ranks()):
+    try:
+      with open(os.path.join(tmp, f"rank{rank}.json")) as f:
+        links.append(json.load(f))
+    except (OSError, ValueError):
+      links.append({"rank": rank, "bytes_in": 0, "request_rounds": 0,
+                    "round_seconds": []})
+  out = []
+  for link in links:
+    t = np.asarray(link["round_seconds"] or [0.0])
+    out.append({"rank": link["rank"],
+                "bytes_per_request_round": link["bytes_in"] / max(
+                    link["request_rounds"], 1),
+                "bytes_per_round": link["bytes_in"] / rounds,
+                "round_ms_p50": float(np.median(t) * 1e3),
+                "round_ms_mean": float(t.mean() * 1e3),
+                "rounds": len(link["round_seconds"])})
+  return out
+
+
+def _summarize(run, verifier, config, worker_stats, proxy, watch, check,
+               links=None):
   """The JSON record of a run."""
   import numpy as np  # pylint: disable=g-import-not-at-top
   caps = verifier.caps
@@ -734,9 +857,13 @@ def _summarize(run, verifier, config, worker_stats, proxy, watch, check):
   record = {
       "config": {"vocab": caps.vocab, "requests": caps.max_requests,
                  "depth": depth, "q": config.q, "k": caps.max_support,
-                 "tokens": _TOKENS.value, "multiprocess": _MULTIPROCESS.value,
-                 "verifier_mesh": ({"requests": 1, "vocab": 2}
-                                   if _MULTIPROCESS.value else
+                 "tokens": _TOKENS.value,
+                 "multiprocess": _verifier_ranks() > 1,
+                 "verifier_ranks": _verifier_ranks(),
+                 "worker_ranks": config.worker_ranks,
+                 "rank_links": bool(links),
+                 "verifier_mesh": ({"requests": 1, "vocab": _verifier_ranks()}
+                                   if _verifier_ranks() > 1 else
                                    {"requests": _REQUEST_GROUPS.value,
                                     "vocab": _DEVICES.value
                                     // _REQUEST_GROUPS.value}),
@@ -773,6 +900,14 @@ def _summarize(run, verifier, config, worker_stats, proxy, watch, check):
                                                           worker_stats)},
   }
   record["outputs"] = {str(r): t for r, t in run.outputs.items()}
+  # Every committed token of every request, in order (past --tokens too).
+  record["committed"] = {
+      str(r): list(verifier.requests[r].tokens[len(_request_spec(
+          r, caps.vocab)[0]):]) for r in run.outputs if r in verifier.requests}
+  if links is not None:
+    record["bytes_per_link"] = {str(x["rank"]): x["bytes_per_request_round"]
+                                for x in links}
+    record["links"] = links
   record["generated_by_request"] = {
       str(r): sum(len(x.committed) for x in results if x.rid == r)
       for r in run.outputs}
@@ -788,7 +923,11 @@ def _print_summary(record):
   print(f"\nPP1 pipeline: V={c['vocab']} requests={c['requests']} "
         f"depth={c['depth']} q={c['q']}"
         + (f" k={c['k']}" if c["q"] == "sparse" else "")
-        + (" multiprocess" if c["multiprocess"] else "")
+        + (f" verifier ranks {c['verifier_ranks']}" if c["multiprocess"]
+           else "")
+        + (f" worker ranks {c['worker_ranks']}" if c["worker_ranks"] > 1
+           else "")
+        + (" (rank-to-rank q links)" if c["rank_links"] else "")
         + (f" verifier mesh {c['verifier_mesh']['requests']}x"
            f"{c['verifier_mesh']['vocab']}"
            if c["verifier_mesh"]["requests"] > 1 else "")
@@ -810,6 +949,11 @@ def _print_summary(record):
           ("tokens per request-round", f"{record['tokens_per_round']:.3f}")]
   for name, value in rows:
     print(f"  {name:<28} {value}")
+  for link in record.get("links", []):
+    print(f"  {'rank link ' + str(link['rank']):<28} "
+          f"{link['bytes_per_request_round']:,.0f} B per request-round, "
+          f"p50 {link['round_ms_p50']:.1f} ms per round "
+          f"({link['rounds']} rounds)")
   print("  acceptance by position       " + "  ".join(
       "-" if a is None else f"{a:.3f}"
       for a in record["acceptance_by_position"]))
@@ -901,14 +1045,40 @@ def _quiet_jax_logs():
 
 
 def _follower():
-  """Rank 1 of --multiprocess: runs the leader's plans (no transport)."""
+  """A verifier rank s >= 1: runs the leader's plans. With rank links it
+  receives block s of q on its own link first and takes part in the
+  agreement; otherwise it never touches a transport."""
   config = _config()
-  jax = _setup_jax(True, _RANK.value, _COORDINATOR.value)
-  from dyadic_jax.bridge import ranks  # pylint: disable=g-import-not-at-top
-  share = ranks.plan_broadcast(config.capabilities())
+  jax = _setup_jax(_verifier_ranks(), _RANK.value, _COORDINATOR.value)
+  # pylint: disable=g-import-not-at-top
+  import functools
+  from dyadic_jax.bridge import rank_links, ranks
+  import sharding
+  # pylint: enable=g-import-not-at-top
+  caps = config.capabilities()
+  share = ranks.plan_broadcast(caps, counts=not config.rank_links)
   verifier = _build_verifier(jax, config, None, share,
                              _Stopwatch(time.perf_counter()))
-  verifier.follow()
+  if not config.rank_links:
+    verifier.follow()
+    jax.distributed.shutdown()
+    return
+  secret, curve = config.link_keys("verifier")
+  receiver = rank_links.ShardReceiver(
+      caps.link(_RANK.value), _SHARD_ADDRESS.value, secret=secret,
+      timeout_s=_TIMEOUT.value, curve=curve)
+  # The worker rank may still be starting (JAX import, one compile).
+  receiver.open(attempts=max(1, int(_READY_TIMEOUT_S / _TIMEOUT.value)))
+  mesh = sharding.make_mesh(vocab=_verifier_ranks(), devices=jax.devices())
+  rounds = rank_links.follow_rounds(
+      verifier, receiver, sharding.executor(mesh),
+      functools.partial(sharding.from_blocks, mesh=mesh))
+  if _STATS_OUT.value:
+    with open(_STATS_OUT.value, "w") as f:
+      json.dump({"rank": _RANK.value, "rounds": rounds,
+                 **receiver.figures(),
+                 "counters": receiver.counters.snapshot()}, f)
+  receiver.close()
   jax.distributed.shutdown()
 
 
@@ -937,8 +1107,8 @@ def _lead(tmp):
       from dyadic_jax.bridge import keys  # pylint: disable=g-import-not-at-top
       config = dataclasses.replace(config, keys_dir=str(keys.make(
           os.path.join(tmp, "keys"))))
-  multiprocess = _MULTIPROCESS.value
-  workers, follower, proxy, jax = [], None, None, None
+  multiprocess = _verifier_ranks() > 1
+  workers, followers, proxy, jax = [], [], None, None
   try:
     with watch.phase("start-up"):
       if not multiprocess and "force_host_platform_device_count" not in (
@@ -948,31 +1118,35 @@ def _lead(tmp):
                                    f"{_DEVICES.value}").strip()
       # The worker starts (and compiles) while this process does the same.
       on_death = lambda: _cleanup(workers, tmp)
-      workers.append(_Worker(config, tmp, on_death))
+      workers.append(_WorkerGroup(config, tmp, on_death, [
+          _link_address(tmp, s) for s in range(config.worker_ranks)]))
       coordinator = f"127.0.0.1:{_free_port()}"
-      if multiprocess:
-        log = os.path.join(tmp, "follower.log")
+      for rank in range(1, _verifier_ranks()):
+        log = os.path.join(tmp, f"follower{rank}.log")
+        link = [f"--shard_address={workers[0].addresses[rank]}"
+                if config.rank_links else "--shard_address="]
+        if config.keys_dir and not flags.FLAGS["keys_dir"].present:
+          link.append(f"--keys_dir={config.keys_dir}")   # the throwaway set
         with open(log, "w") as out:
-          follower = subprocess.Popen(
-              [sys.executable, "-m", "experiments.pp1_pipeline", "--rank=1",
-               f"--coordinator={coordinator}"] + [
+          followers.append(subprocess.Popen(
+              [sys.executable, "-m", "experiments.pp1_pipeline",
+               f"--rank={rank}", f"--coordinator={coordinator}", *link,
+               f"--stats_out={tmp}/rank{rank}.json"] + [
                    a for a in sys.argv[1:] if not a.startswith("--rank")],
               cwd=_ROOT, env=_child_env(), stdout=out,
-              stderr=subprocess.STDOUT, preexec_fn=_die_with_parent)
+              stderr=subprocess.STDOUT, preexec_fn=_die_with_parent))
         # A follower that dies would leave the rendezvous waiting.
-        _watch(follower, log, "follower rank", on_death)
+        _watch(followers[-1], log, f"verifier rank {rank}", on_death)
       # gloo prints "[Gloo] Rank 0 is connected ..." on stdout.
       with (_stdout_to_devnull() if multiprocess
             else contextlib.nullcontext()):
-        jax = _setup_jax(multiprocess, 0, coordinator)
+        jax = _setup_jax(_verifier_ranks(), 0, coordinator)
         caps = config.capabilities()
         share = None
         if multiprocess:
           from dyadic_jax.bridge import ranks  # pylint: disable=g-import-not-at-top
-          share = ranks.plan_broadcast(caps)
+          share = ranks.plan_broadcast(caps, counts=not config.rank_links)
         verifier = _build_verifier(jax, config, None, share, watch)
-      if follower:
-        follower.watched = False
     with watch.phase("worker start-up"):
       address = workers[0].wait_ready()
       if _FAULTS.value > 0:
@@ -1008,18 +1182,21 @@ def _lead(tmp):
       worker_stats = workers[-1].stop() if workers else {}
       if proxy:
         proxy.stop()
-      if follower:
+      for follower in followers:
         follower.watched = False
-        if jax is not None:
-          # A barrier with the follower's own shutdown: before the wait.
-          jax.distributed.shutdown()
+      if followers and jax is not None:
+        # A barrier with the followers' own shutdown: before the wait.
+        jax.distributed.shutdown()
+      for follower in followers:
         try:
           follower.wait(timeout=120)
         except subprocess.TimeoutExpired:
           follower.kill()
   watch.stop()
+  links = (_link_figures(verifier, len(run.results), tmp)
+           if config.rank_links else None)
   record = _summarize(run, verifier, config, worker_stats, proxy, watch,
-                      check)
+                      check, links)
   _print_summary(record)
   if _JSON_OUT.value:
     with open(_JSON_OUT.value, "w") as f:
@@ -1035,9 +1212,8 @@ def _lead(tmp):
 
 def _cleanup(workers, tmp):
   """Last-resort cleanup before an abrupt exit: no orphan, no /tmp litter."""
-  for w in workers:
-    if w.proc.poll() is None:
-      w.kill()
+  for group in workers:
+    group.kill()
   shutil.rmtree(tmp, ignore_errors=True)
 
 
@@ -1047,13 +1223,18 @@ def _drill(verifier, workers, config, tmp, watch, on_death):
   def drill(rounds, live):
     if rounds != _KILL_AT.value or not live:
       return []
-    workers[-1].kill()
-    # One round runs against nobody, then the supervisor restarts it.
+    # Its last rank dies (the whole worker when it has one rank).
+    group = workers[-1]
+    group.kill(len(group.ranks) - 1)
+    # One round runs against it, then the supervisor restarts the worker:
+    # every rank (the survivors' collective group is broken).
     lost = verifier.round(live)
     with watch.phase("worker restart"):
-      workers.append(_Worker(config, tmp, on_death, workers[-1].address))
+      group.kill()
+      workers.append(_WorkerGroup(config, tmp, on_death, group.addresses))
       workers[-1].wait_ready()
-    logging.info("fault drill: worker killed and restarted")
+    logging.info("fault drill: worker rank %d killed, worker restarted",
+                 len(group.ranks) - 1)
     return lost
   return drill
 

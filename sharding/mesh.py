@@ -120,3 +120,21 @@ def place(x: jax.typing.ArrayLike, mesh: jax.sharding.Mesh,
   x = pad_vocab(jax.numpy.asarray(x), n, fill)
   return jax.device_put(
       x, jax.sharding.NamedSharding(mesh, vocab_spec(x.ndim)))
+
+
+def from_blocks(block: np.ndarray, mesh: jax.sharding.Mesh) -> jax.Array:
+  """The global [..., n w] array split over "vocab" whose block on this
+  process's device is `block` [..., w]: every process of a mesh with one
+  device each passes its own block (a rank-link verifier's received q, a
+  tensor-parallel rank's shard). Nothing is copied between processes."""
+  n = mesh_shape(mesh)[1]
+  mine = [d for d in mesh.devices.flat
+          if d.process_index == jax.process_index()]
+  if len(mine) != 1:
+    raise ValueError(f"from_blocks: needs one device of the mesh per "
+                     f"process, this one has {len(mine)}")
+  block = np.asarray(block)
+  shape = block.shape[:-1] + (n * block.shape[-1],)
+  return jax.make_array_from_single_device_arrays(
+      shape, jax.sharding.NamedSharding(mesh, vocab_spec(block.ndim)),
+      [jax.device_put(block, mine[0])])

@@ -26,6 +26,7 @@ VERIFIER_ID = "standard-speculative-v1"
 MAX_DEPTH = 255
 MAX_SLOTS = 16
 MAX_REQUESTS = 1024
+MAX_SHARDS = 64
 # Positions are folded into RNG keys and held in int64 by the proposer: a
 # STEP whose anchor + depth exceeds this is refused (ABSURD_LENGTH).
 MAX_POSITION = 1 << 62
@@ -55,6 +56,11 @@ class Capabilities:
     max_support: k of sparse rows, in [1, V] (V when dense, 0 greedy).
     draft_id, target_id: checkpoint identities (<= 32 bytes each).
     id_map_hash: hash of the global token id map (default: identity).
+    shards, shard: a rank link of a tensor-parallel pair (dense q only):
+      the vocabulary is split into `shards` contiguous blocks of
+      ceil(V / shards) ids and this link carries block `shard`
+      (`shard_range`); its rows are that block's counts (`width`), the
+      last block's ids >= V zero. 1, 0: the whole vocabulary.
   """
   mode: int = Mode.SAMPLED
   vocab: int = DEFAULT_VOCAB
@@ -70,6 +76,8 @@ class Capabilities:
   verifier_id: str = VERIFIER_ID
   rng_abi: int = RNG_ABI
   precision: int = PRECISION
+  shards: int = 1
+  shard: int = 0
 
   def __post_init__(self):
     if self.mode not in tuple(Mode):
@@ -84,6 +92,14 @@ class Capabilities:
                        f"{MAX_DEPTH}], requests {self.max_requests} not in "
                        f"[1, {MAX_REQUESTS}] or slots {self.max_slots} not in "
                        f"[1, {MAX_SLOTS}]")
+    if not (1 <= self.shards <= MAX_SHARDS and 0 <= self.shard < self.shards
+            and self.shards <= self.vocab):
+      raise ValueError(f"Capabilities: shard {self.shard} of {self.shards} "
+                       f"not in [0, shards), shards in [1, {MAX_SHARDS}] "
+                       "and <= vocab")
+    if self.shards > 1 and self.representation != Representation.DENSE:
+      raise ValueError("Capabilities: rank links (shards > 1) carry dense "
+                       "q only (sparse q keeps the leader's single link)")
     set_ = functools.partial(object.__setattr__, self)
     set_("mode", Mode(self.mode))
     if self.mode == Mode.GREEDY:
@@ -91,7 +107,7 @@ class Capabilities:
       set_("max_support", 0)
     elif self.representation == Representation.DENSE:
       set_("representation", Representation.DENSE)
-      set_("max_support", self.vocab)
+      set_("max_support", -(-self.vocab // self.shards))
     elif self.representation == Representation.SPARSE:
       set_("representation", Representation.SPARSE)
       if not 1 <= self.max_support <= self.vocab:
@@ -112,8 +128,21 @@ class Capabilities:
 
   @property
   def width(self):
-    """Entries per q row: V (dense), k (sparse) or 0 (greedy)."""
+    """Entries per q row: V (dense; its block on a rank link), k (sparse)
+    or 0 (greedy)."""
     return self.max_support
+
+  @property
+  def shard_range(self):
+    """(lo, hi): the global ids this link's rows carry (hi - lo <= width)."""
+    if self.shards == 1:
+      return 0, self.vocab
+    lo = self.shard * self.width
+    return lo, min(self.vocab, lo + self.width)
+
+  def link(self, shard):
+    """These capabilities on the rank link of `shard`."""
+    return dataclasses.replace(self, shard=shard)
 
   @functools.cached_property
   def bounds(self):
@@ -137,6 +166,7 @@ class Capabilities:
     fields = {k: (v.encode() if isinstance(v, str) else int(v))
               for k, v in fields.items()}
     fields["max_reply_bytes"] = self.max_reply_bytes
+    fields["shard_lo"], fields["shard_hi"] = self.shard_range
     fields["nonce"] = bytes(nonce)
     return fields
 

@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from dyadic_jax import allocation, codec, draws, weights
+from dyadic_jax import allocation, codec, draws, rowops, weights
 from dyadic_jax.bridge import audit
 from dyadic_jax.bridge.hello import MAX_POSITION
 from dyadic_jax.errors import raise_for_status
@@ -68,7 +68,17 @@ def write(out, proposal):
     np.copyto(out.ids[:depth], proposal.ids)
 
 
-def draft_proposer(logits_fn, caps, *, backbone_fn=None):
+def _local(x):
+  """Host copy of this process's part of a proposer output: the whole of a
+  replicated one (tokens, n, sparse rows), this rank's vocabulary block of
+  a dense one when the chain ran over a mesh that spans processes."""
+  if isinstance(x, jax.Array) and not x.is_fully_addressable:
+    x = x.addressable_shards[0].data
+  return np.asarray(x)
+
+
+def draft_proposer(logits_fn, caps, *, backbone_fn=None,
+                   executor=rowops.LOCAL):
   """A proposer `(seed, generation, round_id, anchor, last_token, depth,
   out=None) -> Proposal`.
 
@@ -79,6 +89,11 @@ def draft_proposer(logits_fn, caps, *, backbone_fn=None):
     depth) -> float32[depth, V]`: a parallel backbone that produces base
     logits for all D positions at once from the committed context; row i
     is added to logits_fn(x_{i-1}) (a DSpark-style draft).
+  executor: how the row ops run (`rowops.LOCAL`, or a mesh's executor: a
+    tensor-parallel worker whose processes each hold one vocabulary block;
+    every rank calls the proposer with the same inputs, the token draws are
+    shard-then-token collectives, and each rank's dense rows are its own
+    block, `caps.width` entries: `caps` of that rank's link).
   Raises ValueError on inputs out of bounds (`check_step`) and DyadicError
   when a draft row is refused (e.g. NaN draft logits).
   """
@@ -99,14 +114,15 @@ def draft_proposer(logits_fn, caps, *, backbone_fn=None):
         prev = jnp.argmax(logits).astype(jnp.int32)
         out.append((prev, jnp.int32(0)))
         continue
-      w, w_status = weights.draft_weights(logits)
+      w, w_status = weights.draft_weights(logits, executor=executor)
       if caps.representation == Representation.SPARSE:
-        ids, counts, n, a_status = allocation.allocate_sparse(w, k)
+        ids, counts, n, a_status = allocation.allocate_sparse(
+            w, k, executor=executor)
       else:
-        counts, a_status = allocation.allocate_dense(w)
-        ids, n = None, jnp.int32(counts.shape[-1])
-      index = draws.sample_counts(counts, audit.proposal_draw(key,
-                                                              anchor + i))
+        counts, a_status = allocation.allocate_dense(w, executor=executor)
+        ids, n = None, jnp.int32(caps.width)
+      index = draws.sample_counts(counts, audit.proposal_draw(
+          key, anchor + i), executor=executor)
       prev = index if ids is None else ids[index]
       status = jnp.where(w_status != 0, w_status, a_status)
       out.append((prev, status, codec.counts_to_q(counts), ids, n))
@@ -122,7 +138,7 @@ def draft_proposer(logits_fn, caps, *, backbone_fn=None):
       parts = chain(np.uint64(seed).view(np.int64), np.uint32(generation),
                     np.uint32(round_id), np.int64(anchor),
                     np.int32(last_token), int(depth))
-    parts = [None if p is None else np.asarray(p) for p in parts]
+    parts = [None if p is None else _local(p) for p in parts]
     if caps.greedy:
       proposal = Proposal(parts[0].astype(np.int32), None, None,
                           np.zeros(depth, np.int32))

@@ -22,12 +22,15 @@ from dyadic_jax.bridge.effects import Plan
 from dyadic_jax.bridge.verifier_session import empty_plan
 
 
-def pad(plan, caps):
-  """(size int64[2], plan padded to max_requests x max_depth)."""
+def pad(plan, caps, counts=True):
+  """(size int64[2], plan padded to max_requests x max_depth); without
+  `counts` the q rows stay behind ([R, D, 0])."""
   r, d = plan.draft.shape
   big = empty_plan(caps, [-1] * caps.max_requests,
                    [(0, 0)] * caps.max_requests, [0] * caps.max_requests,
                    caps.max_depth)
+  if not counts:
+    big = big._replace(counts=big.counts[..., :0])
   big.rids[:r] = plan.rids
   big.tags[:r] = plan.tags
   big.codes[:r] = plan.codes
@@ -48,17 +51,21 @@ def unpad(size, plan):
               plan.n[:r, :d], plan.stop)
 
 
-def plan_broadcast(caps: typing.Any) -> typing.Callable[[Plan | None], Plan]:
+def plan_broadcast(caps: typing.Any, *, counts: bool = True
+                   ) -> typing.Callable[[Plan | None], Plan]:
   """A `share_fn` for `Verifier`: rank 0's plan, on every rank.
 
   On the leader it takes the round's plan; on a follower its argument is
-  ignored (None) and it returns the leader's next plan.
+  ignored (None) and it returns the leader's next plan. counts=False: the
+  plan travels without its q (rank links: every rank already holds the
+  checked counts of its own block, `rank_links`); its counts are then
+  [R, D, 0].
   """
   def share(plan):
     leader = jax.process_index() == 0
     if plan is None:
       plan = empty_plan(caps, [-1], [(0, 0)], [0], caps.max_depth)
-    size, padded = pad(plan, caps)
+    size, padded = pad(plan, caps, counts)
     with jax.enable_x64(True):   # tags are int64: no silent int32 cast
       size, padded = multihost_utils.broadcast_one_to_all(
           (size, padded), is_source=leader)

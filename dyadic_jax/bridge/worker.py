@@ -21,7 +21,7 @@ from absl import logging
 
 from dyadic_jax.bridge import hello
 from dyadic_jax.bridge.counters import Counters
-from dyadic_jax.bridge.effects import Send
+from dyadic_jax.bridge.effects import Propose, Send
 from dyadic_jax.bridge.transport import Curve, Endpoint
 from dyadic_jax.bridge.worker_session import WorkerSession
 from dyadic_jax.wire.errors import Code
@@ -64,8 +64,7 @@ class Worker:
     for p in answer.propose:
       start = time.perf_counter()
       try:
-        self.propose(p.seed, p.generation, p.round, p.anchor, p.last_token,
-                     p.depth, out=p.rows)
+        self.draw(p)
       except Exception as e:  # pylint: disable=broad-except
         # The proposer is local code: its failure fails this request's
         # round (a counted fallback on both sides), never the worker.
@@ -75,6 +74,12 @@ class Worker:
       self.counters.event("propose_us",
                           int((time.perf_counter() - start) * 1e6))
     return self.session.finish(answer, failed)
+
+  def draw(self, p: Propose) -> None:
+    """Draws one proposal into its REPLY rows (a tensor-parallel worker's
+    leader first tells its other ranks: `rank_links.RankWorker`)."""
+    self.propose(p.seed, p.generation, p.round, p.anchor, p.last_token,
+                 p.depth, out=p.rows)
 
   def _release(self):
     for slot, trackers in list(self._trackers.items()):
@@ -107,14 +112,17 @@ def serve_forever(caps: hello.Capabilities,
                   propose_fn: typing.Callable[..., typing.Any], address: str,
                   *, secret: bytes | None, curve: Curve | None = None,
                   ready: typing.Callable[[str], None] | None = None,
-                  on_exit: typing.Callable[["Worker"], None] | None = None
+                  on_exit: typing.Callable[["Worker"], None] | None = None,
+                  worker_factory: typing.Callable[..., "Worker"] | None = None
                   ) -> None:
   """Binds `address` and serves until interrupted (SystemExit, Ctrl-C).
 
   ready(address) is called once the proposer is compiled and the socket
   bound; on_exit(worker) when the loop ends, whatever ended it.
+  worker_factory: builds the Worker (default `Worker`; a tensor-parallel
+  worker's leader passes `rank_links.RankWorker`'s).
   """
-  worker = Worker(caps, propose_fn, secret=secret)
+  worker = (worker_factory or Worker)(caps, propose_fn, secret=secret)
   endpoint = Endpoint.bind(address, max_message=worker.max_message,
                            curve=curve, counters=worker.counters)
   worker.warmup()

@@ -90,14 +90,18 @@ BODIES = {
         ("representation", "<u2"),   # Representation the worker sends
         ("max_support", "<u4"),      # k for sparse rows, V dense, 0 greedy
         ("max_requests", "<u2"),     # requests per batch slot
-        ("reserved", "<u2"),
+        ("shards", "<u2"),           # vocabulary shards of q (rank links)
         ("max_reply_bytes", "<u8"),  # bound on one round's reply message
         ("nonce", "S32"),            # fresh per HELLO (session key input)
         ("semantic_id", "S32"),      # "dyadic24-standard-v1"
         ("verifier_id", "S32"),
         ("id_map_hash", "S32"),      # hash of the global token id map
         ("draft_id", "S32"),         # draft checkpoint identity
-        ("target_id", "S32")]),      # target identity
+        ("target_id", "S32"),        # target identity
+        ("shard", "<u2"),            # this link's shard, in [0, shards)
+        ("reserved", "<u2"),
+        ("shard_lo", "<u4"),         # its global ids [shard_lo, shard_hi)
+        ("shard_hi", "<u4")]),
     Kind.STEP: np.dtype([
         ("slot", "<u2"), ("request", "<u2"), ("depth", "<u2"),
         ("policy", "<u2"),           # Policy
