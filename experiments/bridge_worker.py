@@ -85,6 +85,19 @@ def token_not_from_q(propose):
   return buggy
 
 
+def shard_mass(propose):
+  """The shard_mass drill's proposer (a rank s >= 1): its block is well
+  formed and sealed, but the first row's first entry carries 2^-24 more,
+  so the row's global mass is M + 1."""
+
+  def buggy(*args, out=None):
+    proposal = propose(*args, out=out)
+    if out is not None:
+      out.values[0, 0] += 2.0 ** -24
+    return proposal
+  return buggy
+
+
 def main(argv: list[str]) -> None:
   del argv
   if pipeline_config.KEYS_DIR.value is None and not (
@@ -118,6 +131,8 @@ def main(argv: list[str]) -> None:
       else None, executor=executor)
   if config.worker_bug == "token_not_from_q":
     propose = token_not_from_q(propose)
+  if config.worker_bug == "shard_mass" and rank == ranks - 1:
+    propose = shard_mass(propose)
   if config.insecure:
     print(pipeline_config.INSECURE_WARNING, file=sys.stderr, flush=True)
   secret, curve = config.link_keys("worker")

@@ -75,10 +75,14 @@ ENCRYPT = flags.DEFINE_bool(
     "encrypt", False, "Encrypt the bridge link with ZeroMQ CURVE (keys from "
     "--keys_dir; docs/security.md has its measured cost).")
 WORKER_BUG = flags.DEFINE_enum(
-    "worker_bug", "none", ["none", "token_not_from_q"], "Fault drill: "
-    "token_not_from_q: the worker sends its q but each drafted token is "
-    "the entry after the one its draw picked (never drawn from that q); "
-    "the verifier's sampling audit refuses every such proposal.")
+    "worker_bug", "none", ["none", "token_not_from_q", "shard_mass"],
+    "Fault drill: token_not_from_q: the worker sends its q but each drafted "
+    "token is the entry after the one its draw picked (never drawn from "
+    "that q); the verifier's sampling audit refuses every such proposal. "
+    "shard_mass (rank links): the worker's last rank adds 2^-24 to the "
+    "first entry of its block's first row, a well-formed, authenticated "
+    "shard whose row no longer sums to 1; only the verifier ranks' global "
+    "mass agreement can see it.")
 WORKER_RANKS = flags.DEFINE_integer(
     "worker_ranks", 1, f"Tensor-parallel ranks of the draft worker "
     f"(1..{MAX_RANKS}): jax.distributed processes on loopback, each holding one vocabulary "
@@ -94,6 +98,11 @@ cli.check("closeness", lambda c: 0.0 <= c <= 1.0,   # NaN fails it too
           "--closeness must be a number in [0, 1]")
 cli.check(["k", "vocab"], lambda k, vocab: vocab is None or k <= vocab,
           "--k must be <= --vocab")
+cli.check(["worker_bug", "q", "worker_ranks"],
+          lambda worker_bug, q, worker_ranks: worker_bug != "shard_mass" or (
+              q == "dense" and worker_ranks > 1),
+          "--worker_bug=shard_mass corrupts one rank link's shard: it needs "
+          "--q=dense and --worker_ranks > 1")
 cli.check(["insecure", "keys_dir", "encrypt"],
           lambda insecure, keys_dir, encrypt: not (insecure and (
               keys_dir or encrypt)),
@@ -116,7 +125,7 @@ class PipelineConfig:
     keys_dir: the bridge keys (None: a throwaway set, or --insecure).
     insecure: no authentication on the link.
     encrypt: ZeroMQ CURVE on the link.
-    worker_bug: "none" or the "token_not_from_q" drill.
+    worker_bug: "none", or the "token_not_from_q" or "shard_mass" drill.
     worker_ranks: tensor-parallel ranks of the worker (dense q: one rank
       link per rank, `Capabilities.shards`).
   """

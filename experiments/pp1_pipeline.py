@@ -143,6 +143,13 @@ _REQUEST_GROUPS = flags.DEFINE_integer(
 _FAULTS = flags.DEFINE_float(
     "inject_faults", 0.0, "Fraction of exchanges a loopback proxy damages, "
     "in [0, 1].")
+_FAULT_LINK = flags.DEFINE_integer(
+    "fault_link", 0, "With rank links: the rank whose link the "
+    "--inject_faults proxy sits on (0: the leader's session link).",
+    lower_bound=0, upper_bound=pipeline_config.MAX_RANKS - 1)
+_FAULT_KINDS = flags.DEFINE_list(
+    "fault_kinds", [], "The faults --inject_faults draws from (default: "
+    "all of drop, delay, duplicate, reorder, truncate, corrupt, reset).")
 _SEED = flags.DEFINE_integer(
     "seed", 0, f"Request seeds are seed * 1000003 + request id; seed in [0, "
     f"{_MAX_SEED}].", lower_bound=0, upper_bound=_MAX_SEED)
@@ -258,6 +265,15 @@ cli.check(["verifier_requests", "verifier_devices", "multiprocess",
           "--verifier_requests must divide --verifier_devices (and is for "
           "the single-process verifier: --multiprocess splits the "
           "vocabulary only)")
+cli.check(["fault_link", "q", "worker_ranks"],
+          lambda fault_link, q, worker_ranks: fault_link == 0 or (
+              q == "dense" and fault_link < worker_ranks),
+          "--fault_link names a rank link: it needs --q=dense and "
+          "--worker_ranks > it")
+cli.check("fault_kinds", lambda kinds: set(kinds) <= {
+    "drop", "delay", "duplicate", "reorder", "truncate", "corrupt", "reset"},
+          "--fault_kinds: a comma-separated subset of drop, delay, "
+          "duplicate, reorder, truncate, corrupt, reset")
 cli.check(["rank", "coordinator"],
           lambda rank, coordinator: rank == 0 or bool(coordinator),
           "--rank is internal: it needs --coordinator")
@@ -808,15 +824,17 @@ def _time_split(watch, worker_stats):
   return split
 
 
-def _link_figures(verifier, request_rounds, tmp):
-  """Per rank link: bytes in per request-round and seconds per round (the
-  leader's from its session, the others' from their --stats_out files)."""
+def _link_figures(verifier, request_rounds, tmp, ranks):
+  """Per link into the verifier (the session's; with rank links one per
+  rank): bytes in per request-round and per round, and the time from a
+  round's start to its last frame in (or the deadline), the session's from
+  the verifier, the other ranks' from their --stats_out files."""
   import numpy as np  # pylint: disable=g-import-not-at-top
   rounds = max(len(verifier.seconds), 1)
   links = [{"rank": 0, "bytes_in": verifier.counters.events("bytes_in"),
             "request_rounds": request_rounds,
             "round_seconds": list(verifier.seconds)}]
-  for rank in range(1, _verifier_ranks()):
+  for rank in range(1, ranks):
     try:
       with open(os.path.join(tmp, f"rank{rank}.json")) as f:
         links.append(json.load(f))
@@ -832,12 +850,13 @@ def _link_figures(verifier, request_rounds, tmp):
                 "bytes_per_round": link["bytes_in"] / rounds,
                 "round_ms_p50": float(np.median(t) * 1e3),
                 "round_ms_mean": float(t.mean() * 1e3),
-                "rounds": len(link["round_seconds"])})
+                "rounds": len(link["round_seconds"]),
+                "errors": link.get("counters", {}).get("errors", {})})
   return out
 
 
 def _summarize(run, verifier, config, worker_stats, proxy, watch, check,
-               links=None):
+               links):
   """The JSON record of a run."""
   import numpy as np  # pylint: disable=g-import-not-at-top
   caps = verifier.caps
@@ -861,7 +880,7 @@ def _summarize(run, verifier, config, worker_stats, proxy, watch, check,
                  "multiprocess": _verifier_ranks() > 1,
                  "verifier_ranks": _verifier_ranks(),
                  "worker_ranks": config.worker_ranks,
-                 "rank_links": bool(links),
+                 "rank_links": config.rank_links,
                  "verifier_mesh": ({"requests": 1, "vocab": _verifier_ranks()}
                                    if _verifier_ranks() > 1 else
                                    {"requests": _REQUEST_GROUPS.value,
@@ -904,10 +923,9 @@ def _summarize(run, verifier, config, worker_stats, proxy, watch, check,
   record["committed"] = {
       str(r): list(verifier.requests[r].tokens[len(_request_spec(
           r, caps.vocab)[0]):]) for r in run.outputs if r in verifier.requests}
-  if links is not None:
-    record["bytes_per_link"] = {str(x["rank"]): x["bytes_per_request_round"]
-                                for x in links}
-    record["links"] = links
+  record["bytes_per_link"] = {str(x["rank"]): x["bytes_per_request_round"]
+                              for x in links}
+  record["links"] = links
   record["generated_by_request"] = {
       str(r): sum(len(x.committed) for x in results if x.rid == r)
       for r in run.outputs}
@@ -949,11 +967,13 @@ def _print_summary(record):
           ("tokens per request-round", f"{record['tokens_per_round']:.3f}")]
   for name, value in rows:
     print(f"  {name:<28} {value}")
-  for link in record.get("links", []):
-    print(f"  {'rank link ' + str(link['rank']):<28} "
+  for link in record["links"]:
+    name = (f"rank link {link['rank']}" if c["rank_links"] else
+            "link (exchange)")
+    print(f"  {name:<28} "
           f"{link['bytes_per_request_round']:,.0f} B per request-round, "
-          f"p50 {link['round_ms_p50']:.1f} ms per round "
-          f"({link['rounds']} rounds)")
+          f"p50 {link['round_ms_p50']:.1f} ms per round"
+          + (f", refused {link['errors']}" if link["errors"] else ""))
   print("  acceptance by position       " + "  ".join(
       "-" if a is None else f"{a:.3f}"
       for a in record["acceptance_by_position"]))
@@ -1121,9 +1141,14 @@ def _lead(tmp):
       workers.append(_WorkerGroup(config, tmp, on_death, [
           _link_address(tmp, s) for s in range(config.worker_ranks)]))
       coordinator = f"127.0.0.1:{_free_port()}"
+      shard_links = list(workers[0].addresses)
+      if _FAULTS.value > 0 and _FAULT_LINK.value:
+        # Between verifier rank s and worker rank s (both start later).
+        proxy = _proxy(shard_links[_FAULT_LINK.value])
+        shard_links[_FAULT_LINK.value] = proxy.address
       for rank in range(1, _verifier_ranks()):
         log = os.path.join(tmp, f"follower{rank}.log")
-        link = [f"--shard_address={workers[0].addresses[rank]}"
+        link = [f"--shard_address={shard_links[rank]}"
                 if config.rank_links else "--shard_address="]
         if config.keys_dir and not flags.FLAGS["keys_dir"].present:
           link.append(f"--keys_dir={config.keys_dir}")   # the throwaway set
@@ -1149,11 +1174,8 @@ def _lead(tmp):
         verifier = _build_verifier(jax, config, None, share, watch)
     with watch.phase("worker start-up"):
       address = workers[0].wait_ready()
-      if _FAULTS.value > 0:
-        from dyadic_jax.testing import proxy as proxy_lib  # pylint: disable=g-import-not-at-top
-        proxy = proxy_lib.Proxy("tcp://127.0.0.1:0", address,
-                                rate=_FAULTS.value, seed=_SEED.value,
-                                deadline_s=_TIMEOUT.value).start()
+      if _FAULTS.value > 0 and not _FAULT_LINK.value:
+        proxy = _proxy(address)
         address = proxy.address
       verifier.address = address
       verifier.open()
@@ -1193,8 +1215,8 @@ def _lead(tmp):
         except subprocess.TimeoutExpired:
           follower.kill()
   watch.stop()
-  links = (_link_figures(verifier, len(run.results), tmp)
-           if config.rank_links else None)
+  links = _link_figures(verifier, len(run.results), tmp,
+                        _verifier_ranks() if config.rank_links else 1)
   record = _summarize(run, verifier, config, worker_stats, proxy, watch,
                       check, links)
   _print_summary(record)
@@ -1208,6 +1230,15 @@ def _lead(tmp):
   if check is not None and check["verdict"] != "pass":
     return 1
   return 0
+
+
+def _proxy(address):
+  """The --inject_faults proxy in front of the worker at `address`."""
+  from dyadic_jax.testing import proxy as proxy_lib  # pylint: disable=g-import-not-at-top
+  kinds = tuple(_FAULT_KINDS.value) or proxy_lib.KINDS
+  return proxy_lib.Proxy("tcp://127.0.0.1:0", address, rate=_FAULTS.value,
+                         seed=_SEED.value, deadline_s=_TIMEOUT.value,
+                         kinds=kinds).start()
 
 
 def _cleanup(workers, tmp):

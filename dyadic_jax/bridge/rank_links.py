@@ -60,7 +60,6 @@ from jax.experimental import multihost_utils
 import numpy as np
 
 from dyadic_jax import qcheck
-from dyadic_jax.bridge import audit as audit_lib
 from dyadic_jax.bridge import transport
 from dyadic_jax.bridge.counters import Counters
 from dyadic_jax.bridge.effects import Stage, Verify
@@ -429,7 +428,7 @@ class RankVerifier(Verifier):
     super().__init__(caps, address, **kwargs)
     self.agreement = _Agreement(caps, executor, assemble)
     self._counts = None
-    self.seconds = []     # per exchange: STEP sent to its answer staged
+    self._ex = None
 
   def warmup(self):
     """The validation is the agreement's collective check: nothing to
@@ -451,25 +450,15 @@ class RankVerifier(Verifier):
       self._counts = None
     return self.execute(effect.plan)
 
+  def on_begin(self, exchange):
+    self._ex = exchange
+    self.agreement.expect(exchange.rids, [exchange.tags[r]
+                                          for r in exchange.rids],
+                          exchange.depth)
+
   def _exchange(self, rids, depth):
-    session = self.session
-    send = session.begin(rids, depth, self.clock())
-    ex = session.exchange
-    self.agreement.expect(ex.rids, [ex.tags[r] for r in ex.rids], depth)
-    start = self.clock()
-    sent = self._send(send)
-    draws = None
-    if session.audit:
-      draws = audit_lib.proposal_draws(*session.draw_inputs(), depth,
-                                       pad_to=self.caps.max_requests)
-    effects = [] if sent else session.poll(float("inf"))
-    while not effects:
-      left = ex.deadline - self.clock()
-      got = self.endpoint.recv(left) if left > 0 else None
-      effects = (session.receive(got[1], self.clock()) if got is not None
-                 else session.poll(self.clock()))
-    effect = effects[0]
-    self.seconds.append(self.clock() - start)
+    effect, draws = self._answer(rids, depth)
+    ex, session = self._ex, self.session
     codes = (effect.codes if isinstance(effect, Stage) else np.maximum(
         effect.plan.codes, 1).astype(np.int32))
     row_codes, self._counts = self.agreement.agree(

@@ -94,6 +94,9 @@ class Verifier:
     self.endpoint = None
     self._bound = 0
     self._warm = False
+    # Per exchange: seconds from its STEP to its answer (or its deadline),
+    # before validation: what the link took.
+    self.seconds: list[float] = []
 
   # -- plumbing --------------------------------------------------------------
 
@@ -214,8 +217,18 @@ class Verifier:
   def _exchange(self, rids, depth):
     """STEP out, answers in, rows validated and audited: the round's
     `Verify` (its Plan). Never waits past the exchange's deadline."""
+    effect, draws = self._answer(rids, depth)
+    if isinstance(effect, Stage):
+      effect = self.validate(effect, draws)
+    return effect
+
+  def _answer(self, rids, depth):
+    """STEP out, the answer in (or the deadline): (the session's first
+    effect, the audit's PROPOSAL draws or None)."""
     session = self.session
-    send = session.begin(rids, depth, self.clock())
+    start = self.clock()
+    send = session.begin(rids, depth, start)
+    self.on_begin(session.exchange)
     sent = self._send(send)
     draws = None
     if session.audit:     # computed while the worker drafts
@@ -227,10 +240,12 @@ class Verifier:
       got = self.endpoint.recv(left) if left > 0 else None
       effects = (session.receive(got[1], self.clock()) if got is not None
                  else session.poll(self.clock()))
-    effect = effects[0]
-    if isinstance(effect, Stage):
-      effect = self.validate(effect, draws)
-    return effect
+    self.seconds.append(self.clock() - start)
+    return effects[0], draws
+
+  def on_begin(self, exchange: typing.Any) -> None:
+    """Called once a round's STEP is made, before it is sent (the rank
+    links' leader tells its other ranks what to expect)."""
 
   def validate(self, stage: Stage,
                draws: np.ndarray | None = None) -> Verify:
