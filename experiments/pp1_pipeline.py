@@ -841,6 +841,10 @@ def _link_figures(verifier, request_rounds, tmp, ranks):
     except (OSError, ValueError):
       links.append({"rank": rank, "bytes_in": 0, "request_rounds": 0,
                     "round_seconds": []})
+  # What every rank committed: a follower's requests, token for token.
+  mine = {str(rid): list(req.tokens)
+          for rid, req in verifier.requests.items()}
+  agree = all(link.get("committed") == mine for link in links[1:])
   out = []
   for link in links:
     t = np.asarray(link["round_seconds"] or [0.0])
@@ -852,11 +856,11 @@ def _link_figures(verifier, request_rounds, tmp, ranks):
                 "round_ms_mean": float(t.mean() * 1e3),
                 "rounds": len(link["round_seconds"]),
                 "errors": link.get("counters", {}).get("errors", {})})
-  return out
+  return out, agree
 
 
 def _summarize(run, verifier, config, worker_stats, proxy, watch, check,
-               links):
+               links, agree):
   """The JSON record of a run."""
   import numpy as np  # pylint: disable=g-import-not-at-top
   caps = verifier.caps
@@ -926,6 +930,9 @@ def _summarize(run, verifier, config, worker_stats, proxy, watch, check,
   record["bytes_per_link"] = {str(x["rank"]): x["bytes_per_request_round"]
                               for x in links}
   record["links"] = links
+  if config.rank_links:
+    # Every verifier rank committed exactly what the leader did.
+    record["ranks_committed_identical"] = agree
   record["generated_by_request"] = {
       str(r): sum(len(x.committed) for x in results if x.rid == r)
       for r in run.outputs}
@@ -1097,7 +1104,10 @@ def _follower():
     with open(_STATS_OUT.value, "w") as f:
       json.dump({"rank": _RANK.value, "rounds": rounds,
                  **receiver.figures(),
-                 "counters": receiver.counters.snapshot()}, f)
+                 "counters": receiver.counters.snapshot(),
+                 "committed": {str(rid): list(req.tokens)
+                               for rid, req in verifier.requests.items()}},
+                f)
   receiver.close()
   jax.distributed.shutdown()
 
@@ -1215,10 +1225,10 @@ def _lead(tmp):
         except subprocess.TimeoutExpired:
           follower.kill()
   watch.stop()
-  links = _link_figures(verifier, len(run.results), tmp,
-                        _verifier_ranks() if config.rank_links else 1)
+  links, agree = _link_figures(verifier, len(run.results), tmp,
+                               _verifier_ranks() if config.rank_links else 1)
   record = _summarize(run, verifier, config, worker_stats, proxy, watch,
-                      check, links)
+                      check, links, agree)
   _print_summary(record)
   if _JSON_OUT.value:
     with open(_JSON_OUT.value, "w") as f:

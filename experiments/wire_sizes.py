@@ -27,6 +27,13 @@ is bytes per request per round x N / round time, as a percentage of
 link sustains floor(link bytes per round / bytes per request per round)
 concurrent requests (link bytes per round = link_gbps 10^9 / 8 x round_ms
 10^-3, exact decimal arithmetic, floored to whole bytes).
+
+The rank links of a TP-n pair (--link_ranks; dyadic_jax/bridge/rank_links.py)
+are in both tables: rank 0's link ("tp2_link0") carries the session's REPLY
+frame of vocabulary block 0 (ceil(V / n) entries per row) and the
+COMPLETION, rank s >= 1's link ("tp2_link") the REPLY frame of its block
+alone; the frames are encoded with the capabilities of those links. The
+pipeline measures the same bytes on a live run (its "bytes_per_link").
 """
 
 from fractions import Fraction
@@ -56,6 +63,9 @@ _JSON_OUT = flags.DEFINE_string("json_out", None,
 _FLEET = flags.DEFINE_list(
     "fleet", ["1", "4", "16", "64", "256"], "Concurrent requests N (each "
     ">= 1) on one worker -> verifier link for the fleet table.")
+_LINK_RANKS = flags.DEFINE_list(
+    "link_ranks", ["2"], "TP sizes n (each in [2, 64]) whose rank links "
+    "join the tables.")
 _ROUND_MS = flags.DEFINE_float(
     "round_ms", 20.0, "Verification round time in ms (> 0): every request "
     "ships one round of q (depth rows) per round time.")
@@ -64,6 +74,8 @@ cli.check(["ks", "vocab"], lambda ks, vocab: cli.int_list(ks, 1, vocab),
           "--ks must be integers in [1, --vocab]")
 cli.check("fleet", lambda n: cli.int_list(n, 1, 1 << 40),
           "--fleet must be positive integers")
+cli.check("link_ranks", lambda n: cli.int_list(n, 2, 64),
+          "--link_ranks must be integers in [2, 64]")
 for _name in ("link_gbps", "round_ms"):
   cli.check(_name, lambda x: math.isfinite(x) and 0 < x <= 1e9,
             f"--{_name} must be a positive number")
@@ -74,6 +86,7 @@ cli.parse_flags_early(__name__)
 import numpy as np
 
 import dyadic_jax as dj
+from dyadic_jax.bridge import hello
 from dyadic_jax.wire import codec, layouts
 # pylint: enable=g-import-not-at-top,g-bad-import-order,wrong-import-position
 
@@ -105,6 +118,21 @@ def _reply_frame(vocab, k, depth):
   if rows.ids is not None:
     rows.ids[:] = np.arange(k, dtype=np.int32)
   return bytes(buf), bounds
+
+
+def _rank_link_frame(vocab, depth, ranks, rank):
+  """One REPLY frame of a rank link (block `rank` of `ranks`), encoded with
+  that link's capabilities."""
+  caps = hello.Capabilities(vocab=vocab, max_depth=depth,
+                            representation=layouts.Representation.DENSE,
+                            shards=ranks, shard=rank)
+  bounds = caps.bounds
+  buf = bytearray(bounds.reply_bytes(depth))
+  _, rows = codec.begin_reply(buf, bounds=bounds, session=1, generation=0,
+                              round_id=0, request=0, depth=depth)
+  rows.values[:] = 0
+  rows.n[:] = caps.width
+  return bytes(buf)
 
 
 def link_bytes_per_round(link_gbps: float, round_ms: float) -> int:
@@ -142,7 +170,8 @@ def fleet_table(rows: list[dict[str, typing.Any]], *, depth: int,
     if r["layout"] == "tp2_shard":
       continue  # one shard of a split link, not a whole request's q
     per_request = {"estimate": r["estimate_request"],
-                   "measured": r["frames_request"] + completion}
+                   "measured": r["frames_request"] + (
+                       completion if r.get("completion", True) else 0)}
     entry = {"layout": r["layout"]}
     for kind, size in per_request.items():
       entry[f"{kind}_bytes_request_round"] = size
@@ -164,19 +193,19 @@ def fleet_table(rows: list[dict[str, typing.Any]], *, depth: int,
   print("  bytes per request per round: estimate = q payload only (seed); "
         f"measured = its REPLY frame ({depth} rows) + 1 COMPLETION frame "
         f"({completion} B)")
-  print(f"  {'layout':>8} {'est B/req':>11} {'meas B/req':>11} "
+  print(f"  {'layout':>10} {'est B/req':>11} {'meas B/req':>11} "
         f"{'sustained est':>14} {'sustained meas':>15}")
   for e in out["layouts"]:
-    print(f"  {e['layout']:>8} {e['estimate_bytes_request_round']:>11,} "
+    print(f"  {e['layout']:>10} {e['estimate_bytes_request_round']:>11,} "
           f"{e['measured_bytes_request_round']:>11,} "
           f"{e['estimate_sustained']:>14,} {e['measured_sustained']:>15,}")
   print("  link load, % of the link (estimate / measured); > 100% does not "
         "fit in a round")
-  print(f"  {'layout':>8} " + " ".join(f"{'N=' + str(n):>17}" for n in fleet))
+  print(f"  {'layout':>10} " + " ".join(f"{'N=' + str(n):>17}" for n in fleet))
   for e in out["layouts"]:
     cells = [f"{b['estimate_link_pct']:.3g}/{b['measured_link_pct']:.3g}"
              for b in e["by_requests"]]
-    print(f"  {e['layout']:>8} " + " ".join(f"{c:>17}" for c in cells))
+    print(f"  {e['layout']:>10} " + " ".join(f"{c:>17}" for c in cells))
   return out
 
 
@@ -209,6 +238,21 @@ def main(argv: list[str]) -> int:
                            "frames_request": measured,
                            "framing_request": measured - per_request,
                            "ideal_ms_request": ideal_ms})
+  for n in sorted({int(x) for x in _LINK_RANKS.value}):
+    block = -(-vocab // n)
+    for rank, name in ((0, f"tp{n}_link0"), (1, f"tp{n}_link")):
+      frame = len(_rank_link_frame(vocab, depth, n, rank))
+      per_request = 4 * block * depth
+      ideal_ms = per_request / link_bytes_per_ms
+      print(f"{name:>10} {per_request:>13,} {per_request * requests:>13,} "
+            f"{frame:>15,} {frame / per_request - 1:>8.2%} "
+            f"{ideal_ms:>13.4f}")
+      record["rows"].append({"layout": name, "estimate_request": per_request,
+                             "estimate_batch": per_request * requests,
+                             "frames_request": frame,
+                             "framing_request": frame - per_request,
+                             "ideal_ms_request": ideal_ms,
+                             "completion": rank == 0})
   two_slots = 2 * rows["dense"] * depth * requests
   print(f"two in-flight dense batch slots: {two_slots:,} bytes "
         f"({two_slots / 2 ** 20:.2f} MiB)")

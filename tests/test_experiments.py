@@ -132,11 +132,15 @@ def test_wire_sizes_fleet(tmp_path):
   assert link == 40 * 10 ** 9 // 8 * 75 // 10_000  # 37.5 MB in 7.5 ms
   assert fleet["requests"] == [1, 3, 1000]
   assert [e["layout"] for e in fleet["layouts"]] == [
-      "dense", "k16", "k32", "k64", "k256"]
+      "dense", "k16", "k32", "k64", "k256", "tp2_link0", "tp2_link"]
   frames = {r["layout"]: r["frames_request"] for r in record["rows"]}
+  # A rank link of TP-2: half the dense row (64,640 entries) per row; only
+  # the session's link (rank 0) carries the COMPLETION.
+  assert frames["tp2_link"] == 48 + 16 + 5 * (8 + 4 * 64_640)
   for e in fleet["layouts"]:
     assert e["measured_bytes_request_round"] == (
-        frames[e["layout"]] + fleet["completion_frame"])
+        frames[e["layout"]] + (0 if e["layout"] == "tp2_link"
+                               else fleet["completion_frame"]))
     for kind in ("estimate", "measured"):
       size, sustained = (e[f"{kind}_bytes_request_round"],
                          e[f"{kind}_sustained"])

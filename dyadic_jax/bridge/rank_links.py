@@ -163,6 +163,12 @@ class ShardSender:
           if tracker is not None:
             inflight.append((tracker, frame))
 
+  @property
+  def link_session(self):
+    """The session id frames go out under (None before any HELLO)."""
+    with self._lock:
+      return None if self._link is None else self._link[0]
+
   def frame(self, request, tag, depth):
     """(frame, rows) of a REPLY to fill, or None before any HELLO."""
     with self._lock:
