@@ -116,7 +116,9 @@ def main(argv: list[str]) -> None:
   logging.getLogger("jax._src.xla_bridge").setLevel(logging.WARNING)
   config = pipeline_config.from_flags()
   ranks, rank = config.worker_ranks, _RANK.value
-  caps = config.capabilities().link(rank)
+  caps = config.capabilities()
+  if config.rank_links:
+    caps = caps.link(rank)       # this rank's block
   executor = rowops.LOCAL
   if ranks > 1:
     # One CPU device per rank; the draws' collectives run over gloo.

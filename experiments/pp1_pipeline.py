@@ -626,7 +626,8 @@ def _build_verifier(jax: typing.Any, config: pipeline_config.PipelineConfig,
   # session keys (its rank link is opened with its own, `_follower`).
   secret, curve = ((None, None) if _RANK.value else
                    config.link_keys("verifier"))
-  kind, extra = bridge.Verifier, {}
+  kind: typing.Any = bridge.Verifier
+  extra = {}
   if config.rank_links and not _RANK.value:
     kind = rank_links.RankVerifier
     extra = {"executor": executor, "assemble": assemble}

@@ -156,3 +156,25 @@ def test_wire_sizes_fleet(tmp_path):
   dense = fleet["layouts"][0]
   assert dense["estimate_bytes_request_round"] == 5 * 4 * dj.DEFAULT_VOCAB
   assert dense["estimate_sustained"] == 14  # 37.5e6 // 2,585,600
+
+
+@pytest.mark.long
+@pytest.mark.multidevice
+def test_bench_rank_links(tmp_path):
+  """One link vs rank links, one run: each rank link carries half of the
+  one link's q bytes, and both modes commit the same tokens."""
+  stdout, record = _run("bench_rank_links", tmp_path, "--vocab=512",
+                        "--tokens=3")
+  assert record["committed_identical"]
+  assert "committed tokens identical in both modes: True" in stdout
+  one, *ranked = record["links"]
+  assert [r["mode"] for r in record["links"]] == ["one link", "rank links",
+                                                  "rank links"]
+  frame = lambda width: 48 + 16 + 5 * (8 + 4 * width)   # a REPLY frame
+  assert one["bytes_per_request_round"] >= frame(512) + 96
+  assert ranked[0]["bytes_per_request_round"] >= frame(256) + 96
+  assert ranked[1]["bytes_per_request_round"] >= frame(256)
+  for r in record["links"]:
+    assert r["ratio_to_ideal"] == pytest.approx(
+        r["ms_per_request"] / r["ideal_ms_per_request"])
+    assert r["fallback_rounds"] == 0

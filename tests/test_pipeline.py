@@ -123,16 +123,23 @@ def test_default_pipeline_multiprocess(tmp_path):
   multi, _, _ = _run(tmp_path, "--tokens=8", "--vocab=4096", "--multiprocess")
   grid, stdout, _ = _run(tmp_path, "--tokens=8", "--vocab=4096",
                          "--verifier_devices=4", "--verifier_requests=2")
+  # A TP-2 worker (sparse: its ranks draw together, rank 0 sends the k
+  # entries of the global top-k) and a TP-2 verifier: 4 processes.
+  tp, tp_out, _ = _run(tmp_path, "--tokens=8", "--vocab=4096",
+                       "--worker_ranks=2", "--verifier_ranks=2")
+  assert tp["config"]["worker_ranks"] == 2 and not tp["config"]["rank_links"]
+  assert "worker ranks 2" in tp_out
   _healthy(multi)
   assert multi["errors"] == {} and multi["config"]["multiprocess"]
   assert grid["config"]["verifier_mesh"] == {"requests": 2, "vocab": 2}
   assert "verifier mesh 2x2" in stdout
   # Two gloo ranks, and 2 request groups of 2 vocabulary shards, commit
   # exactly what one process with two devices does.
-  for key in ("tokens", "outputs", "rounds", "mean_accepted",
+  for key in ("tokens", "outputs", "committed", "rounds", "mean_accepted",
               "acceptance_by_position"):
     assert multi[key] == single[key], key
     assert grid[key] == single[key], key
+    assert tp[key] == single[key], key
 
 
 @pytest.mark.long

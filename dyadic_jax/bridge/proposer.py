@@ -20,6 +20,7 @@ import typing
 
 import jax
 import jax.numpy as jnp
+from jax.experimental import multihost_utils
 import numpy as np
 
 from dyadic_jax import allocation, codec, draws, rowops, weights
@@ -68,13 +69,16 @@ def write(out, proposal):
     np.copyto(out.ids[:depth], proposal.ids)
 
 
-def _local(x):
-  """Host copy of this process's part of a proposer output: the whole of a
-  replicated one (tokens, n, sparse rows), this rank's vocabulary block of
-  a dense one when the chain ran over a mesh that spans processes."""
-  if isinstance(x, jax.Array) and not x.is_fully_addressable:
-    x = x.addressable_shards[0].data
-  return np.asarray(x)
+def _host(x, block=False):
+  """Host copy of a proposer output. With a mesh that spans processes:
+  `block` (dense rows) is this rank's vocabulary block; anything else is
+  the whole value (tokens, n, sparse rows: replicated, or gathered where
+  the compiler left it split)."""
+  if not isinstance(x, jax.Array) or x.is_fully_addressable:
+    return np.asarray(x)
+  if block or x.is_fully_replicated:
+    return np.asarray(x.addressable_shards[0].data)
+  return np.asarray(multihost_utils.process_allgather(x, tiled=True))
 
 
 def draft_proposer(logits_fn, caps, *, backbone_fn=None,
@@ -138,7 +142,9 @@ def draft_proposer(logits_fn, caps, *, backbone_fn=None,
       parts = chain(np.uint64(seed).view(np.int64), np.uint32(generation),
                     np.uint32(round_id), np.int64(anchor),
                     np.int32(last_token), int(depth))
-    parts = [None if p is None else _local(p) for p in parts]
+    dense = caps.representation == Representation.DENSE
+    parts = [None if p is None else _host(p, block=dense and i == 2)
+             for i, p in enumerate(parts)]
     if caps.greedy:
       proposal = Proposal(parts[0].astype(np.int32), None, None,
                           np.zeros(depth, np.int32))

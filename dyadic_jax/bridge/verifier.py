@@ -96,7 +96,7 @@ class Verifier:
     self._warm = False
     # Per exchange: seconds from its STEP to its answer (or its deadline),
     # before validation: what the link took.
-    self.seconds: list[float] = []
+    self.seconds = []
 
   # -- plumbing --------------------------------------------------------------
 
