@@ -32,10 +32,29 @@ per-round figures.
 
 Modes:
 
-  --multiprocess       the verifier runs as 2 jax.distributed ranks (gloo
+  --verifier_ranks=N   the verifier runs as N jax.distributed ranks (gloo
                        collectives on 127.0.0.1, one CPU device each) plus
-                       the worker: 3 processes. The leader validates and
-                       broadcasts the verdict with q; both ranks verify.
+                       the worker. The leader validates and broadcasts the
+                       verdict with q; every rank verifies. --multiprocess
+                       is --verifier_ranks=2.
+  --worker_ranks=N     the worker runs as N jax.distributed ranks (a TP-N
+                       draft: each rank one vocabulary block; the draws are
+                       shard-then-token collectives, the leader owns the
+                       keys). With --q=dense and --verifier_ranks=N each
+                       worker rank sends only its block to the verifier
+                       rank of the same index on its own link; the verifier
+                       ranks agree on every row (global mass, audit) before
+                       use and the plan travels without q
+                       (dyadic_jax/bridge/rank_links.py). The summary and
+                       the JSON's "links" give each link's bytes and time
+                       per round; "committed" (every mode) each request's
+                       committed tokens, the same as one process's.
+                       Drills: --kill_worker_at (its last rank dies, the
+                       worker restarts), --inject_faults with --fault_link=S
+                       (the proxy on rank S's link; --fault_kinds=drop,...)
+                       and --worker_bug=shard_mass (rank N-1's shard is
+                       authentic but its row's mass is M + 1): each
+                       proposal they touch is discarded on every rank.
   --inject_faults=R    a loopback proxy (dyadic_jax.testing.proxy) damages a
                        fraction R of the exchanges (drop, delay, duplicate,
                        reorder, truncate, corrupt, reset); the run still

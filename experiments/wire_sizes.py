@@ -222,13 +222,8 @@ def main(argv: list[str]) -> int:
   print(f"{'layout':>10} {'est/request':>13} {'est/batch':>13} "
         f"{'REPLY/request':>15} {'overhead':>9} {'ideal ms/req':>13}")
   record: dict[str, typing.Any] = {"vocab": vocab, "depth": depth, "requests": requests, "rows": []}
-  for name, row_bytes in rows.items():
-    per_request = row_bytes * depth
-    k = int(name[1:]) if name.startswith("k") else None
-    frame, bounds = _reply_frame(-(-vocab // 2) if name == "tp2_shard"
-                                 else vocab, k, depth)
-    codec.decode(frame, bounds, validate_rows=True)   # a valid frame
-    measured = len(frame)
+
+  def add(name, per_request, measured, **extra):
     ideal_ms = per_request / link_bytes_per_ms
     print(f"{name:>10} {per_request:>13,} {per_request * requests:>13,} "
           f"{measured:>15,} {measured / per_request - 1:>8.2%} "
@@ -237,22 +232,19 @@ def main(argv: list[str]) -> int:
                            "estimate_batch": per_request * requests,
                            "frames_request": measured,
                            "framing_request": measured - per_request,
-                           "ideal_ms_request": ideal_ms})
+                           "ideal_ms_request": ideal_ms, **extra})
+
+  for name, row_bytes in rows.items():
+    k = int(name[1:]) if name.startswith("k") else None
+    frame, bounds = _reply_frame(-(-vocab // 2) if name == "tp2_shard"
+                                 else vocab, k, depth)
+    codec.decode(frame, bounds, validate_rows=True)   # a valid frame
+    add(name, row_bytes * depth, len(frame))
   for n in sorted({int(x) for x in _LINK_RANKS.value}):
-    block = -(-vocab // n)
     for rank, name in ((0, f"tp{n}_link0"), (1, f"tp{n}_link")):
-      frame = len(_rank_link_frame(vocab, depth, n, rank))
-      per_request = 4 * block * depth
-      ideal_ms = per_request / link_bytes_per_ms
-      print(f"{name:>10} {per_request:>13,} {per_request * requests:>13,} "
-            f"{frame:>15,} {frame / per_request - 1:>8.2%} "
-            f"{ideal_ms:>13.4f}")
-      record["rows"].append({"layout": name, "estimate_request": per_request,
-                             "estimate_batch": per_request * requests,
-                             "frames_request": frame,
-                             "framing_request": frame - per_request,
-                             "ideal_ms_request": ideal_ms,
-                             "completion": rank == 0})
+      add(name, 4 * -(-vocab // n) * depth,
+          len(_rank_link_frame(vocab, depth, n, rank)),
+          completion=rank == 0)
   two_slots = 2 * rows["dense"] * depth * requests
   print(f"two in-flight dense batch slots: {two_slots:,} bytes "
         f"({two_slots / 2 ** 20:.2f} MiB)")

@@ -4,8 +4,10 @@ A sans-I/O protocol core (`WorkerSession`, `VerifierSession`: pure state
 machines, messages and time in, messages and typed effects out), thin
 ZeroMQ drivers around them (`Worker`, `Verifier`), capabilities and HELLO
 negotiation, staging slots, the sampling audit, key files (`keys`, also the command
-`python -m dyadic_jax.bridge.keys DIR`) and the plan broadcast of a
-multi-rank verifier (`ranks`); those two are imported on demand. The
+`python -m dyadic_jax.bridge.keys DIR`), the plan broadcast of a
+multi-rank verifier (`ranks`) and the rank-to-rank q links of a
+tensor-parallel worker and verifier (`rank_links`); those three are
+imported on demand. The
 verifier takes its verification function as an argument (single-device
 `dyadic_jax.verify_chain` or the sharded one); this package never imports
 `sharding` (docs/architecture.md).

@@ -146,12 +146,14 @@ class ShardSender:
       if got is not None:
         peer, message = got
         answer = self.session.receive(message)
-        for send in answer.send:
-          self.endpoint.send(send.message, peer)
         pending = self.session.pending
         if answer.send and pending is not None:
+          # Before the answer goes out: once the verifier rank has it, the
+          # frames of its session can be made.
           with self._lock:
             self._peer, self._link = peer, (pending.id, pending.keys)
+        for send in answer.send:
+          self.endpoint.send(send.message, peer)
       while True:
         try:
           frame = self._outbox.get_nowait()
