@@ -197,8 +197,10 @@ _LINKS = ("--worker_ranks=2", "--verifier_ranks=2")
 def test_rank_links_commit_what_one_process_commits(tmp_path):
   """A TP-2 worker and a TP-2 verifier, 4 processes, each verifier rank
   receiving only its block of q: the same tokens as one process."""
-  single, _, _ = _run(tmp_path, *_RANKS)
-  links, stdout, _ = _run(tmp_path, *_RANKS, *_LINKS)
+  # A generous deadline: a loaded machine must not turn a slow healthy
+  # round into a fallback (which would change the committed tokens).
+  single, _, _ = _run(tmp_path, *_RANKS, "--timeout=30")
+  links, stdout, _ = _run(tmp_path, *_RANKS, *_LINKS, "--timeout=30")
   _healthy(links, tokens=6)
   assert links["errors"] == {} and links["fallback_rounds"] == 0
   assert links["config"]["rank_links"] and not single["config"]["rank_links"]
