@@ -230,7 +230,8 @@ def test_rank_link_faults_discard_everywhere(tmp_path, drill):
   flags = {"kill_worker_at": ["--kill_worker_at=1"],
            "drop_link_1": ["--inject_faults=1", "--fault_link=1",
                            "--fault_kinds=drop", "--timeout=1.0"],
-           "corrupt_shard_1": ["--worker_bug=shard_mass"]}
+           # A generous deadline: no slow first round may time out.
+           "corrupt_shard_1": ["--worker_bug=shard_mass", "--timeout=30"]}
   flags["kill_worker_rank"] = flags.pop("kill_worker_at")
   record, _, _ = _run(tmp_path, *_RANKS, *_LINKS, *flags[drill])
   _healthy(record, tokens=6, verified=drill == "kill_worker_rank")

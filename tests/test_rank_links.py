@@ -31,9 +31,17 @@ def link():
   receiver = rank_links.ShardReceiver(CAPS.link(1), sender.address,
                                       secret=SECRET, timeout_s=5.0)
   receiver.open(attempts=3)
+  _wait(lambda: sender.link_session is not None)   # the confirmation is in
   yield sender, receiver
   receiver.close()
   sender.close()
+
+
+def _wait(condition):
+  deadline = time.monotonic() + 60      # a guard, not a measurement
+  while not condition() and time.monotonic() < deadline:
+    time.sleep(0.01)
+  assert condition()
 
 
 def _send(sender, request, tag, depth=3, seed=0, edit=None):
@@ -102,9 +110,7 @@ def test_stale_and_forged_frames_are_refused(link):
   collect = threading.Thread(target=lambda: out.append(receiver.collect(
       [10], [(0, 5)], 3)))
   collect.start()
-  deadline = time.monotonic() + 60      # a guard, not a measurement
-  while sender.link_session == before and time.monotonic() < deadline:
-    time.sleep(0.01)
+  _wait(lambda: sender.link_session != before)
   want = _send(sender, 10, (0, 5))
   collect.join()
   rows, codes = out[0]
@@ -141,6 +147,21 @@ def test_a_peer_without_the_key_opens_nothing():
     receiver.close()
   finally:
     sender.close()
+
+
+def test_a_replayed_hello_cannot_take_the_link(link):
+  """A HELLO recorded and replayed (by someone without the key) opens a
+  pending session only: frames keep going out in the confirmed one."""
+  sender, receiver = link
+  before = sender.link_session
+  import zmq  # pylint: disable=g-import-not-at-top
+  replay = zmq.Context.instance().socket(zmq.DEALER)
+  replay.connect(sender.address)
+  receiver.session.reconnect()
+  replay.send(receiver.session.hello(0.0).message)   # never confirmed
+  _wait(lambda: sender.counters.events("hellos") >= 2)
+  assert sender.link_session == before
+  replay.close(0)
 
 
 def test_first_nonzero_code_per_request():

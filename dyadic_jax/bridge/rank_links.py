@@ -117,7 +117,8 @@ class RankWorker(Worker):
 
 class ShardSender:
   """Worker rank s's end of its shard link: binds, answers the verifier
-  rank's HELLO, sends REPLY frames of block s. One thread owns the socket
+  rank's HELLO, sends REPLY frames of block s in the session the verifier
+  rank confirmed. One thread owns the socket
   (it answers HELLOs while the rank is inside a collective)."""
 
   def __init__(self, caps, address, *, secret, curve=None, counters=None):
@@ -146,14 +147,20 @@ class ShardSender:
       if got is not None:
         peer, message = got
         answer = self.session.receive(message)
-        pending = self.session.pending
-        if answer.send and pending is not None:
-          # Before the answer goes out: once the verifier rank has it, the
-          # frames of its session can be made.
-          with self._lock:
-            self._peer, self._link = peer, (pending.id, pending.keys)
+        if answer.propose:
+          # Only HELLOs come this way: a STEP here draws nothing.
+          self.counters.reject(Code.BAD_SEQUENCE, "STEP on a shard link")
+          continue
         for send in answer.send:
           self.endpoint.send(send.message, peer)
+        # Frames go out in the session the verifier rank confirmed (its
+        # first authenticated frame after the HELLO): a replayed HELLO
+        # opens only a pending session, which can never take the link.
+        est = self.session.established
+        if est is not None and (self._link is None or
+                                self._link[0] != est.id):
+          with self._lock:
+            self._peer, self._link = peer, (est.id, est.keys)
       while True:
         try:
           frame = self._outbox.get_nowait()
@@ -167,12 +174,13 @@ class ShardSender:
 
   @property
   def link_session(self):
-    """The session id frames go out under (None before any HELLO)."""
+    """The session id frames go out under (None before the verifier rank
+    confirmed one)."""
     with self._lock:
       return None if self._link is None else self._link[0]
 
   def frame(self, request, tag, depth):
-    """(frame, rows) of a REPLY to fill, or None before any HELLO."""
+    """(frame, rows) of a REPLY to fill, or None before a session."""
     with self._lock:
       link = self._link
     if link is None:
@@ -266,6 +274,7 @@ class ShardReceiver:
         if self.session.refused is not None:
           raise ProtocolError(self.session.refused, "shard link refused")
       if self.session.is_open:
+        self._confirm()
         return self
     raise ProtocolError(Code.TIMEOUT, f"no worker rank at {self.address}")
 
@@ -293,6 +302,8 @@ class ShardReceiver:
         continue
       if not self.session.is_open:
         self.session.receive(got[1], self.clock())    # the HELLO answer
+        if self.session.is_open:
+          self._confirm()
         continue
       keys = self.session.keys
       self.counters.event("bytes_in", len(got[1]))
@@ -326,6 +337,15 @@ class ShardReceiver:
       self.counters.reject(int(codes[i]), f"shard {self.caps.shard} request "
                            f"{rids[i]}")
     return self.rows, codes
+
+  def _confirm(self):
+    """The session's first authenticated frame to the worker rank (a
+    RESET of no request): it makes the session the link's."""
+    self.endpoint.send(codec.encode(
+        layouts.Kind.RESET, session=self.session.session, generation=0,
+        round_id=0, send=self.session.keys.send,
+        body={"request": layouts.ALL_REQUESTS,
+              "reason": layouts.Reason.CANCEL}))
 
   def figures(self):
     """What the link carried: bytes and seconds per round."""
