@@ -9,8 +9,8 @@ mesh executor (`sharding.executor(mesh)`) each vocabulary shard classifies
 only its own entries and the row-wide steps are collectives:
 
 * the first failing entry class: an integer max over shards;
-* the mass: the exact sum of counts (float64 of integers < 2^53), all-
-  reduced, must be exactly M = 2^24;
+* the mass: the sum of the integer counts, an int64 all-reduce, must be
+  exactly M = 2^24;
 * the count at the token: the owning shard's value (`Reducer.lookup`);
 * the sampling audit: the token the PROPOSAL draw selects from the counts
   (`Reducer.first_cum_greater`: the shard by its global count mass, then
@@ -42,7 +42,7 @@ def _check_row(values, token, draw, *, vocab, red):
   cls = jnp.where((ids >= vocab) & (cls == qrows._FINE) & (counts != 0),
                   qrows._PADDING, cls)
   first = -red.max(-cls)                       # the row's first class
-  total = red.sum(counts.astype(jnp.float64))  # exact: integers < 2^53
+  total = red.sum(counts.astype(jnp.int64))    # an integer all-reduce
   token = token.astype(jnp.int32)
   at = red.lookup(counts, jnp.clip(token, 0, vocab - 1)[..., None])[..., 0]
   checks = qrows._token_range(token, vocab) + [
