@@ -205,10 +205,12 @@ _PLOT_OUT = flags.DEFINE_string(
     "plot_out", "pp1_pipeline.png", "Where to write the PNG plot ('' for "
     "none).")
 _KILL_AT = flags.DEFINE_integer(
-    "kill_worker_at", 0, "Fault drill: kill the worker process after this "
-    "many rounds and start a new one on the same address, as a supervisor "
-    "would (0: never). The verifier falls back while it is gone and "
-    "negotiates a new session with the new process.", lower_bound=0)
+    "kill_worker_at", 0, "Fault drill: after this many rounds, kill the "
+    "worker process (with --worker_ranks, its last rank) in the middle of "
+    "the next round (once its STEP is made), then start the worker again "
+    "on the same address(es), as a supervisor would (0: never). The "
+    "verifier falls back while it is gone and negotiates a new session "
+    "with the new process.", lower_bound=0)
 # Internal: the follower ranks of --verifier_ranks.
 _RANK = flags.DEFINE_integer("rank", 0, "Internal: jax.distributed rank.",
                              lower_bound=0,
@@ -1284,12 +1286,22 @@ def _drill(verifier, workers, config, tmp, watch, on_death):
   def drill(rounds, live):
     if rounds != _KILL_AT.value or not live:
       return []
-    # Its last rank dies (the whole worker when it has one rank).
+    # Its last rank (the whole worker when it has one rank) dies in the
+    # middle of the next round: once the round has begun, before its STEP
+    # goes out. Then the supervisor restarts the worker: every rank (the
+    # survivors' collective group is broken).
     group = workers[-1]
-    group.kill(len(group.ranks) - 1)
-    # One round runs against it, then the supervisor restarts the worker:
-    # every rank (the survivors' collective group is broken).
-    lost = verifier.round(live)
+    begin = verifier.on_begin
+
+    def kill_mid_round(exchange):
+      begin(exchange)
+      group.kill(len(group.ranks) - 1)
+
+    verifier.on_begin = kill_mid_round
+    try:
+      lost = verifier.round(live)
+    finally:
+      verifier.on_begin = begin
     with watch.phase("worker restart"):
       group.kill()
       workers.append(_WorkerGroup(config, tmp, on_death, group.addresses))
