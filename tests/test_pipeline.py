@@ -188,7 +188,7 @@ def test_worker_killed_mid_run(tmp_path):
   assert record["time_s"]["split"]["worker restart"] > 0
 
 
-_RANKS = ("--tokens=6", "--vocab=2048", "--q=dense")
+_RANKS = ("--tokens=6", "--vocab=1001", "--q=dense")   # blocks 501 + 500
 _LINKS = ("--worker_ranks=2", "--verifier_ranks=2")
 
 
@@ -200,7 +200,8 @@ def test_rank_links_commit_what_one_process_commits(tmp_path):
   # A generous deadline: a loaded machine must not turn a slow healthy
   # round into a fallback (which would change the committed tokens).
   single, _, _ = _run(tmp_path, *_RANKS, "--timeout=30")
-  links, stdout, _ = _run(tmp_path, *_RANKS, *_LINKS, "--timeout=30")
+  links, stdout, _ = _run(tmp_path, *_RANKS, *_LINKS, "--timeout=30",
+                          "--encrypt")   # CURVE on every rank link too
   _healthy(links, tokens=6)
   assert links["errors"] == {} and links["fallback_rounds"] == 0
   assert links["config"]["rank_links"] and not single["config"]["rank_links"]
@@ -208,13 +209,14 @@ def test_rank_links_commit_what_one_process_commits(tmp_path):
     assert links[key] == single[key], key
   assert links["ranks_committed_identical"]
   # Per request-round: rank s's link carries its REPLY frame of block s
-  # (1,024 of the 2,048 entries per row), rank 0's the COMPLETION too; the
-  # HELLO answer (284 B once) is spread over the request-rounds.
-  frame = 48 + 16 + 5 * (8 + 4 * 1024)
+  # (ceil(1001 / 2) = 501 entries per row; the last block's id 1001 is
+  # padding), rank 0's the COMPLETION too; the HELLO answer (284 B once) is
+  # spread over the request-rounds.
+  frame = 48 + 16 + 5 * (8 + 4 * 501)
   per = links["bytes_per_link"]
   assert frame + 96 <= per["0"] < frame + 96 + 284
   assert frame <= per["1"] < frame + 284
-  assert single["bytes_per_link"]["0"] >= 48 + 16 + 5 * (8 + 4 * 2048) + 96
+  assert single["bytes_per_link"]["0"] >= 48 + 16 + 5 * (8 + 4 * 1001) + 96
   assert "rank link 1" in stdout and "rank-to-rank q links" in stdout
 
 
