@@ -75,6 +75,8 @@ def _pipeline(flags_, tmp, name):
       [sys.executable, "-m", "experiments.pp1_pipeline", "--q=dense",
        f"--vocab={_VOCAB.value}", f"--tokens={_TOKENS.value}",
        f"--seed={_SEED.value}", f"--json_out={out}", "--plot_out=",
+       # Healthy runs are measured: no slow round may become a fallback.
+       "--timeout=60",
        *flags_], cwd=_ROOT, env=env, capture_output=True, text=True,
       timeout=1800)
   if proc.returncode:

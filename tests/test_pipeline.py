@@ -119,14 +119,17 @@ def test_default_pipeline_single_process(tmp_path):
 @pytest.mark.long
 @pytest.mark.multidevice
 def test_default_pipeline_multiprocess(tmp_path):
-  single, _, _ = _run(tmp_path, "--tokens=8", "--vocab=4096")
-  multi, _, _ = _run(tmp_path, "--tokens=8", "--vocab=4096", "--multiprocess")
-  grid, stdout, _ = _run(tmp_path, "--tokens=8", "--vocab=4096",
-                         "--verifier_devices=4", "--verifier_requests=2")
+  # A generous deadline: on a loaded machine a slow healthy round must not
+  # become a fallback (the runs are compared token for token).
+  base = ("--tokens=8", "--vocab=4096", "--timeout=30")
+  single, _, _ = _run(tmp_path, *base)
+  multi, _, _ = _run(tmp_path, *base, "--multiprocess")
+  grid, stdout, _ = _run(tmp_path, *base, "--verifier_devices=4",
+                         "--verifier_requests=2")
   # A TP-2 worker (sparse: its ranks draw together, rank 0 sends the k
   # entries of the global top-k) and a TP-2 verifier: 4 processes.
-  tp, tp_out, _ = _run(tmp_path, "--tokens=8", "--vocab=4096",
-                       "--worker_ranks=2", "--verifier_ranks=2")
+  tp, tp_out, _ = _run(tmp_path, *base, "--worker_ranks=2",
+                       "--verifier_ranks=2")
   assert tp["config"]["worker_ranks"] == 2 and not tp["config"]["rank_links"]
   assert "worker ranks 2" in tp_out
   _healthy(multi)
