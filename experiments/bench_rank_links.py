@@ -16,7 +16,8 @@ Runs the main job twice with the same seed, --q=dense and a TP-2 verifier
                only vocabulary block s to verifier rank s on its own link
                (dyadic_jax/bridge/rank_links.py); the plan travels without q.
 
-and reports, per link: bytes per request and round (the seed expects
+(each with a 60 s exchange deadline: a slow healthy round is measured, not
+timed out) and reports, per link: bytes per request and round (the seed expects
 V / 2 x 4 B x D = 1,292,800 B per rank link at V = 129280, D = 5, plus
 framing), the link's time per round (STEP out to the last frame in, p50),
 that time per request beside the seed's ideal 0.259 ms/request/shard
