@@ -244,7 +244,10 @@ def test_rank_link_faults_discard_everywhere(tmp_path, drill):
   assert record["ranks_committed_identical"]
   errors = record["errors"]
   if drill == "kill_worker_rank":
-    assert record["fallback_rounds"] >= 4 and sum(errors.values()) >= 1
+    # The round it died in falls back for every request still live (some
+    # may have had their 6 tokens after round 1), for a counted reason: the
+    # dead rank's link times out, the leader's draw fails in its collective.
+    assert {"TIMEOUT", "PROPOSER_FAILED"} & set(errors), errors
     assert record["events"]["hellos"] >= 2       # a new worker, a new session
   else:
     # Every proposal is discarded, each for the reason the leader counted.
