@@ -2,8 +2,8 @@
 audit, the same bits on one device and over 1, 2, 4 and 8 vocabulary shards.
 
 A batch of rows holds one defect per class (each row refused by exactly the
-class it was built to fail, as `qrows.dense` judges it, itself checked
-against the exact oracle in tests/test_qrows.py) plus valid rows whose
+class it was built to fail, as the exact oracle `reference.q_to_counts`
+and `qrows.dense` judge it) plus valid rows whose
 token is or is not the one its draw selects; V = 37 is uneven on every
 mesh, so the padding ids are exercised too.
 """
@@ -13,6 +13,7 @@ import pytest
 
 import dyadic_jax as dj
 from dyadic_jax import qcheck, qrows
+from dyadic_jax import reference as ref
 import sharding
 from tests import meshes
 
@@ -56,14 +57,17 @@ def _cases():
 
 
 def _want(values, tokens, draws):
-  counts, status = qrows.dense(values.view(np.uint32), tokens, vocab=V)
-  cum = np.cumsum(counts, -1)
-  picked = np.argmax(cum > draws[:, None].astype(np.int64), -1)
-  picked = np.where(cum[:, -1] > draws, picked, V)
-  return counts, status, picked == tokens
+  """The exact oracle's verdict and draw, row by row (Python fractions)."""
+  counts, status, drawn = [], [], []
+  for row, token, draw in zip(values, tokens, draws):
+    c, st = ref.q_to_counts(row, V, int(token))
+    counts.append(c)
+    status.append(int(st))
+    drawn.append(ref.sample_counts(c, int(draw)) == token)
+  return np.asarray(counts), np.asarray(status), np.asarray(drawn)
 
 
-def test_local_equals_qrows_dense():
+def test_local_equals_the_oracle_and_qrows_dense():
   values, tokens, draws = _cases()
   counts, status, drawn = (np.asarray(x) for x in qcheck.check_dense(
       values, tokens, draws, vocab=V))
@@ -71,6 +75,9 @@ def test_local_equals_qrows_dense():
   np.testing.assert_array_equal(counts, want_counts)
   np.testing.assert_array_equal(status, want_status)
   np.testing.assert_array_equal(drawn, want_drawn)
+  kernel = qrows.dense(values.view(np.uint32), tokens, vocab=V)
+  np.testing.assert_array_equal(counts, kernel[0])
+  np.testing.assert_array_equal(status, kernel[1])
   # Every class was hit, and the audit saw both verdicts on valid rows.
   assert set(status.tolist()) == {
       0, S.TOKEN_OUT_OF_RANGE, S.NAN, S.INF, S.NEGATIVE, S.WRONG_MASS,

@@ -53,39 +53,25 @@ import collections
 import queue
 import threading
 import time
-import typing
 
 import jax
-from jax.experimental import multihost_utils
 import numpy as np
 
 from dyadic_jax import qcheck
-from dyadic_jax.bridge import transport
+from dyadic_jax.bridge import ranks, transport
 from dyadic_jax.bridge.counters import Counters
-from dyadic_jax.bridge.effects import Stage, Verify
+from dyadic_jax.bridge.effects import Stage
 from dyadic_jax.bridge.verifier import Verifier
 from dyadic_jax.bridge.verifier_session import VerifierSession
 from dyadic_jax.bridge.worker import Worker
 from dyadic_jax.bridge.worker_session import WorkerSession
-from dyadic_jax.wire import auth, codec, layouts, status as status_lib
+from dyadic_jax.wire import auth, codec, layouts, qformats
+from dyadic_jax.wire import status as status_lib
 from dyadic_jax.wire.errors import Code, ProtocolError
 
 _U64 = (1 << 64) - 1
 # The proposal broadcast: what the draw needs, the request, and a mode.
 _WARM, _SEND, _STOP = 0, 1, 2
-
-
-def _broadcast(value, leader):
-  """The leader's `value` (a pytree of arrays) on every rank (numpy)."""
-  with jax.enable_x64(True):   # int64 stays int64
-    return jax.tree.map(np.asarray, multihost_utils.broadcast_one_to_all(
-        value, is_source=leader))
-
-
-def _allgather(value):
-  """Every rank's `value` (a pytree of arrays), stacked in rank order."""
-  with jax.enable_x64(True):
-    return jax.tree.map(np.asarray, multihost_utils.process_allgather(value))
 
 
 # -- the worker --------------------------------------------------------------
@@ -102,17 +88,18 @@ class RankWorker(Worker):
   ranks get its inputs (they draw with it and send their blocks)."""
 
   def draw(self, p):
-    _broadcast(_params(p.seed, p.generation, p.round, p.anchor, p.last_token,
-                       p.depth, p.request, _SEND), True)
+    ranks.broadcast(_params(p.seed, p.generation, p.round, p.anchor,
+                            p.last_token, p.depth, p.request, _SEND), True)
     super().draw(p)
 
   def warmup(self):
-    _broadcast(_params(_U64, 0, 0, 0, 0, self.caps.max_depth, 0, _WARM), True)
+    ranks.broadcast(_params(_U64, 0, 0, 0, 0, self.caps.max_depth, 0,
+                            _WARM), True)
     super().warmup()
 
   def stop_ranks(self):
     """Tells the other ranks there are no more proposals."""
-    _broadcast(_params(0, 0, 0, 0, 0, 0, 0, _STOP), True)
+    ranks.broadcast(_params(0, 0, 0, 0, 0, 0, 0, _STOP), True)
 
 
 class ShardSender:
@@ -213,7 +200,7 @@ def follow_proposals(propose, sender=None):
   """
   sent = 0
   while True:
-    p = _broadcast(np.zeros(8, np.int64), False)
+    p = ranks.broadcast(np.zeros(8, np.int64), False)
     seed, generation, round_id, anchor, last, depth, request, mode = (
         int(x) for x in p)
     if mode == _STOP:
@@ -385,7 +372,7 @@ class _Agreement:
       out[:len(rids), 0] = rids
       out[:len(rids), 1:] = np.asarray(tags, np.int64).reshape(-1, 2)
     head = np.array([len(rids), depth, int(stop)], np.int64)
-    head, out = _broadcast((head, out), self.leader)
+    head, out = ranks.broadcast((head, out), self.leader)
     if head[2]:
       return None
     n = int(head[0])
@@ -410,13 +397,13 @@ class _Agreement:
       if draws is not None:
         u[:len(draws)] = draws
         audit[0] = 1
-    all_codes, all_tokens, all_u, all_audit = _allgather(
+    all_codes, all_tokens, all_u, all_audit = ranks.allgather(
         (mine, tokens, u, audit))
     tokens, u = all_tokens[0], all_u[0].astype(np.uint32)
     # Each rank's tokens must be the leader's (its frame's tokens are the
     # ones its block was drawn with).
     mine_tokens_ok = (rows.tokens[:, :depth] == tokens).all(axis=1)
-    token_codes = _allgather(np.where(mine_tokens_ok, 0, int(
+    token_codes = ranks.allgather(np.where(mine_tokens_ok, 0, int(
         Code.SAMPLING_MISMATCH)).astype(np.int32))
     values = self.assemble(np.ascontiguousarray(rows.values[:, :depth]))
     counts, status, drawn = qcheck.check_dense(
@@ -455,28 +442,15 @@ class RankVerifier(Verifier):
   def __init__(self, caps, address, *, executor, assemble, **kwargs):
     super().__init__(caps, address, **kwargs)
     self.agreement = _Agreement(caps, executor, assemble)
-    self._counts = None
-    self._ex = None
+    self._counts = None   # the round's checked q: global, never broadcast
+    self._ex = None       # the round's exchange (None: it had none)
+    share = self.share_fn
+    self.share_fn = lambda plan: share(plan)._replace(counts=self._counts)
 
   def warmup(self):
     """The validation is the agreement's collective check: nothing to
     compile alone (the ranks compile it together in their first round)."""
     self._warm = True
-
-  def round(self, rids, depth=None):
-    depth = depth or self.caps.max_depth
-    effect = None
-    if not self.session.is_open:
-      try:
-        self.open(attempts=1)
-      except ProtocolError as e:
-        effect = self.session.fallback(rids, e.code)
-    if effect is None:
-      effect = self._exchange(rids, depth)
-    else:       # no exchange: the other ranks skip theirs (step 1 says so)
-      self.agreement.expect()
-      self._counts = None
-    return self.execute(effect.plan)
 
   def on_begin(self, exchange):
     self._ex = exchange
@@ -492,29 +466,26 @@ class RankVerifier(Verifier):
     row_codes, self._counts = self.agreement.agree(
         _padded(ex.rows, self.caps.max_requests), codes, draws, depth)
     if isinstance(effect, Stage):
-      return session.staged(_Verdict(row_codes[:len(ex.rids)]))
+      # The checked counts stay global, with the agreement: the plan is
+      # broadcast without them.
+      return session.staged(qformats.Verdict(None, row_codes[:len(ex.rids)]))
     return effect
 
   def execute(self, plan):
-    plan = self.share_fn(plan)
-    plan = plan._replace(counts=self._counts)
-    results, commit = self.session.commit(plan, self._run(plan))
-    self._send(commit)
-    return results
+    if self._ex is None:
+      # A round without an exchange (no session): step 1 tells the other
+      # ranks to skip theirs.
+      self.agreement.expect()
+      self._counts = None
+    self._ex = None
+    return super().execute(plan)
 
   def stop_followers(self):
     self.agreement.expect(stop=True)
 
 
-class _Verdict(typing.NamedTuple):
-  """A Verdict whose counts stay with the agreement (global, not in the
-  plan broadcast)."""
-  codes: np.ndarray
-  counts: typing.Any = None
-
-
 def _padded(rows, r):
-  """Rows [R', D, ...] as views of [r, D, ...] staging (R' <= r)."""
+  """Rows [R', D, ...] padded with zero rows to [r, D, ...] (R' <= r)."""
   if rows.tokens.shape[0] == r:
     return rows
   return type(rows)(*[None if a is None else np.concatenate(

@@ -22,6 +22,19 @@ from dyadic_jax.bridge.effects import Plan
 from dyadic_jax.bridge.verifier_session import empty_plan
 
 
+def broadcast(value: typing.Any, leader: bool) -> typing.Any:
+  """The leader's `value` (a pytree of arrays) on every rank, as numpy."""
+  with jax.enable_x64(True):   # int64 stays int64: no silent int32 cast
+    return jax.tree.map(np.asarray, multihost_utils.broadcast_one_to_all(
+        value, is_source=leader))
+
+
+def allgather(value: typing.Any) -> typing.Any:
+  """Every rank's `value` (a pytree of arrays), stacked in rank order."""
+  with jax.enable_x64(True):
+    return jax.tree.map(np.asarray, multihost_utils.process_allgather(value))
+
+
 def pad(plan, caps, counts=True):
   """(size int64[2], plan padded to max_requests x max_depth); without
   `counts` the q rows stay behind ([R, D, 0])."""
@@ -65,9 +78,6 @@ def plan_broadcast(caps: typing.Any, *, counts: bool = True
     leader = jax.process_index() == 0
     if plan is None:
       plan = empty_plan(caps, [-1], [(0, 0)], [0], caps.max_depth)
-    size, padded = pad(plan, caps, counts)
-    with jax.enable_x64(True):   # tags are int64: no silent int32 cast
-      size, padded = multihost_utils.broadcast_one_to_all(
-          (size, padded), is_source=leader)
-    return unpad(np.asarray(size), Plan(*[np.asarray(x) for x in padded]))
+    size, padded = broadcast(pad(plan, caps, counts), leader)
+    return unpad(size, Plan(*padded))
   return share
