@@ -1,6 +1,7 @@
 """dyadic_jax: exact speculative decoding with dyadic (2^-24) draft q.
 
-Pure single-shard math: draft/target weights, dyadic ticket allocation, the
+Pure single-shard math: draft/target weights, dyadic ticket allocation,
+proposal rows (weights, counts and token in one op), the
 q codec, integer categorical draws, the RNG key schedule, fixed-depth
 verification and admission. `dyadic_jax.reference` is the exact rational
 oracle. The numerical contract is in docs/numerics.md.
@@ -17,6 +18,7 @@ from dyadic_jax.constants import (DEFAULT_VOCAB, LOG2_M, M, MAX_VOCAB,
                                   SEMANTIC_ID, TARGET_BITS, Status)
 from dyadic_jax.draws import sample_counts
 from dyadic_jax.errors import DyadicError, checked, raise_for_status
+from dyadic_jax.proposal import propose_dense, propose_sparse
 from dyadic_jax.rng import (Domain, draw24, draw64, draw_key, rng_key,
                             round_key)
 from dyadic_jax.verification import (DenseQ, SparseQ, quantize_target,
@@ -30,7 +32,8 @@ __all__ = [
     "FixedDepth", "LOG2_M", "M", "MAX_VOCAB", "SEMANTIC_ID", "SparseQ",
     "Status", "StoppingRule", "TARGET_BITS", "allocate_dense",
     "allocate_sparse", "checked", "counts_to_q", "draft_chain",
-    "draft_weights", "draw24", "draw64", "draw_key", "q_to_counts",
+    "draft_weights", "draw24", "draw64", "draw_key", "propose_dense",
+    "propose_sparse", "q_to_counts",
     "qrows", "quantize_target", "raise_for_status", "reference", "rng_key",
     "round_key", "rowops", "sample_counts", "sample_target", "target_probs",
     "verify_batch", "verify_chain", "X64Required",

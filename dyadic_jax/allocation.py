@@ -38,7 +38,6 @@ _SMALLEST_NORMAL_BITS = 0x0010000000000000
 _SMALLEST_NORMAL = 2.0 ** -1022
 _TINY32 = 2.0 ** -126  # smallest normal float32: the key of every tiny w > 0
 _SAMPLE_STRIDE = 64    # every 64th key brackets the threshold
-_PACK = 2.0 ** 20      # two counts (each <= 2^18) in one float64 sum
 _MAX_STEPS = 512       # the search ends long before (see `_probes`)
 _SMALL = 64            # keys left in [lo, hi) that are ranked exactly
 _BLOCK = 64            # block size of the candidate gather
@@ -98,35 +97,13 @@ class _Search(typing.NamedTuple):
   bad: jax.Array     # bool[...]: the last step did not halve the interval
 
 
-def _count2(x, ta, tb, s, red):
-  """(#{x >= ta}, #{x >= tb}) per row for probes lo < ta <= tb < hi.
-
-  One pass. While n = c_lo - c_hi < 2^16 both counts travel in one int32
-  sum, #{x >= ta} + (n + 1) #{x >= tb}, decoded exactly modulo 2^32 from
-  the known c_hi (both counts lie in [c_hi, c_lo]); otherwise (the first
-  probes) in one float64 sum of integers below 2^39. Either sum is exact
-  in any order.
-  """
-  above_a = x >= _probe_value(ta)
-  above_b = x >= _probe_value(tb)
-  n = s.c_lo - s.c_hi
-
-  def wide():
-    total = red.sum(above_a.astype(jnp.float64)
-                    + above_b.astype(jnp.float64) * _PACK)
-    cb = jnp.floor(total * (1.0 / _PACK))
-    return (total - cb * _PACK).astype(jnp.int64), cb.astype(jnp.int64)
-
-  def narrow():
-    q = (n + 1).astype(jnp.int32)
-    total = red.sum(above_a.astype(jnp.int32)
-                    + jnp.where(above_b, q[..., None], 0))
-    rel = (total - (q + 1) * s.c_hi.astype(jnp.int32)).astype(jnp.uint32)
-    rel = rel.astype(jnp.int64)
-    b = rel // q.astype(jnp.int64)
-    return s.c_hi + rel - b * q.astype(jnp.int64), s.c_hi + b
-
-  return lax.cond(jnp.all(n < 1 << 16), narrow, wide)
+def _count2(x, ta, tb, red):
+  """(#{x >= ta}, #{x >= tb}) per row: one pass, one variadic reduction
+  of two int32 indicators (exact: counts are below 2^31)."""
+  ca, cb = exact_sums(x, lambda x: (x >= _probe_value(ta)).astype(jnp.int32),
+                      lambda x: (x >= _probe_value(tb)).astype(jnp.int32),
+                      red=red)
+  return ca.astype(jnp.int64), cb.astype(jnp.int64)
 
 
 def _sorted_sample(x, red):
@@ -241,7 +218,7 @@ def _search(x, r, upper, red):
                                            0.0))),
         lambda: s.lo)
     ta, tb, top = _probes(s, r, sample, top)
-    ca, cb = _count2(x, ta, tb, s, red)
+    ca, cb = _count2(x, ta, tb, red)
     new = _update(s, ta, tb, ca, cb, r)
     # Nothing lies in (top, hi): count(top + 1) == count(hi).
     c_top = jnp.where(top == ta, ca, cb)
@@ -408,7 +385,13 @@ def clean_weights(w: jax.Array, red: reducer.Reducer | None = None) -> tuple[jax
   After this every weight is 0 or a positive normal float64, so float
   compares on it (and on its remainders) are exact on every backend.
   """
-  status = weight_status(w, red)
+  return _known_clean(w, weight_status(w, red))
+
+
+def _known_clean(w, status):
+  """`clean_weights` for rows whose status is already known (a softmax's:
+  an OK row is finite, nonnegative and has a positive normal weight, so
+  the status pass would find OK): zeros refused rows and subnormals."""
   keep = (status == Status.OK)[..., None] & (w >= _SMALLEST_NORMAL)
   return jnp.where(keep, w, 0.0), status
 
@@ -424,11 +407,17 @@ def _scaled_parts(w, total):
   return f, s - f
 
 
-def largest_remainder(w: jax.Array, total: int, red: reducer.Reducer | None = None
+def largest_remainder(w: jax.Array, total: int, red: reducer.Reducer | None = None,
+                      status: jax.Array | None = None
                       ) -> tuple[jax.Array, jax.Array]:
-  """Floor + largest remainders of w * total (see `allocate_dense`)."""
+  """Floor + largest remainders of w * total (see `allocate_dense`).
+
+  `status`: the rows' status when the caller knows it (softmax rows; see
+  `_known_clean`); None judges the weights.
+  """
   red = reducer.of(w, red)
-  w, status = clean_weights(w, red)
+  w, status = (clean_weights(w, red) if status is None
+               else _known_clean(w, status))
   # Integer-valued float64 terms whose partial sums stay below 2^53: exact
   # in any order (a float64 -> int64 conversion per entry does not
   # vectorize on CPU, so the terms stay float64).
@@ -494,9 +483,50 @@ def _round_down_f32(w, ok):
   normal weights >= 2^-126; 0 for zero or subnormal weights and on rows
   that are not ok."""
   y = w.astype(jnp.float32)
-  y = jnp.where(y.astype(jnp.float64) > w, jnp.nextafter(y, jnp.float32(0)), y)
+  # Rounded up means y > w >= 0: one step toward zero is its bits minus 1
+  # (cheaper than nextafter; other entries are masked below).
+  down = lax.bitcast_convert_type(lax.bitcast_convert_type(y, jnp.int32) - 1,
+                                  jnp.float32)
+  y = jnp.where(y.astype(jnp.float64) > w, down, y)
   return jnp.where(ok[..., None] & (w >= _SMALLEST_NORMAL),
                    jnp.maximum(y, jnp.float32(_TINY32)), jnp.float32(0))
+
+
+def _top_k(keys: jax.Array, k: int
+           ) -> tuple[jax.Array, jax.Array, jax.Array | None]:
+  """(`lax.top_k(keys, k)`'s values and indices, unique) for keys >= 0.
+
+  When the row is long against k, two levels: the max of each block of
+  _BLOCK keys, the top k blocks by (max desc, block asc), then `lax.top_k`
+  over those blocks' keys in ascending id order. Every one of the row's
+  top k (key desc, id asc) lies in those blocks: if one lay in a block B
+  left out, each of the k chosen blocks would hold a key that beats it (a
+  larger key, or an equal key in a block of lower ids). About a quarter of
+  XLA CPU's full TopK time at V = 129280, k = 32.
+
+  unique: #{keys >= the k-th key} == k, from the blocks alone (keys that
+  large lie only in blocks whose max is that large; when at most k blocks
+  are, they were all chosen); None on the one-level path.
+  """
+  n = keys.shape[-1]
+  if 4 * k * _BLOCK > n:
+    vals, idx = lax.top_k(keys, k)
+    return vals, idx, None
+  batch = keys.shape[:-1]
+  pad = (-n) % _BLOCK
+  blocks = jnp.pad(keys, [(0, 0)] * len(batch) + [(0, pad)],
+                   constant_values=-1.0).reshape(batch + (-1, _BLOCK))
+  block_max = jnp.max(blocks, -1)
+  _, chosen = lax.top_k(block_max, k)
+  chosen = jnp.sort(chosen, -1)
+  cand = jnp.take_along_axis(blocks, chosen[..., None],
+                             axis=-2).reshape(batch + (k * _BLOCK,))
+  vals, pos = lax.top_k(cand, k)
+  kth = jnp.min(vals, -1, keepdims=True)
+  unique = ((jnp.sum(block_max >= kth, -1) <= k)
+            & (jnp.sum(cand >= kth, -1) == k))
+  return vals, (jnp.take_along_axis(chosen, pos // _BLOCK, -1) * _BLOCK
+                + pos % _BLOCK), unique
 
 
 def top_k_ids(w: jax.Array, k: int, red: reducer.Reducer | None = None,
@@ -516,9 +546,10 @@ def top_k_ids(w: jax.Array, k: int, red: reducer.Reducer | None = None,
   local_k = min(k, n)
   if ok is None:
     ok = jnp.ones(w.shape[:-1], bool)
-  vals, idx = lax.top_k(_round_down_f32(w, ok), local_k)
+  vals, idx, unique = _top_k(_round_down_f32(w, ok), local_k)
   ids = idx.astype(jnp.int32) + red.offset
   if red.collective:
+    unique = None     # the shard's own k-th key is not the global one
     # Candidates of every shard in shard (= id) order; top_k keeps the
     # lower position first among equal keys, so ties go to the lower id.
     cand_vals, cand_ids = red.gather(vals), red.gather(ids)
@@ -528,8 +559,12 @@ def top_k_ids(w: jax.Array, k: int, red: reducer.Reducer | None = None,
   # sort whose users slice [0, k); a folded [k-1, k) slice makes it a full
   # sort. For the same reason #{key32 >= kth} is counted on w itself.
   kth = jnp.min(vals, -1, keepdims=True).astype(jnp.float64)
-  at_least = jnp.where(kth > _TINY32, w >= kth, w >= _SMALLEST_NORMAL)
-  exact = (_counter(red)(at_least) == k) | (kth[..., 0] == 0) | ~ok
+  if unique is None:
+    # #{w >= kth} == #{key32 >= kth}: keys round down, and every positive
+    # normal weight has a key >= 2^-126.
+    at_least = jnp.where(kth > _TINY32, w >= kth, w >= _SMALLEST_NORMAL)
+    unique = _counter(red)(at_least) == k
+  exact = unique | (kth[..., 0] == 0) | ~ok
   fast = jnp.sort(ids, axis=-1)
 
   def slow(_):
@@ -582,11 +617,14 @@ def _allocate_sparse(w, k, executor):
                   (rowops.Arg(1, 0.0),), (False,) * 4, w.shape[-1]), w)
 
 
-def allocate_sparse_rows(w: jax.Array, k: int, red: reducer.Reducer | None = None
+def allocate_sparse_rows(w: jax.Array, k: int, red: reducer.Reducer | None = None,
+                         status: jax.Array | None = None
                          ) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
-  """The body of `allocate_sparse` on weight rows (local or one shard)."""
+  """The body of `allocate_sparse` on weight rows (local or one shard);
+  `status` as in `largest_remainder`."""
   red = reducer.of(w, red)
-  status = weight_status(w, red)
+  if status is None:
+    status = weight_status(w, red)
   ok = status == Status.OK
   ids = top_k_ids(w, k, red, ok)
   ws = red.lookup(w, ids)

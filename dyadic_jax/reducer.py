@@ -21,7 +21,7 @@ from dyadic_jax import cumulative
 class Reducer(typing.NamedTuple):
   """The vocabulary-axis steps of a row op (all act on the last axis)."""
   sum: typing.Callable        # x[..., n] -> [...]; exact sums only
-  max: typing.Callable        # x[..., n] -> [...]; NaN-propagating
+  max: typing.Callable        # x[..., n] -> [...]; NaN: see max_and_status
   bit_or: typing.Callable     # int32 x[..., n] -> [...]
   gather: typing.Callable     # x[..., m] -> [..., shards * m], shard order
   lookup: typing.Callable     # (x[..., n], global ids[..., j]) -> [..., j]
@@ -60,3 +60,31 @@ def of(x: jax.Array, red: Reducer | None) -> Reducer:
   return local(x.shape[-1]) if red is None else red
 
 
+
+
+SUM, MAX = "sum", "max"
+
+
+def one_pass(red: Reducer, *terms: tuple[str, jax.Array]) -> list[jax.Array]:
+  """Row reductions of several arrays in one pass: [(SUM | MAX, x), ...].
+
+  One variadic reduction over the last axis keeps an accumulator per
+  term, then `red` combines the per-shard partials (psum / max over
+  shards). Sums must be exact in any order (integers); XLA CPU would turn
+  sibling reductions of one input into a multi-output fusion several times
+  slower than separate passes, and one variadic reduce is faster than
+  either. Returns one [...] array per term.
+  """
+  ops = {SUM: lax.add, MAX: lax.max}
+  kinds = [kind for kind, _ in terms]
+  values = tuple(x for _, x in terms)
+  inits = tuple(jnp.zeros((), x.dtype) if kind == SUM
+                else jnp.array(-jnp.inf if jnp.issubdtype(x.dtype, jnp.floating)
+                               else jnp.iinfo(x.dtype).min, x.dtype)
+                for kind, x in terms)
+  partial = lax.reduce(
+      values, inits,
+      lambda a, b: tuple(ops[k](p, q) for k, p, q in zip(kinds, a, b)),
+      (values[0].ndim - 1,))
+  combine = {SUM: red.sum, MAX: red.max}
+  return [combine[k](p[..., None]) for k, p in zip(kinds, partial)]

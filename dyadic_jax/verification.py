@@ -180,8 +180,8 @@ def dense_q_status(counts: jax.Array, red: reducer.Reducer | None = None) -> jax
   """Status of dense count rows int[..., n]: NEGATIVE, WRONG_MASS (a count
   above M), PADDING_NONZERO (a count at an id >= V), WRONG_MASS (sum != M).
 
-  The order of `qrows.dense` on the same q = c / M. One int32 max-reduction
-  of per-count codes, then one exact sum (float64: |c| < 2^31 and
+  The order of `qrows.dense` on the same q = c / M. One pass: the int32
+  max of per-count codes beside the exact sum (float64: |c| < 2^31 and
   V <= 2^18, so every partial sum is an integer below 2^53).
   """
   red = reducer.of(counts, red)
@@ -191,10 +191,8 @@ def dense_q_status(counts: jax.Array, red: reducer.Reducer | None = None) -> jax
   codes = jnp.where(counts < 0, i32(3), jnp.where(
       counts > M, i32(2), jnp.where((ids >= red.vocab) & (counts != 0),
                                     i32(1), i32(0))))
-  worst = red.max(codes)
-  # Sibling reductions would fuse into a slow multi-output one on XLA CPU.
-  counts, _ = lax.optimization_barrier((counts, worst))  # worst stays out
-  total = red.sum(counts.astype(jnp.float64))
+  worst, total = reducer.one_pass(red, (reducer.MAX, codes),
+                                  (reducer.SUM, counts.astype(jnp.float64)))
   status = jnp.asarray(_Q_STATUS, i32)[worst]
   return jnp.where((worst == 0) & (total != M), Status.WRONG_MASS,
                    status).astype(i32)

@@ -89,14 +89,21 @@ def normalizer_from_limb_sums(hi_sum: jax.Array, lo_sum: jax.Array) -> jax.Array
 
 
 def max_and_status(x: jax.Array, red: reducer.Reducer | None = None) -> tuple[jax.Array, jax.Array]:
-  """(row max, status) of score rows x[..., V]: one max-reduction.
+  """(row max, status) of score rows x[..., V]: one pass.
 
-  XLA's max propagates NaN (Status.NAN, even beside +inf), a +inf max is
-  Status.INF, a -inf max (every score -inf) is Status.ZERO_MASS.
+  A NaN anywhere is Status.NAN (even beside +inf), else a +inf max is
+  Status.INF, a -inf max (every score -inf) Status.ZERO_MASS. The NaN test
+  is its own integer flag, reduced beside the max in one pass
+  (`reducer.one_pass`): XLA CPU's vectorized max reductions do not
+  propagate NaN (at V = 4096 a NaN row's max came back finite, or -inf),
+  so the max alone cannot be trusted to carry it.
   """
-  row_max = reducer.of(x, red).max(x)
+  red = reducer.of(x, red)
+  row_max, nan = reducer.one_pass(red, (reducer.MAX, x),
+                                  (reducer.MAX, (x != x).astype(jnp.int32)))
+  nan = nan > 0
   status = jnp.select(
-      [jnp.isnan(row_max), row_max == jnp.inf, row_max == -jnp.inf],
+      [nan, row_max == jnp.inf, row_max == -jnp.inf],
       [Status.NAN, Status.INF, Status.ZERO_MASS], Status.OK).astype(jnp.int32)
   return row_max, status
 
@@ -116,22 +123,15 @@ def shifted_exp_and_status(x: jax.Array, red: reducer.Reducer | None = None
 
 def exact_sums(x: jax.Array, *terms: typing.Callable[[jax.Array], jax.Array],
                red: reducer.Reducer | None = None) -> list[jax.Array]:
-  """Row sums over the last axis of terms(x), one reduction at a time.
+  """Row sums over the last axis of terms(x), all in one pass
+  (`reducer.one_pass`).
 
-  Each term is a function of x whose entries are integers held in float64
-  with every partial sum below 2^53, so each sum is exact. XLA CPU would
-  fuse sibling reductions of one input into a multi-output reduction that
-  runs several times slower than the separate passes; the optimization
-  barrier between passes keeps them apart (recomputing a cheap term beats
-  materializing it).
+  Each term is a function of x whose entries are integers (int32, or
+  float64 with every partial sum below 2^53), so each sum is exact in any
+  order.
   """
   red = reducer.of(x, red)
-  sums: list[jax.Array] = []
-  for term in terms:
-    if sums:
-      x, _ = lax.optimization_barrier((x, sums[-1]))
-    sums.append(red.sum(term(x)))
-  return sums
+  return reducer.one_pass(red, *((reducer.SUM, term(x)) for term in terms))
 
 
 def softmax64_rows(x: jax.Array, red: reducer.Reducer | None = None) -> tuple[jax.Array, jax.Array]:

@@ -10,8 +10,10 @@ compilation, most of the rest is the numpy baselines.
 
 Workloads, on toy-model logits (dyadic_jax/testing/toy_models.py):
 
-  dense     draft_weights + allocate_dense + sample_counts on [R*D, V]
-  sparse-k  draft_weights + allocate_sparse(k) + sample_counts, each --ks
+  dense     propose_dense on [R*D, V]: draft_weights + allocate_dense +
+            sample_counts as one row op (what the worker runs; asserted
+            equal to the three ops, whose times are printed beside it)
+  sparse-k  propose_sparse(k), each --ks
   verify    jax.vmap(verify_chain) over the R requests of the round, with the
             dense q and with the sparse k=32 q
 
@@ -464,11 +466,17 @@ def main(argv):
 
   # (1) Dense proposal rows.
   def dense_lib():
-    w, _ = dj.draft_weights(logits)
-    counts, _ = dj.allocate_dense(w)
-    return counts, dj.sample_counts(counts, u)
+    return dj.propose_dense(logits, u)
 
-  lib_counts, lib_tokens = dense_lib()
+  lib_counts, lib_tokens, _ = dense_lib()
+  # The one-op proposal row equals the three ops it fuses, bit for bit.
+  w_sep = dj.draft_weights(logits)[0]
+  c_sep = dj.allocate_dense(w_sep)[0]
+  assert np.array_equal(np.asarray(c_sep), np.asarray(lib_counts)) and (
+      np.array_equal(np.asarray(dj.sample_counts(c_sep, u)),
+                     np.asarray(lib_tokens))), (
+      "propose_dense differs from draft_weights -> allocate_dense -> "
+      "sample_counts")
   np_counts, np_tokens = np_dense_row(logits_np, u_np)
   # Same allocation rule on the library's own weights: must be bit-identical.
   rule_counts = np_largest_remainder(np.asarray(w64))
@@ -485,6 +493,9 @@ def main(argv):
   figures["chain_tokens_redrawn_differently"] = chain_mismatch
   dense_s = median_seconds(dense_lib, repeats)
   stages = {
+      "three_ops_s": median_seconds(
+          lambda: dj.sample_counts(
+              dj.allocate_dense(dj.draft_weights(logits)[0])[0], u), repeats),
       "draft_weights_s": median_seconds(
           lambda: dj.draft_weights(logits), repeats),
       "allocate_dense_s": median_seconds(
@@ -500,11 +511,11 @@ def main(argv):
   # (2) Sparse proposal rows.
   for k in ks:
     def sparse_lib(k=k):
-      w, _ = dj.draft_weights(logits)
-      ids, counts, n, _ = dj.allocate_sparse(w, k)
-      return ids, counts, n, dj.sample_counts(counts, u)
+      return dj.propose_sparse(logits, u, k)
 
-    ids, counts, n, slot = (np.asarray(a) for a in sparse_lib())
+    ids, counts, n, token, _ = (np.asarray(a) for a in sparse_lib())
+    slot = np.asarray(dj.sample_counts(counts, u))
+    assert np.array_equal(token, ids[np.arange(rows), slot])
     np_rows, np_tokens = np_sparse_row(logits_np, u_np, k)
     rule_rows = np_sparse_alloc(np.asarray(w64), k)
     for i in range(rows):
@@ -624,7 +635,8 @@ def main(argv):
           f"{e['x_floor_read']:8.1f} {e['x_memcpy']:9.1f} "
           f"{e['numpy_us_per_row']:13.1f} {e['numpy_over_lib']:10.2f}")
   st = results[0]["stages"]
-  print(f"\ndense stages per row: draft_weights "
+  print(f"\ndense stages per row: the three ops as separate calls "
+        f"{st['three_ops_s'] / rows * 1e6:.1f} us; draft_weights "
         f"{st['draft_weights_s'] / rows * 1e6:.1f} us, allocate_dense "
         f"{st['allocate_dense_s'] / rows * 1e6:.1f} us, sample_counts "
         f"{st['sample_counts_s'] / rows * 1e6:.1f} us")

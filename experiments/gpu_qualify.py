@@ -444,6 +444,11 @@ def _ops(x, lib, rows, requests):
       "allocate_dense": lib.allocate_dense(x.w[r]),
       "allocate_sparse": lib.allocate_sparse(x.w[r], x.k),
       "sample_counts": lib.sample_counts(x.counts[r], x.u[r]),
+      "propose_dense": lib.propose_dense(x.logits[r], x.u[r],
+                                         temperature=x.t[r], bias=x.bias[r]),
+      "propose_sparse": lib.propose_sparse(x.logits[r], x.u[r], x.k,
+                                           temperature=x.t[r],
+                                           bias=x.bias[r]),
       "sample_target": lib.sample_target(x.logits[r], x.keys[r]),
       "verify_chain dense": _verify_all(lib.verify_chain, rnd, rnd.dense,
                                         x.anchors[q]),
@@ -535,8 +540,8 @@ class _Sharded:
 
   def __init__(self, mesh):
     for name in ("draft_weights", "target_probs", "allocate_dense",
-                 "allocate_sparse", "sample_counts", "sample_target",
-                 "verify_chain"):
+                 "allocate_sparse", "sample_counts", "propose_dense",
+                 "propose_sparse", "sample_target", "verify_chain"):
       setattr(self, name, functools.partial(getattr(sharding, name),
                                             mesh=mesh))
 

@@ -13,7 +13,8 @@ from sharding.mesh import (AXES, REQUESTS_AXIS, VOCAB_AXIS, ShardRange,
                            padded_size, place, shard_ranges, vocab_mesh,
                            vocab_spec)
 from sharding.ops import (MeshExecutor, allocate_dense, allocate_sparse,
-                          draft_weights, executor, sample_counts,
+                          draft_weights, executor, propose_dense,
+                          propose_sparse, sample_counts,
                           sample_target, target_probs, unpad, verify_batch,
                           verify_chain)
 
@@ -21,6 +22,6 @@ __all__ = [
     "AXES", "MeshExecutor", "REQUESTS_AXIS", "VOCAB_AXIS", "ShardRange",
     "allocate_dense", "allocate_sparse", "draft_weights", "executor",
     "from_blocks", "make_mesh", "mesh_shape", "pad_vocab", "padded_size",
-    "place", "sample_counts", "sample_target", "shard_ranges", "target_probs",
+    "place", "propose_dense", "propose_sparse", "sample_counts", "sample_target", "shard_ranges", "target_probs",
     "unpad", "verify_batch", "verify_chain", "vocab_mesh", "vocab_spec",
 ]

@@ -112,6 +112,22 @@ def test_sparse_allocation_equal(row_mode, n, v, k):
 
 
 @_MODES
+def test_proposal_rows_equal(row_mode, n, v):
+  del row_mode
+  mesh = _mesh(n)
+  logits = _logits(v)
+  u = jnp.asarray(np.random.default_rng(v).integers(0, M, len(logits)),
+                  jnp.uint32)
+  bias = np.linspace(-1, 1, v, dtype=np.float32)
+  _assert_same(dj.propose_dense(logits, u, temperature=0.8, bias=bias),
+               sharding.propose_dense(logits, u, temperature=0.8, bias=bias,
+                                      mesh=mesh))
+  k = min(32, v)
+  _assert_same(dj.propose_sparse(logits, u, k),
+               sharding.propose_sparse(logits, u, k, mesh=mesh))
+
+
+@_MODES
 def test_draws_equal(row_mode, n, v):
   del row_mode
   counts, _ = dj.allocate_dense(_rows(v))

@@ -133,6 +133,25 @@ def test_target_distance_to_exact_softmax_within_contract(v):
   assert np.all(_tv_to_softmax(logits.astype(np.float64)[:2]) <= bound)
 
 
+@pytest.mark.parametrize("v", [7, 1001, 4096, dj.DEFAULT_VOCAB])
+def test_a_nan_anywhere_is_refused(row_mode, v):
+  # XLA CPU's vectorized max reduction drops NaN (at V = 4096 it returned
+  # a finite max, or -inf for a NaN in the last slot): the status must not
+  # depend on it.
+  del row_mode
+  x = np.random.default_rng(v).normal(size=(6, v)).astype(np.float32)
+  for row, pos in enumerate((0, 1, v // 3, v // 2, v - 1)):
+    x[row, pos] = np.nan
+  x[5, v - 1], x[5, 0] = np.nan, np.inf       # NaN beside +inf
+  for op in (dj.draft_weights, dj.target_probs):
+    w, status = op(x)
+    np.testing.assert_array_equal(np.asarray(status), dj.Status.NAN)
+    assert not np.any(np.asarray(w))
+  counts, token, status = dj.propose_dense(x, np.zeros(6, np.uint32))
+  np.testing.assert_array_equal(np.asarray(status), dj.Status.NAN)
+  assert not np.any(np.asarray(counts)) and np.all(np.asarray(token) == -1)
+
+
 def test_subnormal_and_bad_temperatures_are_refused():
   row = np.array([[0.0, 1.0]], np.float32)
   for t in (5e-324, 2.2e-308, -5e-324, 0.0, -0.0):

@@ -23,7 +23,7 @@ import jax.numpy as jnp
 from jax.experimental import multihost_utils
 import numpy as np
 
-from dyadic_jax import allocation, codec, draws, rowops, weights
+from dyadic_jax import codec, proposal, rowops
 from dyadic_jax.bridge import audit
 from dyadic_jax.bridge.hello import MAX_POSITION
 from dyadic_jax.errors import raise_for_status
@@ -118,17 +118,14 @@ def draft_proposer(logits_fn, caps, *, backbone_fn=None,
         prev = jnp.argmax(logits).astype(jnp.int32)
         out.append((prev, jnp.int32(0)))
         continue
-      w, w_status = weights.draft_weights(logits, executor=executor)
+      draw = audit.proposal_draw(key, anchor + i)
       if caps.representation == Representation.SPARSE:
-        ids, counts, n, a_status = allocation.allocate_sparse(
-            w, k, executor=executor)
+        ids, counts, n, prev, status = proposal.propose_sparse(
+            logits, draw, k, executor=executor)
       else:
-        counts, a_status = allocation.allocate_dense(w, executor=executor)
+        counts, prev, status = proposal.propose_dense(logits, draw,
+                                                      executor=executor)
         ids, n = None, jnp.int32(caps.width)
-      index = draws.sample_counts(counts, audit.proposal_draw(
-          key, anchor + i), executor=executor)
-      prev = index if ids is None else ids[index]
-      status = jnp.where(w_status != 0, w_status, a_status)
       out.append((prev, status, codec.counts_to_q(counts), ids, n))
     stacked = [jnp.stack(parts) if parts[0] is not None else None
                for parts in zip(*out)]
