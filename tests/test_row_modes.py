@@ -124,10 +124,13 @@ def test_modes_trace_different_programs():
   # Loop: a while loop over the 4 rows, each reduction yields one row's
   # scalar. Batched: every reduction yields the whole batch's [4].
   assert "stablehlo.while" in loop
+  # (The (f32, i32) pair is the row max beside its NaN flag.)
   assert _reduction_results(loop) == {
-      "tensor<f32>", "tensor<f64>", "(tensor<i1>, tensor<i64>)"}
+      "tensor<f32>", "tensor<f64>", "tensor<i32>",
+      "(tensor<f32>, tensor<i32>)", "(tensor<i1>, tensor<i64>)"}
   assert _reduction_results(batched) == {
-      "tensor<4xf32>", "tensor<4xf64>", "(tensor<4xi1>, tensor<4xi64>)"}
+      "tensor<4xf32>", "tensor<4xf64>", "tensor<4xi32>",
+      "(tensor<4xf32>, tensor<4xi32>)", "(tensor<4xi1>, tensor<4xi64>)"}
 
 
 # Shapes on both sides of the batch size where XLA CPU hands a fused
