@@ -529,8 +529,13 @@ def _top_k(keys: jax.Array, k: int
                 + pos % _BLOCK), unique
 
 
+def _scaled(w, scale):
+  return w if scale is None else w * scale[..., None]
+
+
 def top_k_ids(w: jax.Array, k: int, red: reducer.Reducer | None = None,
-              ok: jax.Array | None = None) -> jax.Array:
+              ok: jax.Array | None = None,
+              scale: jax.Array | None = None) -> jax.Array:
   """Ascending global ids of the exact top-k of w by (weight desc, id asc).
 
   Weights below the smallest normal float64 count as zero; rows where
@@ -540,13 +545,17 @@ def top_k_ids(w: jax.Array, k: int, red: reducer.Reducer | None = None,
   whenever the k-th key is not tied with an unselected one (or is zero:
   zero weights are dropped later anyway). Otherwise the exact selection
   decides.
+
+  scale: optional float64[...]: the weights are fl(w * scale) per row
+  (a softmax's e and fl(1 / Z)), formed where each step reads them, so
+  the row of products is never stored.
   """
   red = reducer.of(w, red)
   n = w.shape[-1]
   local_k = min(k, n)
   if ok is None:
     ok = jnp.ones(w.shape[:-1], bool)
-  vals, idx, unique = _top_k(_round_down_f32(w, ok), local_k)
+  vals, idx, unique = _top_k(_round_down_f32(_scaled(w, scale), ok), local_k)
   ids = idx.astype(jnp.int32) + red.offset
   if red.collective:
     unique = None     # the shard's own k-th key is not the global one
@@ -562,13 +571,15 @@ def top_k_ids(w: jax.Array, k: int, red: reducer.Reducer | None = None,
   if unique is None:
     # #{w >= kth} == #{key32 >= kth}: keys round down, and every positive
     # normal weight has a key >= 2^-126.
-    at_least = jnp.where(kth > _TINY32, w >= kth, w >= _SMALLEST_NORMAL)
+    ws = _scaled(w, scale)
+    at_least = jnp.where(kth > _TINY32, ws >= kth, ws >= _SMALLEST_NORMAL)
     unique = _counter(red)(at_least) == k
   exact = unique | (kth[..., 0] == 0) | ~ok
   fast = jnp.sort(ids, axis=-1)
 
   def slow(_):
-    clean = jnp.where(ok[..., None] & (w >= _SMALLEST_NORMAL), w, 0.0)
+    ws = _scaled(w, scale)
+    clean = jnp.where(ok[..., None] & (ws >= _SMALLEST_NORMAL), ws, 0.0)
     mask = select_top(clean, jnp.full(w.shape[:-1], k, jnp.int64), red=red)
     local = lax.broadcasted_iota(jnp.int32, w.shape, w.ndim - 1)
     rank = jnp.where(mask, n - local, -1)
@@ -618,16 +629,19 @@ def _allocate_sparse(w, k, executor):
 
 
 def allocate_sparse_rows(w: jax.Array, k: int, red: reducer.Reducer | None = None,
-                         status: jax.Array | None = None
+                         status: jax.Array | None = None,
+                         scale: jax.Array | None = None
                          ) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
   """The body of `allocate_sparse` on weight rows (local or one shard);
-  `status` as in `largest_remainder`."""
+  `status` as in `largest_remainder`, `scale` as in `top_k_ids`."""
   red = reducer.of(w, red)
   if status is None:
-    status = weight_status(w, red)
+    status = weight_status(_scaled(w, scale), red)
   ok = status == Status.OK
-  ids = top_k_ids(w, k, red, ok)
+  ids = top_k_ids(w, k, red, ok, scale=scale)
   ws = red.lookup(w, ids)
+  if scale is not None:
+    ws = ws * scale[..., None]     # fl(w_id * s): the bits of the product row
   ws = jnp.where(ok[..., None] & (ws >= _SMALLEST_NORMAL), ws, 0.0)
   return sparse_from_support(ids, ws, status)
 

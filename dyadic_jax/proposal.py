@@ -48,10 +48,18 @@ def dense_rows(logits, t, t_ok, draw, bias=None, *, red=None):
 
 
 def sparse_rows(logits, t, t_ok, draw, bias=None, *, k, red=None):
-  """(ids, counts, n, token, status): the body of `propose_sparse`."""
-  w, status = _draft(logits, t, t_ok, bias, red)
-  ids, counts, n, status = allocation.allocate_sparse_rows(w, k, red,
-                                                           status=status)
+  """(ids, counts, n, token, status): the body of `propose_sparse`.
+
+  The weights row is never stored: the top-k reads fl(e * fl(1 / Z)) as
+  it goes, and the support's weights are the same products at k ids
+  (refused rows and temperatures scale by 0: weights +0, as the zeroed
+  row of `draft_weights`).
+  """
+  e, inv, status = weights.draft_parts(logits, t, bias, red)
+  status = jnp.where(t_ok, status, Status.BAD_TEMPERATURE).astype(jnp.int32)
+  scale = jnp.where(status == Status.OK, inv, 0.0)
+  ids, counts, n, status = allocation.allocate_sparse_rows(
+      e, k, red, status=status, scale=scale)
   # The support is replicated: its draw is a local scan over k counts.
   slot = cumulative.first_cum_greater(counts, draw.astype(jnp.int64))
   token = jnp.take_along_axis(ids, jnp.minimum(slot, k - 1)[..., None],

@@ -134,15 +134,21 @@ def exact_sums(x: jax.Array, *terms: typing.Callable[[jax.Array], jax.Array],
   return reducer.one_pass(red, *((reducer.SUM, term(x)) for term in terms))
 
 
-def softmax64_rows(x: jax.Array, red: reducer.Reducer | None = None) -> tuple[jax.Array, jax.Array]:
-  """(w float64, status) of score rows x[..., V]: the body of every softmax."""
+def softmax64_parts(x: jax.Array, red: reducer.Reducer | None = None
+                    ) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """(e, fl(1 / Z), status) of score rows: the weights are where(OK,
+  fl(e * fl(1 / Z)), 0), for a caller that needs them only in places."""
   e, status = shifted_exp_and_status(x.astype(jnp.float64), red)
   hi_sum, lo_sum = exact_sums(e, lambda e: fixed_point_limbs(e)[0],
                               lambda e: fixed_point_limbs(e)[1], red=red)
   z = normalizer_from_limb_sums(hi_sum, lo_sum)
-  ok = status == Status.OK
-  w = jnp.where(ok[..., None],
-                e * reciprocal(jnp.where(ok, z, 1.0))[..., None], 0.0)
+  return e, reciprocal(jnp.where(status == Status.OK, z, 1.0)), status
+
+
+def softmax64_rows(x: jax.Array, red: reducer.Reducer | None = None) -> tuple[jax.Array, jax.Array]:
+  """(w float64, status) of score rows x[..., V]: the body of every softmax."""
+  e, inv, status = softmax64_parts(x, red)
+  w = jnp.where((status == Status.OK)[..., None], e * inv[..., None], 0.0)
   return w, status
 
 
@@ -150,13 +156,24 @@ softmax64 = rowwise.row_op(softmax64_rows, (1,))
 softmax64.__doc__ = "(w, status) of float[..., V] scores; row by row on CPU."
 
 
-def draft_rows(logits: jax.Array, t: jax.Array, bias: jax.Array | None = None,
-               red: reducer.Reducer | None = None) -> tuple[jax.Array, jax.Array]:
-  """(w, status) of draft logits rows at per-row temperatures t (> 0)."""
+def _draft_scores(logits, t, bias):
   x = logits.astype(jnp.float64)
   if bias is not None:
     x = x + bias.astype(jnp.float64)
-  return softmax64_rows(x * reciprocal(t)[..., None], red)
+  return x * reciprocal(t)[..., None]
+
+
+def draft_rows(logits: jax.Array, t: jax.Array, bias: jax.Array | None = None,
+               red: reducer.Reducer | None = None) -> tuple[jax.Array, jax.Array]:
+  """(w, status) of draft logits rows at per-row temperatures t (> 0)."""
+  return softmax64_rows(_draft_scores(logits, t, bias), red)
+
+
+def draft_parts(logits: jax.Array, t: jax.Array, bias: jax.Array | None = None,
+                red: reducer.Reducer | None = None
+                ) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """`draft_rows` as `softmax64_parts`: (e, fl(1 / Z), status)."""
+  return softmax64_parts(_draft_scores(logits, t, bias), red)
 
 
 def temperature_status(temperature: jax.Array, batch: tuple[int, ...]
