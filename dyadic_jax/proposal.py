@@ -33,15 +33,19 @@ from dyadic_jax.constants import M, Status
 
 
 def _draft(logits, t, t_ok, bias, red):
-  """(w, status) of one batch of rows: `draft_weights`' row body."""
-  w, status = weights.draft_rows(logits, t, bias, red)
-  return weights.apply_temperature_status(w, status, t_ok)
+  """(e, scale, status) of draft rows: the weights are fl(e * scale), the
+  bits of `draft_weights` (scale = fl(1 / Z) on OK rows; 0 on refused
+  rows and temperatures, giving their +0 weights)."""
+  e, inv, status = weights.draft_parts(logits, t, bias, red)
+  status = jnp.where(t_ok, status, Status.BAD_TEMPERATURE).astype(jnp.int32)
+  return e, jnp.where(status == Status.OK, inv, 0.0), status
 
 
 def dense_rows(logits, t, t_ok, draw, bias=None, *, red=None):
   """(counts, token, status) of draft rows: the body of `propose_dense`."""
-  w, status = _draft(logits, t, t_ok, bias, red)
-  counts, status = allocation.largest_remainder(w, M, red, status=status)
+  e, scale, status = _draft(logits, t, t_ok, bias, red)
+  counts, status = allocation.largest_remainder(e * scale[..., None], M, red,
+                                                status=status)
   token = red.first_cum_greater(counts, draw.astype(jnp.int64))
   ok = status == Status.OK
   return counts, jnp.where(ok, token, -1).astype(jnp.int32), status
@@ -50,14 +54,10 @@ def dense_rows(logits, t, t_ok, draw, bias=None, *, red=None):
 def sparse_rows(logits, t, t_ok, draw, bias=None, *, k, red=None):
   """(ids, counts, n, token, status): the body of `propose_sparse`.
 
-  The weights row is never stored: the top-k reads fl(e * fl(1 / Z)) as
-  it goes, and the support's weights are the same products at k ids
-  (refused rows and temperatures scale by 0: weights +0, as the zeroed
-  row of `draft_weights`).
+  The weights row is never stored: the top-k reads fl(e * scale) as it
+  goes, and the support's weights are the same products at k ids.
   """
-  e, inv, status = weights.draft_parts(logits, t, bias, red)
-  status = jnp.where(t_ok, status, Status.BAD_TEMPERATURE).astype(jnp.int32)
-  scale = jnp.where(status == Status.OK, inv, 0.0)
+  e, scale, status = _draft(logits, t, t_ok, bias, red)
   ids, counts, n, status = allocation.allocate_sparse_rows(
       e, k, red, status=status, scale=scale)
   # The support is replicated: its draw is a local scan over k counts.

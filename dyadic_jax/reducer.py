@@ -60,8 +60,6 @@ def of(x: jax.Array, red: Reducer | None) -> Reducer:
   return local(x.shape[-1]) if red is None else red
 
 
-
-
 SUM, MAX = "sum", "max"
 
 

@@ -468,13 +468,15 @@ def main(argv):
   def dense_lib():
     return dj.propose_dense(logits, u)
 
+  def three_ops():
+    counts = dj.allocate_dense(dj.draft_weights(logits)[0])[0]
+    return counts, dj.sample_counts(counts, u)
+
   lib_counts, lib_tokens, _ = dense_lib()
   # The one-op proposal row equals the three ops it fuses, bit for bit.
-  w_sep = dj.draft_weights(logits)[0]
-  c_sep = dj.allocate_dense(w_sep)[0]
-  assert np.array_equal(np.asarray(c_sep), np.asarray(lib_counts)) and (
-      np.array_equal(np.asarray(dj.sample_counts(c_sep, u)),
-                     np.asarray(lib_tokens))), (
+  sep_counts, sep_tokens = three_ops()
+  assert np.array_equal(np.asarray(sep_counts), np.asarray(lib_counts)) and (
+      np.array_equal(np.asarray(sep_tokens), np.asarray(lib_tokens))), (
       "propose_dense differs from draft_weights -> allocate_dense -> "
       "sample_counts")
   np_counts, np_tokens = np_dense_row(logits_np, u_np)
@@ -493,9 +495,7 @@ def main(argv):
   figures["chain_tokens_redrawn_differently"] = chain_mismatch
   dense_s = median_seconds(dense_lib, repeats)
   stages = {
-      "three_ops_s": median_seconds(
-          lambda: dj.sample_counts(
-              dj.allocate_dense(dj.draft_weights(logits)[0])[0], u), repeats),
+      "three_ops_s": median_seconds(three_ops, repeats),
       "draft_weights_s": median_seconds(
           lambda: dj.draft_weights(logits), repeats),
       "allocate_dense_s": median_seconds(
