@@ -25,7 +25,8 @@ class Reducer(typing.NamedTuple):
   bit_or: typing.Callable     # int32 x[..., n] -> [...]
   gather: typing.Callable     # x[..., m] -> [..., shards * m], shard order
   lookup: typing.Callable     # (x[..., n], global ids[..., j]) -> [..., j]
-  first_cum_greater: typing.Callable  # (int w[..., n], u[...]) -> global id
+  first_cum_greater: typing.Callable  # (int w[..., n] or cumulative.Blocked,
+                                      #  u[...] or u(total)) -> global id
   offset: typing.Any          # global id of local index 0
   vocab: int                  # global vocabulary size V (no padding)
   shards: int                 # number of shards (1: local)

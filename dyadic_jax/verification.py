@@ -16,8 +16,10 @@ within total variation (V + 2) 2^-64 of P / T (docs/numerics.md proves it and
 `dyadic_jax.reference` computes the exact output distribution).
 
 Only what the rule needs is computed at full width: every target row's
-max, Z' and T; the drafted entries P_x and c_x by lookup; and the residual
-row of the one position where the chain stops.
+max (its status), and Z' and T of the rows the chain reaches (loop mode,
+`walk_chains`; batched mode normalizes every row at once); the drafted
+entries P_x and c_x by lookup; and the residual row of the one position
+where the chain stops, scanned from float64 limbs without an int64 row.
 """
 
 import functools
@@ -28,9 +30,9 @@ import jax.numpy as jnp
 from jax import lax
 from jax.typing import ArrayLike
 
-from dyadic_jax import (draws, qrows, reducer, rng, rowops, rowwise, weights,
-                        x64)
-from dyadic_jax.constants import M, Status, TARGET_BITS
+from dyadic_jax import (cumulative, draws, qrows, reducer, rng, rowops,
+                        rowwise, weights, x64)
+from dyadic_jax.constants import LOG2_M, M, Status, TARGET_BITS
 
 
 class DenseQ(typing.NamedTuple):
@@ -84,28 +86,47 @@ def dense_counts(q: "DenseQ | SparseQ", width: int, offset: typing.Any = 0,
 
 
 def residual_weights(p_row: jax.Array, c_row: jax.Array, total: jax.Array,
-                     red: reducer.Reducer | None = None) -> jax.Array:
-  """W_v = max(P_v M - c_v T, 0) (int64), or P_v M where that is all zero.
+                     red: reducer.Reducer | None = None) -> cumulative.Blocked:
+  """W_v = max(P_v M - c_v T, 0), or P_v M where that is all zero.
 
-  Only an invalid q (zero count at the drafted token) can reject with no
-  residual mass; the target row itself is then the only honest fallback.
-  With c_row = 0 this is the bonus row P M.
+  p_row: P (float64 integers, `weights.fixed_point`); c_row: int counts
+  (0 for the bonus row, whose W is then P M); total: T (int64). Only an
+  invalid q (zero count at the drafted token) can reject with no residual
+  mass; the target row itself is then the only honest fallback.
+
+  Returned for the scan (`cumulative.Blocked`) without an int64 row: with
+  T = T_h 2^24 + T_l, W = 2^24 A - B for A = P - c T_h and B = c T_l,
+  float64 integers computed exactly (|A| < 2^40, B < 2^49), kept where
+  2^24 A > B (an exact comparison). A kept A is in (0, P], so its row sum
+  is below T < 2^39, and B's is at most T_l M < 2^48 for a valid q: exact
+  float64 block sums (docs/numerics.md section 6.2).
   """
-  w = jnp.maximum(p_row * M - c_row * total, 0)
-  return jnp.where(reducer.of(w, red).sum(w) > 0, w, p_row * M)
+  f64 = jnp.float64
+  red = reducer.of(p_row, red)
+  t_h = (total >> LOG2_M).astype(f64)
+  t_l = (total & (M - 1)).astype(f64)
+  c = jnp.asarray(c_row).astype(f64)
+  a = p_row - c * t_h
+  b = c * t_l
+  keep = a * f64(M) > b
+  return cumulative.blocked_limbs(
+      jnp.where(keep, a, 0.0), jnp.where(keep, b, 0.0), LOG2_M,
+      fallback=p_row, use_fallback=lambda local: red.sum(local[..., None]) == 0)
 
 
-def categorical(weights_: jax.Array, bits: jax.Array, red: reducer.Reducer | None = None) -> jax.Array:
-  """Index drawn from nonnegative int64 weights[..., V] with 64 random bits.
+def categorical(weights_: jax.Array | cumulative.Blocked, bits: jax.Array,
+                red: reducer.Reducer | None = None) -> jax.Array:
+  """Index drawn from nonnegative integer weights[..., V] with 64 random bits.
 
-  u = draw_below(bits, S) with S the exact row total, then the first index
-  whose inclusive cumulative weight is > u. Rows with S == 0 return V.
+  weights_: int64 rows or a `cumulative.Blocked`. u = draw_below(bits, S)
+  with S the exact row total, then the first index whose inclusive
+  cumulative weight is > u. Rows with S == 0 return V.
   """
-  red = reducer.of(weights_, red)
-  total = red.sum(weights_)
-  u = draws.draw_below(bits, total).astype(jnp.int64)
-  idx = red.first_cum_greater(weights_, u)
-  return jnp.where(total > 0, idx, red.vocab).astype(jnp.int32)
+  if red is None:
+    red = reducer.local(weights_.n if isinstance(weights_, cumulative.Blocked)
+                        else weights_.shape[-1])
+  return red.first_cum_greater(
+      weights_, lambda total: draws.draw_below(bits, total).astype(jnp.int64))
 
 
 def next_token_bits(key: jax.Array, position: jax.Array, bonus: jax.Array) -> jax.Array:
@@ -120,18 +141,19 @@ def next_token_bits(key: jax.Array, position: jax.Array, bonus: jax.Array) -> ja
 
 def fixed_row(target_logits: jax.Array, rows: weights.TargetRows, i: jax.Array
               ) -> jax.Array:
-  """P of row i (int64 [n]), its terms recomputed (`weights.target_terms`)."""
+  """P of row i (float64 integers [n]), its terms recomputed
+  (`weights.target_terms`)."""
   e = weights.target_terms(_row(target_logits, i), _row(rows.shift, i),
                            _row(rows.status, i))
-  return weights.fixed_point(e, _row(rows.inv, i)).astype(jnp.int64)
+  return weights.fixed_point(e, _row(rows.inv, i))
 
 
 def sample_target_rows(target_logits: jax.Array, bits: jax.Array, red: reducer.Reducer | None = None
                        ) -> tuple[jax.Array, jax.Array]:
   """Body of `sample_target` given the 64 random bits of each row."""
   rows, e = weights.target_rows(target_logits, red)
-  p = weights.fixed_point(e, rows.inv[..., None]).astype(jnp.int64)
-  token = categorical(p, bits, red)
+  p = weights.fixed_point(e, rows.inv[..., None])
+  token = categorical(cumulative.blocked_limbs(p, None, 0), bits, red)
   return jnp.where(rows.status == Status.OK, token, -1), rows.status
 
 
@@ -310,15 +332,100 @@ def verify_rows(summary: tuple[weights.TargetRows, jax.Array], target_logits: ja
   return jnp.where(ok, accepted, 0), jnp.where(ok, token, -1), chain
 
 
+class _Walk(typing.NamedTuple):
+  """The state of `walk_chain` after rows 0..i-1."""
+  i: jax.Array         # next row
+  stopped: jax.Array   # the chain stopped at row i - 1
+  accepted: jax.Array  # tokens accepted so far
+  token: jax.Array     # the next token once stopped
+
+
+def walk_chains(target_logits: jax.Array, q: DenseQ | SparseQ,
+                draft_tokens: jax.Array, key: jax.Array, anchor: jax.Array,
+                red: reducer.Reducer | None = None
+                ) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """`verify_rows` of [N] requests, normalizing only the rows chains reach.
+
+  Every row's max and status, and every q row's status, in one batched
+  pass each (for the chain statuses); then each request in turn walks rows
+  0, 1, ... while the ACCEPT tests pass: the terms, Z', T, the test, and
+  at the row where the chain stops the residual draw from the terms in
+  hand. Rows past the first rejection are never normalized, and rows are
+  read in place (indexed, not sliced out per request). Each quantity is
+  computed by the same functions as in `verify_rows`, so the outputs are
+  the same bits (tests/test_row_modes.py).
+  """
+  red = reducer.of(target_logits, red)
+  depth = draft_tokens.shape[-1]
+  n = target_logits.shape[-1]
+  shift, status = weights.target_shift(target_logits, red)       # [N, D+1]
+  chain = jax.vmap(lambda st, q: chain_status(st, q_rows_status(q, red)))(
+      status, q)
+  x = draft_tokens.astype(jnp.int32)
+
+  def walk(r):
+    q_r = jax.tree.map(lambda a: _row(jnp.asarray(a), r), q)
+    logits_r, shift_r, status_r = (_row(a, r) for a in
+                                   (target_logits, shift, status))
+    key_r, anchor_r, x_r = _row(key, r), _row(anchor, r), _row(x, r)
+
+    def draw(i, e, inv, total):
+      bonus = i == depth
+      p_j = weights.fixed_point(e, inv)
+      if depth:
+        c_j = jnp.where(bonus, 0, row_counts(
+            q_r, jnp.minimum(i, depth - 1), n, red))
+      else:
+        c_j = jnp.zeros((), jnp.int64)
+      residual = residual_weights(p_j, c_j, total, red)
+      return categorical(residual, next_token_bits(key_r, anchor_r + i, bonus),
+                         red)
+
+    def step(s):
+      e = weights.target_terms(_row(logits_r, s.i), _row(shift_r, s.i),
+                               _row(status_r, s.i))
+      inv, total, e = weights.target_scale(e, _row(status_r, s.i), red)
+      total = total.astype(jnp.int64)
+      if depth:
+        j = jnp.minimum(s.i, depth - 1)
+        x_j = _row(x_r, j)[None]
+        c_x = drafted_counts(jax.tree.map(lambda a: _row(a, j)[None], q_r),
+                             x_j, red)[0]
+        p_x = weights.fixed_point(red.lookup(e, x_j)[0],
+                                  inv).astype(jnp.int64)
+        u = draws.draw_below(rng.draw64(rng.draw_key(
+            key_r, anchor_r + s.i, rng.Domain.ACCEPT)), total * c_x)
+        accept = ((s.i < depth) & (c_x > 0)
+                  & (u < (p_x * M).astype(jnp.uint64)))
+      else:
+        accept = jnp.zeros((), bool)
+      token = lax.cond(accept, lambda: jnp.int32(-1),
+                       lambda: draw(s.i, e, inv, total))
+      return _Walk(s.i + 1, ~accept, s.accepted + accept.astype(jnp.int32),
+                   token)
+
+    start = _Walk(jnp.int32(0), jnp.zeros((), bool), jnp.int32(0),
+                  jnp.int32(-1))
+    end = lax.while_loop(lambda s: ~s.stopped, step, start)
+    return end.accepted, end.token
+
+  accepted, token = lax.map(walk, jnp.arange(x.shape[0]))
+  ok = chain == Status.OK
+  return jnp.where(ok, accepted, 0), jnp.where(ok, token, -1), chain
+
+
 def chains(target_logits: jax.Array, q: DenseQ | SparseQ,
            draft_tokens: jax.Array, key: jax.Array, anchor: jax.Array, *,
            red: reducer.Reducer) -> tuple[jax.Array, jax.Array, jax.Array]:
   """Body of `verify_batch` on [N] requests (local or one shard).
 
-  The target rows' summaries of all N requests are one row op over the
-  N (D+1) rows (one row at a time on CPU); the rest of each chain runs per
-  request.
+  Loop mode walks each request's chain in turn (`walk_chains`: rows past
+  the first rejection are never normalized). Batched mode makes the target
+  rows' summaries of all N requests one row op over the N (D+1) rows, then
+  runs the rest of each chain per request.
   """
+  if rowwise.row_mode() == "loop":
+    return walk_chains(target_logits, q, draft_tokens, key, anchor, red)
   ids = jax.vmap(summary_ids)(draft_tokens)                       # [N, D+1]
   summary = rowwise.map_rows(
       lambda x, i: weights.target_summary(x, i, red), target_logits, ids,

@@ -286,24 +286,44 @@ def target_terms(x: jax.Array, shift: jax.Array, status: jax.Array) -> jax.Array
   return jnp.where((status == Status.OK)[..., None], e, jnp.float32(0))
 
 
-def target_rows(x: jax.Array, red: reducer.Reducer | None = None) -> tuple[TargetRows, jax.Array]:
-  """(`TargetRows`, e float32[..., n]) of score rows x[..., V].
+def target_shift(x: jax.Array, red: reducer.Reducer | None = None
+                 ) -> tuple[jax.Array, jax.Array]:
+  """(shift, status) of score rows x[..., V]: the row max (0 if refused).
 
-  Three passes after the max: e (float32), Z' (exact float64 sum of
-  integers below 2^32 + 1), T (exact float64 sum of integers below
-  2^38 + 1; T < 2^39).
+  The first pass of `target_rows`; the terms are then
+  `target_terms(x, shift, status)`.
   """
-  red = reducer.of(x, red)
-  x = _scores(x)
-  row_max, status = max_and_status(x, red)
-  shift = jnp.where(status == Status.OK, row_max, 0)
-  e = lax.optimization_barrier(target_terms(x, shift, status))
+  row_max, status = max_and_status(_scores(x), red)
+  return jnp.where(status == Status.OK, row_max, 0), status
+
+
+def target_scale(e: jax.Array, status: jax.Array,
+                 red: reducer.Reducer | None = None
+                 ) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """(inv, total, e) of the terms e[..., n] (`target_terms`) of score rows.
+
+  Two passes: Z' (an exact float64 sum of integers below 2^32 + 1), then
+  T (an exact float64 sum of integers below 2^38 + 1; T < 2^39). e comes
+  back through the barrier that keeps it stored between them.
+  """
+  red = reducer.of(e, red)
   z = red.sum(jnp.floor(e * jnp.float32(2.0 ** 32)).astype(jnp.float64))
   # A barrier's outputs vary over the mesh axis when any input does: only
   # the (already varying) e passes through, the replicated z stays out.
   e, _ = lax.optimization_barrier((e, z))
   inv = reciprocal(jnp.where(status == Status.OK, z * 2.0 ** -32, 1.0))
-  total = red.sum(fixed_point(e, inv[..., None]))
+  return inv, red.sum(fixed_point(e, inv[..., None])), e
+
+
+def target_rows(x: jax.Array, red: reducer.Reducer | None = None) -> tuple[TargetRows, jax.Array]:
+  """(`TargetRows`, e float32[..., n]) of score rows x[..., V].
+
+  Three passes after the max: e (float32), Z' and T (`target_scale`).
+  """
+  red = reducer.of(x, red)
+  shift, status = target_shift(x, red)
+  e = lax.optimization_barrier(target_terms(x, shift, status))
+  inv, total, e = target_scale(e, status, red)
   return TargetRows(shift, inv, total, status), e
 
 

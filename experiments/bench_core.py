@@ -14,8 +14,9 @@ Workloads, on toy-model logits (dyadic_jax/testing/toy_models.py):
             sample_counts as one row op (what the worker runs; asserted
             equal to the three ops, whose times are printed beside it)
   sparse-k  propose_sparse(k), each --ks
-  verify    jax.vmap(verify_chain) over the R requests of the round, with the
-            dense q and with the sparse k=32 q
+  verify    verify_batch of the R requests of the round, with the dense q
+            and with the sparse k=32 q (jax.vmap(verify_chain), the same
+            program plus a vmap trace per call, printed beside it)
 
 Each is timed as the median of --repeats calls after one warm-up (compile)
 call, with block_until_ready, and reported per drafted row beside figures
@@ -78,7 +79,7 @@ _VERIFY_K = flags.DEFINE_integer(
     "verify_k", 32, "Support size of the sparse q in the verification "
     "workload.")
 _REPEATS = flags.DEFINE_integer(
-    "repeats", 5, "Timed calls per figure; the median is reported.")
+    "repeats", 20, "Timed calls per figure; the median is reported.")
 _SEED = flags.DEFINE_integer(
     "seed", 0, "Seed of the request RNG keys (the toy models use their own).")
 _JSON_OUT = flags.DEFINE_string(
@@ -137,6 +138,19 @@ def median_seconds(fn, repeats):
     jax.block_until_ready(fn())
     times.append(time.perf_counter() - start)
   return statistics.median(times)
+
+
+def interleaved_medians(fns, repeats):
+  """Median wall time of each fn(), the calls taken in turns, after warm-up."""
+  for fn in fns:
+    jax.block_until_ready(fn())
+  times = [[] for _ in fns]
+  for _ in range(repeats):
+    for fn, t in zip(fns, times):
+      start = time.perf_counter()
+      jax.block_until_ready(fn())
+      t.append(time.perf_counter() - start)
+  return [statistics.median(t) for t in times]
 
 
 # ---------------------------------------------------------------------------
@@ -545,8 +559,9 @@ def main(argv):
                         s_counts.reshape(requests, depth, vk),
                         s_n.reshape(requests, depth))
   s_tokens = s_tokens.reshape(requests, depth)
-  verify = jax.vmap(
+  vmapped = jax.vmap(
       lambda t, q, x, key, a: dj.verify_chain(t, q, x, key, anchor=a))
+  verify = dj.verify_batch
   bits_accept, bits_next = verification_bits(keys, anchors, depth)
 
   def np_verify(q_dense_np, tokens_np):
@@ -575,6 +590,8 @@ def main(argv):
       (f"verify sparse k={vk}", sparse_q, s_tokens,
        lambda: np_verify_sparse(s_tokens_np), (target,))):
     lib_out = verify(target, q, tokens, keys, anchors)
+    assert all(np.array_equal(a, b) for a, b in zip(
+        lib_out, vmapped(target, q, tokens, keys, anchors))), name
     assert not np.any(np.asarray(lib_out[2])), f"{name}: refused {lib_out[2]}"
     lib_pairs = list(zip(np.asarray(lib_out[0]).tolist(),
                          np.asarray(lib_out[1]).tolist()))
@@ -586,12 +603,14 @@ def main(argv):
     bufs = [np.empty_like(a) for a in host]
     memcpy_s = median_seconds(
         lambda: [np.copyto(b, a) for b, a in zip(bufs, host)], repeats)
-    lib_s = median_seconds(
-        lambda q=q, tokens=tokens: verify(target, q, tokens, keys, anchors),
-        repeats)
-    numpy_s = median_seconds(np_fn, repeats)
+    # Interleaved, so a drift in the machine's load hits all three alike.
+    lib_s, vmapped_s, numpy_s = interleaved_medians(
+        [lambda q=q, tokens=tokens: verify(target, q, tokens, keys, anchors),
+         lambda q=q, tokens=tokens: vmapped(target, q, tokens, keys, anchors),
+         np_fn], repeats)
     record(name, lib_s, floor_s, memcpy_s, numpy_s,
            {"round_s": lib_s, "numpy_round_s": numpy_s,
+            "vmap_verify_chain_round_s": vmapped_s,
             "accepted": [a for a, _ in lib_pairs],
             "next_tokens": [t for _, t in lib_pairs],
             "input_bytes": sum(a.nbytes for a in host)})
@@ -642,9 +661,10 @@ def main(argv):
         f"{st['sample_counts_s'] / rows * 1e6:.1f} us")
   for e in results:
     if "round_s" in e:
-      print(f"{e['workload']}: round of {requests} requests "
-            f"{e['round_s'] * 1e3:.2f} ms (numpy {e['numpy_round_s'] * 1e3:.2f}"
-            f" ms), accepted {e['accepted']}")
+      print(f"{e['workload']}: verify_batch round of {requests} requests "
+            f"{e['round_s'] * 1e3:.2f} ms (vmap of verify_chain "
+            f"{e['vmap_verify_chain_round_s'] * 1e3:.2f} ms, numpy "
+            f"{e['numpy_round_s'] * 1e3:.2f} ms), accepted {e['accepted']}")
   print(hf_note + (f": round {hf['round_s'] * 1e3:.2f} ms, accepted "
                    f"{hf['accepted']}" if hf else ""))
   for label, found in (("dense", dense_sorts), ("sparse", sparse_sorts)):

@@ -102,15 +102,16 @@ def shard_reducer(vocab: int, size: int, shards: int) -> reducer.Reducer:
                     VOCAB_AXIS)
 
   def first_cum_greater(w, u):
-    blocks, block_cum = cumulative.cumulative_blocks(w)
-    totals = gather(block_cum[..., -1:])                          # [..., S]
+    if not isinstance(w, cumulative.Blocked):
+      w = cumulative.blocked(w)
+    totals = gather(w.cum[..., -1:])                              # [..., S]
     cum = jnp.cumsum(totals, -1)
+    u = u(cum[..., -1]) if callable(u) else u
     owner = jnp.sum(cum <= u[..., None], -1, dtype=jnp.int32)
     before = jnp.take_along_axis(
         cum, jnp.maximum(owner - 1, 0)[..., None], -1)[..., 0]
     before = jnp.where(owner > 0, before, 0)
-    idx = cumulative.scan_blocks(blocks, block_cum, u - before, w.shape[-1])
-    idx = idx + offset
+    idx = cumulative.scan(w, u - before) + offset
     token = lax.psum(jnp.where(owner == me, idx, 0), VOCAB_AXIS)
     return jnp.where(owner >= shards, vocab, token).astype(jnp.int32)
 

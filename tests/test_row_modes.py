@@ -174,3 +174,55 @@ def test_modes_give_the_same_bits(rows, v):
                               bias=bias[i:i + 1])
     np.testing.assert_array_equal(np.asarray(row)[0],
                                   loop["draft_weights"][0][i])
+
+
+def _chains(rng, batch, depth, v, spread):
+  """Chains whose q is near the target's rows, so they stop everywhere."""
+  target = (rng.normal(size=(batch, depth + 1, v)) * 3).astype(np.float32)
+  draft = target[:, :depth] + (rng.normal(size=(batch, depth, v))
+                               * spread).astype(np.float32)
+  w, _ = dj.draft_weights(draft)
+  counts, _ = dj.allocate_dense(w)
+  keys = jax.vmap(lambda r: dj.round_key(5, 0, r))(jnp.arange(batch))
+  u = dj.draw24(jax.vmap(jax.vmap(dj.draw_key, in_axes=(None, 0, None)),
+                         in_axes=(0, None, None))(
+                             keys, jnp.arange(depth) + 3, dj.Domain.PROPOSAL))
+  tokens = dj.sample_counts(counts, u)
+  return target, np.array(counts), np.array(tokens), keys
+
+
+@pytest.mark.parametrize("v", [7, 1001])
+def test_walked_chains_equal_the_batched_summaries(v):
+  # Loop mode walks each chain and never normalizes rows past its first
+  # rejection (verification.walk_chains); batched mode summarizes every
+  # row. Same bits at every stopping position (0..D, D = bonus), D = 0,
+  # refused target and q rows, dense and sparse q.
+  rng = np.random.default_rng(v)
+  depth, batch = 4, 48
+  target, counts, tokens, keys = _chains(rng, batch, depth, v, spread=0.8)
+  target[1, 2, 3] = np.nan                    # a refused target row
+  counts[2, 1, 0] = -5                        # a NEGATIVE q row
+  counts[3, 3, 0] += 7                        # WRONG_MASS in the last row
+  tokens[4, 0] = (np.asarray(counts[4, 0]) == 0).argmax()  # c_x = 0
+  with jax.enable_x64(True):
+    s_ids, s_counts, s_n, _ = dj.allocate_sparse(
+        dj.draft_weights(target[:, :depth])[0], min(8, v))
+  sparse = dj.SparseQ(s_ids, s_counts, s_n)
+  s_tokens = np.take_along_axis(np.asarray(s_ids), np.zeros(
+      (batch, depth, 1), np.int64), -1)[..., 0]
+  cases = {"dense": (target, dj.DenseQ(counts), tokens),
+           "sparse": (target, sparse, s_tokens),
+           "depth 0": (target[:, :1], None, tokens[:, :0])}
+  for name, (t, q, x) in cases.items():
+    out = {}
+    for mode in ("loop", "batched"):
+      with rowwise.rows(mode):
+        out[mode] = jax.tree.map(np.asarray, dj.verify_batch(
+            t, q, x, keys, np.arange(batch) * 10))
+    chex.assert_trees_all_equal(out["loop"], out["batched"], strict=True)
+    accepted, _, status = out["loop"]
+    if name == "dense":
+      # The harness reaches every stopping position and both refusals.
+      assert set(accepted[status == 0]) == set(range(depth + 1)), accepted
+      assert status[1] == dj.Status.NAN and status[2] == dj.Status.NEGATIVE
+      assert status[3] == dj.Status.WRONG_MASS

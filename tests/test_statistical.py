@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 import dyadic_jax as dj
+from dyadic_jax import cumulative
 from dyadic_jax import reference as ref
 from dyadic_jax import verification
 from dyadic_jax.testing import stats
@@ -110,7 +111,8 @@ def test_mutant_residual_without_clamp_is_rejected(monkeypatch, fresh_traces):
 
   monkeypatch.setattr(
       verification, "residual_weights",
-      lambda p, c, t, red=None: jnp.abs(p * M - c * t))
+      lambda p, c, t, red=None: cumulative.blocked(
+          jnp.abs(p.astype(jnp.int64) * M - c * t)))
   assert _chi_square("mutant: |p - q| residual") < stats.ALPHA
 
 

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 import dyadic_jax as dj
+from dyadic_jax import cumulative
 from dyadic_jax import reference as ref
 from dyadic_jax import verification
 from dyadic_jax import weights
@@ -307,3 +308,41 @@ def test_recomputed_residual_row_is_the_row_of_target_probs():
   np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
   np.testing.assert_array_equal(np.asarray(rows.total).astype(np.int64),
                                 np.asarray(want_total))
+
+
+@pytest.mark.parametrize("v", [7, 256, 1001, dj.DEFAULT_VOCAB])
+def test_residual_limbs_scan_as_the_int64_residual(v):
+  # residual_weights never forms W = max(P M - c T, 0) as an int64 row
+  # (docs/numerics.md 6.2): its limbs must scan exactly as that row does,
+  # at the boundaries of W's cumulative sums, including the P M fallback
+  # when W is all zero (q = P / T exactly) and the bonus row (c = 0).
+  rng = np.random.default_rng(v)
+  with jax.enable_x64(True):
+    logits = (rng.normal(size=(1, v)) * 4).astype(np.float32)
+    want_p, total = dj.quantize_target(dj.target_probs(logits)[0])
+    p = np.asarray(want_p[0], np.int64)
+    total = int(total[0])
+    # A valid q (sum M) near p, one equal to P / T where T divides into M
+    # (W = 0 everywhere: the fallback), and the bonus row's c = 0.
+    c_near = np.asarray(dj.allocate_dense(dj.draft_weights(
+        logits + rng.normal(size=(1, v)).astype(np.float32))[0])[0][0],
+                        np.int64)
+    cases = {"near": (p, total, c_near), "bonus": (p, total, np.zeros(v, int))}
+    if v == 7:
+      p_eq = np.asarray([1, 0, 3, 0, 0, 4, 0], np.int64) << 35
+      cases["fallback"] = (p_eq, int(p_eq.sum()), p_eq * M // p_eq.sum())
+    for name, (p_row, t, c) in cases.items():
+      w = np.maximum(p_row * M - c * t, 0)
+      if not w.any():
+        w = p_row * M
+      cum = np.cumsum(w)
+      us = sorted({0, int(cum[-1]) - 1} | {int(x) + d for x in cum[:-1]
+                                             for d in (-1, 0, 1)
+                                             if 0 <= int(x) + d < cum[-1]})
+      us = np.asarray(us[:300] + us[-300:], np.int64)
+      blocked = verification.residual_weights(
+          jnp.asarray(p_row, jnp.float64), jnp.asarray(c), jnp.int64(t))
+      assert int(blocked.cum[-1]) == int(cum[-1]), name
+      got = jax.vmap(lambda u: cumulative.scan(blocked, u))(jnp.asarray(us))
+      want = np.searchsorted(cum, us, side="right")
+      np.testing.assert_array_equal(np.asarray(got), want, err_msg=name)
