@@ -56,43 +56,43 @@ def blocked_limbs(a: jax.Array, b: jax.Array | None, shift: int,
                   use_fallback: typing.Callable | None = None) -> Blocked:
   """`Blocked` of W = a 2^shift - b from float64 integer rows a, b[..., n].
 
-  b = None is a zero row.
-  Every row total of a and of b (hence every block sum) must be an
-  integer below 2^53, and W's row totals below 2^63: the block sums are
-  then exact in float64 and W's in int64. With `fallback` (float64
-  integers, weights fallback 2^shift) the block sums of all three rows are
-  one variadic pass, and `use_fallback(local W totals)` -> bool[...] picks
-  the fallback's weights instead (a mesh passes a function that sums the
-  shards' totals).
+  b = None is a zero row (not summed). Every row total of a and of b
+  (hence every block sum) must be an integer below 2^53, and W's row
+  totals below 2^63: the block sums are then exact in float64 and W's in
+  int64. With `fallback` (float64 integers, weights fallback 2^shift) the
+  block sums of all the rows are one variadic pass, and
+  `use_fallback(local W totals)` -> bool[...] picks the fallback's weights
+  instead (a mesh passes a function that sums the shards' totals).
   """
-  if b is None:
-    b = jnp.zeros_like(a)
   if (fallback is None) != (use_fallback is None):
     raise ValueError("blocked_limbs: fallback and use_fallback go together")
-  rows = (a, b) if fallback is None else (a, b, fallback)
+  rows = [r for r in (a, b, fallback) if r is not None]
   blocks = tuple(_as_blocks(r) for r in rows)
   zero = jnp.zeros((), jnp.float64)
-  sums = lax.reduce(blocks, (zero,) * len(blocks),
-                    lambda x, y: tuple(p + q for p, q in zip(x, y)),
-                    (blocks[0].ndim - 1,))
+  sums = list(lax.reduce(blocks, (zero,) * len(blocks),
+                         lambda x, y: tuple(p + q for p, q in zip(x, y)),
+                         (blocks[0].ndim - 1,)))
   scale = jnp.int64(1) << shift
 
   def ints(x):
     return x.astype(jnp.int64)
 
-  cum = jnp.cumsum(ints(sums[0]) * scale - ints(sums[1]), -1)
+  def limb_weights(limbs, blk=None):
+    # W of (a, b) from their block sums, or from one block of them.
+    values = limbs if blk is None else [_take(x, blk) for x in limbs]
+    w = ints(values[0]) * scale
+    return w - ints(values[1]) if len(values) > 1 else w
 
-  def block(blk):
-    return ints(_take(blocks[0], blk)) * scale - ints(_take(blocks[1], blk))
-
-  if fallback is None or use_fallback is None:
-    return Blocked(cum, block, a.shape[-1])
+  n_ab = 1 if b is None else 2
+  ab_sums, ab_blocks = sums[:n_ab], blocks[:n_ab]
+  cum = jnp.cumsum(limb_weights(ab_sums), -1)
+  if use_fallback is None:
+    return Blocked(cum, lambda blk: limb_weights(ab_blocks, blk), a.shape[-1])
   use = use_fallback(cum[..., -1])
-  cum_fb = jnp.cumsum(ints(sums[2]), -1) * scale
   return Blocked(
-      jnp.where(use[..., None], cum_fb, cum),
-      lambda blk: jnp.where(use[..., None],
-                            ints(_take(blocks[2], blk)) * scale, block(blk)),
+      jnp.where(use[..., None], jnp.cumsum(limb_weights(sums[-1:]), -1), cum),
+      lambda blk: jnp.where(use[..., None], limb_weights(blocks[-1:], blk),
+                            limb_weights(ab_blocks, blk)),
       a.shape[-1])
 
 

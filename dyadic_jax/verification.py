@@ -284,6 +284,25 @@ def summary_ids(draft_tokens: jax.Array) -> jax.Array:
                           jnp.full((1,), -1, jnp.int32)])
 
 
+def next_token(p_j: jax.Array, q: DenseQ | SparseQ, j: jax.Array, depth: int,
+               total: jax.Array, key: jax.Array, anchor: jax.Array,
+               red: reducer.Reducer) -> jax.Array:
+  """The token after the accepted prefix, the chain having stopped at row j.
+
+  p_j: row j's P (float64 integers); total: its T (int64). j < D: the
+  CORRECTION draw from max(P_j M - c_j T, 0); j = D: the BONUS draw from
+  P_D M.
+  """
+  bonus = j == depth
+  if depth:
+    c_j = jnp.where(bonus, 0, row_counts(q, jnp.minimum(j, depth - 1),
+                                         p_j.shape[-1], red))
+  else:
+    c_j = jnp.zeros((), jnp.int64)
+  return categorical(residual_weights(p_j, c_j, total, red),
+                     next_token_bits(key, anchor + j, bonus), red)
+
+
 def verify_rows(summary: tuple[weights.TargetRows, jax.Array], target_logits: jax.Array,
                 q: DenseQ | SparseQ, draft_tokens: jax.Array, key: jax.Array,
                 anchor: jax.Array, red: reducer.Reducer | None = None
@@ -315,17 +334,8 @@ def verify_rows(summary: tuple[weights.TargetRows, jax.Array], target_logits: ja
   else:  # D = 0: a target-only step, the bonus draw from row 0
     accepted = jnp.zeros((), jnp.int32)
 
-  bonus = accepted == depth
-  p_j = fixed_row(target_logits, rows, accepted)
-  if depth:
-    c_j = jnp.where(bonus, 0,
-                    row_counts(q, jnp.minimum(accepted, depth - 1),
-                               target_logits.shape[-1], red))
-  else:
-    c_j = jnp.zeros((), jnp.int64)
-  residual = residual_weights(p_j, c_j, _row(total, accepted), red)
-  token = categorical(residual, next_token_bits(key, anchor + accepted, bonus),
-                      red)
+  token = next_token(fixed_row(target_logits, rows, accepted), q, accepted,
+                     depth, _row(total, accepted), key, anchor, red)
 
   chain = chain_status(rows.status, q_rows_status(q, red))
   ok = chain == Status.OK
@@ -333,7 +343,7 @@ def verify_rows(summary: tuple[weights.TargetRows, jax.Array], target_logits: ja
 
 
 class _Walk(typing.NamedTuple):
-  """The state of `walk_chain` after rows 0..i-1."""
+  """The state of a `walk_chains` walk after rows 0..i-1."""
   i: jax.Array         # next row
   stopped: jax.Array   # the chain stopped at row i - 1
   accepted: jax.Array  # tokens accepted so far
@@ -357,7 +367,6 @@ def walk_chains(target_logits: jax.Array, q: DenseQ | SparseQ,
   """
   red = reducer.of(target_logits, red)
   depth = draft_tokens.shape[-1]
-  n = target_logits.shape[-1]
   shift, status = weights.target_shift(target_logits, red)       # [N, D+1]
   chain = jax.vmap(lambda st, q: chain_status(st, q_rows_status(q, red)))(
       status, q)
@@ -368,18 +377,6 @@ def walk_chains(target_logits: jax.Array, q: DenseQ | SparseQ,
     logits_r, shift_r, status_r = (_row(a, r) for a in
                                    (target_logits, shift, status))
     key_r, anchor_r, x_r = _row(key, r), _row(anchor, r), _row(x, r)
-
-    def draw(i, e, inv, total):
-      bonus = i == depth
-      p_j = weights.fixed_point(e, inv)
-      if depth:
-        c_j = jnp.where(bonus, 0, row_counts(
-            q_r, jnp.minimum(i, depth - 1), n, red))
-      else:
-        c_j = jnp.zeros((), jnp.int64)
-      residual = residual_weights(p_j, c_j, total, red)
-      return categorical(residual, next_token_bits(key_r, anchor_r + i, bonus),
-                         red)
 
     def step(s):
       e = weights.target_terms(_row(logits_r, s.i), _row(shift_r, s.i),
@@ -399,8 +396,9 @@ def walk_chains(target_logits: jax.Array, q: DenseQ | SparseQ,
                   & (u < (p_x * M).astype(jnp.uint64)))
       else:
         accept = jnp.zeros((), bool)
-      token = lax.cond(accept, lambda: jnp.int32(-1),
-                       lambda: draw(s.i, e, inv, total))
+      token = lax.cond(accept, lambda: jnp.int32(-1), lambda: next_token(
+          weights.fixed_point(e, inv), q_r, s.i, depth, total, key_r,
+          anchor_r, red))
       return _Walk(s.i + 1, ~accept, s.accepted + accept.astype(jnp.int32),
                    token)
 

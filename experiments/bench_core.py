@@ -131,13 +131,7 @@ _TARGET_SCALE = float(2 ** dj.TARGET_BITS)
 
 def median_seconds(fn, repeats):
   """Median wall time of fn() (results blocked on) after one warm-up call."""
-  jax.block_until_ready(fn())
-  times = []
-  for _ in range(repeats):
-    start = time.perf_counter()
-    jax.block_until_ready(fn())
-    times.append(time.perf_counter() - start)
-  return statistics.median(times)
+  return interleaved_medians([fn], repeats)[0]
 
 
 def interleaved_medians(fns, repeats):
