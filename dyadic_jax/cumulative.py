@@ -67,7 +67,8 @@ def blocked_limbs(a: jax.Array, b: jax.Array | None, shift: int,
   rows = [r for r in (a, b, fallback) if r is not None]
   blocks = tuple(_as_blocks(r) for r in rows)
   # One plain reduction per row: on XLA CPU a variadic reduce over these
-  # three rows ran about 1.5-2x slower (experiments/bench_core.py).
+  # rows made the residual draw about 1.5-2x slower (unlike one_pass's
+  # sibling reductions of a single input, where variadic is faster).
   sums = [jnp.sum(x, -1) for x in blocks]
   scale = jnp.int64(1) << shift
 
