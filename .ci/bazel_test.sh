@@ -62,10 +62,22 @@ fi
 # interpreter that --python_path then runs the test with.
 export PATH="$python_dir:$PATH"
 
+# A persistent XLA compilation cache (JAX_COMPILATION_CACHE_DIR, set by
+# .ci/run for pytest and Bazel alike) reaches the sandboxed tests as a
+# writable path: programs pytest already compiled are not compiled again.
+cache_args=()
+if [[ -n "${JAX_COMPILATION_CACHE_DIR:-}" ]]; then
+  mkdir -p "$JAX_COMPILATION_CACHE_DIR"
+  cache_args=(--test_env=JAX_COMPILATION_CACHE_DIR
+              --test_env=JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS
+              "--sandbox_writable_path=$JAX_COMPILATION_CACHE_DIR")
+fi
+
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 status=0
-bazel test --python_path="$python" "${targets[@]}" 2>&1 | tee "$log" || status=$?
+bazel test --python_path="$python" "${cache_args[@]}" "${targets[@]}" 2>&1 \
+  | tee "$log" || status=$?
 
 # One summary line in the "N passed, N failed" form that CI logs are read for.
 passed=$(grep -cE '^//[^ ]+ +(\(cached\) )?(PASSED|FLAKY)' "$log" || true)

@@ -270,10 +270,10 @@ class HostPair:
     effects = self.verifier.receive(message, 0.0)
     stage = effects[0]
     assert isinstance(stage, Stage), effects
+    # device=True: the staged batch's path, as `Verifier.validate` takes it.
     verdict = self.caps.format.validate(
         stage.rows, vocab=self.caps.vocab,
-        draws=self.draws if audit_on else None,
-        device=self.caps.representation == Representation.DENSE)
+        draws=self.draws if audit_on else None, device=True)
     jax.block_until_ready(verdict.counts)
     plan = self.verifier.staged(verdict).plan
     if np.any(plan.codes):
@@ -532,7 +532,8 @@ def _exchange_setup(caps, props, secret, curve=None):
       if effects:
         break
     stage = effects[0]
-    verdict = caps.format.validate(stage.rows, vocab=caps.vocab, draws=draws)
+    verdict = caps.format.validate(stage.rows, vocab=caps.vocab, draws=draws,
+                                   device=True)   # as Verifier.validate
     plan = vs.staged(verdict).plan
     if np.any(plan.codes):
       raise RuntimeError(f"bench_bridge: sparse exchange refused {plan.codes}")

@@ -83,6 +83,41 @@ def _long_tests_first(items):
   items[:] = heads[0] + rest[:half] + heads[1] + rest[half:]
 
 
+def pytest_configure(config):
+  """One persistent XLA compilation cache for the whole run.
+
+  The suite compiles the same programs in both xdist workers and in every
+  subprocess it starts (each pipeline run, the GPU qualification, the
+  multi-process tests): about half of a pipeline run is compiling. A
+  cache directory made here, before any worker or subprocess starts,
+  reaches them all through the environment, so each program is compiled
+  once per run. It is a cache (keyed by program, backend and flags), so
+  every result is the same bits; it starts empty and is removed at the
+  end, so nothing carries over between runs. A JAX_COMPILATION_CACHE_DIR
+  already set (.ci/run sets one for pytest and Bazel) is used as it is.
+  """
+  del config
+  if os.environ.get("PYTEST_XDIST_WORKER") or os.environ.get(
+      "JAX_COMPILATION_CACHE_DIR"):
+    return
+  import tempfile  # pylint: disable=g-import-not-at-top
+  path = tempfile.mkdtemp(prefix="dyadic-jax-xla-cache-")
+  _OWNED_CACHE.append(path)
+  os.environ["JAX_COMPILATION_CACHE_DIR"] = path
+  # Programs that compile faster than this are not worth a disk entry.
+  os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.2")
+
+
+def pytest_unconfigure(config):
+  del config
+  import shutil  # pylint: disable=g-import-not-at-top
+  for path in _OWNED_CACHE:
+    shutil.rmtree(path, ignore_errors=True)
+
+
+_OWNED_CACHE = []
+
+
 def pytest_collection_modifyitems(config, items):
   _long_tests_first(items)
   if config.getoption("--runslow"):
