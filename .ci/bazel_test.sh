@@ -69,7 +69,6 @@ cache_args=()
 if [[ -n "${JAX_COMPILATION_CACHE_DIR:-}" ]]; then
   mkdir -p "$JAX_COMPILATION_CACHE_DIR"
   cache_args=(--test_env=JAX_COMPILATION_CACHE_DIR
-              --test_env=JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS
               "--sandbox_writable_path=$JAX_COMPILATION_CACHE_DIR")
 fi
 

@@ -3,7 +3,8 @@
 Requests 8 emulated CPU devices before JAX starts (multi-device tests skip
 when fewer are present, e.g. on a 1-GPU machine), registers the
 hypothesis profiles: "ci" (derandomized, the default under CI=true) and
-"dev", and provides the `row_mode` fixture.
+"dev", gives the run one XLA compilation cache (`pytest_configure`), and
+provides the `row_mode` fixture.
 
 Row modes (dyadic_jax/rowwise.py): a test that takes the `row_mode`
 fixture runs once per mode, "loop" (CPU's default: one vocabulary row at a
@@ -83,6 +84,9 @@ def _long_tests_first(items):
   items[:] = heads[0] + rest[:half] + heads[1] + rest[half:]
 
 
+_OWNED_CACHE = []   # cache directories this process made (and removes)
+
+
 def pytest_configure(config):
   """One persistent XLA compilation cache for the whole run.
 
@@ -97,6 +101,8 @@ def pytest_configure(config):
   already set (.ci/run sets one for pytest and Bazel) is used as it is.
   """
   del config
+  # Programs that compile faster than this are not worth a disk entry.
+  os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.2")
   if os.environ.get("PYTEST_XDIST_WORKER") or os.environ.get(
       "JAX_COMPILATION_CACHE_DIR"):
     return
@@ -104,8 +110,6 @@ def pytest_configure(config):
   path = tempfile.mkdtemp(prefix="dyadic-jax-xla-cache-")
   _OWNED_CACHE.append(path)
   os.environ["JAX_COMPILATION_CACHE_DIR"] = path
-  # Programs that compile faster than this are not worth a disk entry.
-  os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.2")
 
 
 def pytest_unconfigure(config):
@@ -113,9 +117,6 @@ def pytest_unconfigure(config):
   import shutil  # pylint: disable=g-import-not-at-top
   for path in _OWNED_CACHE:
     shutil.rmtree(path, ignore_errors=True)
-
-
-_OWNED_CACHE = []
 
 
 def pytest_collection_modifyitems(config, items):
