@@ -193,6 +193,13 @@ def _row(x, i):
   return lax.dynamic_index_in_dim(x, i, 0, keepdims=False)
 
 
+def _cell(x, r, i):
+  """x[r, i] as one dynamic slice of x (nothing of x[r] is materialized)."""
+  starts = (jnp.asarray(r, jnp.int32), jnp.asarray(i, jnp.int32)) + (
+      jnp.int32(0),) * (x.ndim - 2)
+  return lax.dynamic_slice(x, starts, (1, 1) + x.shape[2:])[0, 0]
+
+
 # Per-count codes in the order of `qrows.dense`; a row reports its largest.
 _Q_STATUS = (Status.OK, Status.PADDING_NONZERO, Status.WRONG_MASS,
              Status.NEGATIVE)
@@ -293,14 +300,21 @@ def next_token(p_j: jax.Array, q: DenseQ | SparseQ, j: jax.Array, depth: int,
   CORRECTION draw from max(P_j M - c_j T, 0); j = D: the BONUS draw from
   P_D M.
   """
-  bonus = j == depth
   if depth:
-    c_j = jnp.where(bonus, 0, row_counts(q, jnp.minimum(j, depth - 1),
-                                         p_j.shape[-1], red))
+    c_j = row_counts(q, jnp.minimum(j, depth - 1), p_j.shape[-1], red)
   else:
     c_j = jnp.zeros((), jnp.int64)
+  return draw_next(p_j, c_j, j == depth, total, key, anchor + j, red)
+
+
+def draw_next(p_j: jax.Array, c_j: jax.Array, bonus: jax.Array,
+              total: jax.Array, key: jax.Array, position: jax.Array,
+              red: reducer.Reducer) -> jax.Array:
+  """`next_token` given row j's counts c_j (ignored when bonus) and the
+  position anchor + j of its draw."""
+  c_j = jnp.where(bonus, 0, c_j)
   return categorical(residual_weights(p_j, c_j, total, red),
-                     next_token_bits(key, anchor + j, bonus), red)
+                     next_token_bits(key, position, bonus), red)
 
 
 def verify_rows(summary: tuple[weights.TargetRows, jax.Array], target_logits: jax.Array,
@@ -342,6 +356,24 @@ def verify_rows(summary: tuple[weights.TargetRows, jax.Array], target_logits: ja
   return jnp.where(ok, accepted, 0), jnp.where(ok, token, -1), chain
 
 
+def accepts(bits: jax.Array, c_x: jax.Array, p_x: jax.Array,
+            bounds: tuple[jax.Array, jax.Array],
+            total: typing.Callable[[], jax.Array]) -> jax.Array:
+  """The ACCEPT test u < P_x M, u = draw_below(bits, T c_x), T computed
+  only when its bounds cannot decide it.
+
+  u is nondecreasing in T, so with lo <= T <= hi (`weights.total_bounds`)
+  u(lo) >= P_x M rejects and u(hi) < P_x M accepts; only bits in between
+  (a fraction below (hi - lo) / lo, at most 2^-15 at V = 129280) call
+  total() for the exact T. The verdict is always the exact test's
+  (docs/numerics.md 6.2). bits: uint64; c_x, p_x: int64 (c_x T < 2^63).
+  """
+  a = (p_x * M).astype(jnp.uint64)
+  lo, hi = (draws.draw_below(bits, t * c_x) for t in bounds)
+  return lax.cond((hi < a) | (lo >= a), lambda: hi < a,
+                  lambda: draws.draw_below(bits, total() * c_x) < a)
+
+
 class _Walk(typing.NamedTuple):
   """The state of a `walk_chains` walk after rows 0..i-1."""
   i: jax.Array         # next row
@@ -358,10 +390,12 @@ def walk_chains(target_logits: jax.Array, q: DenseQ | SparseQ,
 
   Every row's max and status, and every q row's status, in one batched
   pass each (for the chain statuses); then each request in turn walks rows
-  0, 1, ... while the ACCEPT tests pass: the terms, Z', T, the test, and
-  at the row where the chain stops the residual draw from the terms in
-  hand. Rows past the first rejection are never normalized, and rows are
-  read in place (indexed, not sliced out per request). Each quantity is
+  0, 1, ... while the ACCEPT tests pass: the terms, Z', the test (T only
+  when its bounds leave it undecided, `accepts`), and at the row where the
+  chain stops T and the residual draw from the terms in hand. Rows past
+  the first rejection are never normalized, and every row is read in place
+  (`_cell`: one dynamic slice of the batch, never a per-request copy).
+  Each quantity is
   computed by the same functions as in `verify_rows`, so the outputs are
   the same bits (tests/test_row_modes.py).
   """
@@ -373,32 +407,33 @@ def walk_chains(target_logits: jax.Array, q: DenseQ | SparseQ,
   x = draft_tokens.astype(jnp.int32)
 
   def walk(r):
-    q_r = jax.tree.map(lambda a: _row(jnp.asarray(a), r), q)
-    logits_r, shift_r, status_r = (_row(a, r) for a in
-                                   (target_logits, shift, status))
+    shift_r, status_r = _row(shift, r), _row(status, r)
     key_r, anchor_r, x_r = _row(key, r), _row(anchor, r), _row(x, r)
 
     def step(s):
-      e = weights.target_terms(_row(logits_r, s.i), _row(shift_r, s.i),
-                               _row(status_r, s.i))
-      inv, total, e = weights.target_scale(e, _row(status_r, s.i), red)
-      total = total.astype(jnp.int64)
+      status_i = _row(status_r, s.i)
+      e = weights.target_terms(_cell(target_logits, r, s.i),
+                               _row(shift_r, s.i), status_i)
+      inv, e = weights.target_inv(e, status_i, red)
+      total = lambda: weights.target_total(e, inv, red).astype(jnp.int64)
       if depth:
         j = jnp.minimum(s.i, depth - 1)
         x_j = _row(x_r, j)[None]
-        c_x = drafted_counts(jax.tree.map(lambda a: _row(a, j)[None], q_r),
-                             x_j, red)[0]
+        q_j = jax.tree.map(lambda a: _cell(jnp.asarray(a), r, j)[None], q)
+        c_x = drafted_counts(q_j, x_j, red)[0]
         p_x = weights.fixed_point(red.lookup(e, x_j)[0],
                                   inv).astype(jnp.int64)
-        u = draws.draw_below(rng.draw64(rng.draw_key(
-            key_r, anchor_r + s.i, rng.Domain.ACCEPT)), total * c_x)
-        accept = ((s.i < depth) & (c_x > 0)
-                  & (u < (p_x * M).astype(jnp.uint64)))
+        bits = rng.draw64(rng.draw_key(key_r, anchor_r + s.i,
+                                       rng.Domain.ACCEPT))
+        accept = ((s.i < depth) & (c_x > 0) & accepts(
+            bits, c_x, p_x, weights.total_bounds(inv, red.vocab), total))
+        c_j = lambda: row_counts(q_j, 0, target_logits.shape[-1], red)
       else:
         accept = jnp.zeros((), bool)
-      token = lax.cond(accept, lambda: jnp.int32(-1), lambda: next_token(
-          weights.fixed_point(e, inv), q_r, s.i, depth, total, key_r,
-          anchor_r, red))
+        c_j = lambda: jnp.zeros((), jnp.int64)
+      token = lax.cond(accept, lambda: jnp.int32(-1), lambda: draw_next(
+          weights.fixed_point(e, inv), c_j(), s.i == depth, total(), key_r,
+          anchor_r + s.i, red))
       return _Walk(s.i + 1, ~accept, s.accepted + accept.astype(jnp.int32),
                    token)
 

@@ -297,22 +297,50 @@ def target_shift(x: jax.Array, red: reducer.Reducer | None = None
   return jnp.where(status == Status.OK, row_max, 0), status
 
 
-def target_scale(e: jax.Array, status: jax.Array,
-                 red: reducer.Reducer | None = None
-                 ) -> tuple[jax.Array, jax.Array, jax.Array]:
-  """(inv, total, e) of the terms e[..., n] (`target_terms`) of score rows.
+def target_inv(e: jax.Array, status: jax.Array,
+               red: reducer.Reducer | None = None) -> tuple[jax.Array, jax.Array]:
+  """(inv, e) of the terms e[..., n] (`target_terms`): inv = fl(1 / Z').
 
-  Two passes: Z' (an exact float64 sum of integers below 2^32 + 1), then
-  T (an exact float64 sum of integers below 2^38 + 1; T < 2^39). e comes
-  back through the barrier that keeps it stored between them.
+  One pass: Z', an exact float64 sum of integers below 2^32 + 1 (1 on
+  refused rows). e comes back through the barrier that keeps it stored for
+  the passes that follow (T, a residual row) instead of recomputed.
   """
   red = reducer.of(e, red)
   z = red.sum(jnp.floor(e * jnp.float32(2.0 ** 32)).astype(jnp.float64))
   # A barrier's outputs vary over the mesh axis when any input does: only
   # the (already varying) e passes through, the replicated z stays out.
   e, _ = lax.optimization_barrier((e, z))
-  inv = reciprocal(jnp.where(status == Status.OK, z * 2.0 ** -32, 1.0))
-  return inv, red.sum(fixed_point(e, inv[..., None])), e
+  return reciprocal(jnp.where(status == Status.OK, z * 2.0 ** -32, 1.0)), e
+
+
+def target_total(e: jax.Array, inv: jax.Array,
+                 red: reducer.Reducer | None = None) -> jax.Array:
+  """T = sum_v P_v (float64[...], an exact sum of integers below 2^38 + 1)."""
+  return reducer.of(e, red).sum(fixed_point(e, inv[..., None]))
+
+
+def total_bounds(inv: jax.Array, vocab: int) -> tuple[jax.Array, jax.Array]:
+  """(lo, hi) int64 with lo <= T <= hi, from inv = fl(1 / Z') alone.
+
+  T = 2^38 sum e / Z' up to V / 2 + 2^-13 (docs/numerics.md 6.1, Ranges),
+  and 1 <= sum e / Z' < 1 + V 2^-32 / Z', so
+  2^38 - V/2 - 2^-13 < T < 2^38 + 64 V / Z' + V/2 + 2^-13; 64 V / Z' is
+  at most fl(64 V inv) (1 + 2^-51) <= fl(64 V inv) + 2^-27 (64 V / Z'
+  < 2^24). Only for OK rows (a refused row has T = 0).
+  """
+  half = vocab // 2 + 1
+  extra = jnp.ceil(jnp.float64(64 * vocab) * inv).astype(jnp.int64) + 1
+  lo = jnp.int64(2 ** TARGET_BITS - half)
+  return jnp.broadcast_to(lo, extra.shape), 2 ** TARGET_BITS + half + extra
+
+
+def target_scale(e: jax.Array, status: jax.Array,
+                 red: reducer.Reducer | None = None
+                 ) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """(inv, total, e) of the terms e[..., n] (`target_terms`) of score rows:
+  `target_inv`, then `target_total` (two passes)."""
+  inv, e = target_inv(e, status, red)
+  return inv, target_total(e, inv, red), e
 
 
 def target_rows(x: jax.Array, red: reducer.Reducer | None = None) -> tuple[TargetRows, jax.Array]:

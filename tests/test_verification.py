@@ -346,3 +346,90 @@ def test_residual_limbs_scan_as_the_int64_residual(v):
       got = jax.vmap(lambda u: cumulative.scan(blocked, u))(jnp.asarray(us))
       want = np.searchsorted(cum, us, side="right")
       np.testing.assert_array_equal(np.asarray(got), want, err_msg=name)
+
+
+def _bound_rows(v, rng):
+  """Score rows that push T away from 2^38: every term truncated in Z'
+  (terms below 2^-9 carry bits under 2^-32), one dominant term (Z' near
+  1, where 64 V / Z' is largest), all-equal terms (Z' = V, nothing
+  truncated) and plain random rows."""
+  rows = [rng.normal(size=v) * 4,
+          np.where(np.arange(v) == 0, 0.0, -7.0 - rng.random(v)),
+          np.where(np.arange(v) == 0, 0.0, -12.0 + 0.1 * rng.random(v)),
+          np.zeros(v),
+          np.where(np.arange(v) % 2 == 0, 0.0, -rng.random(v) * 80)]
+  return np.asarray(rows, np.float32)
+
+
+@pytest.mark.parametrize("v", [1, 2, 7, 1001, dj.DEFAULT_VOCAB, dj.MAX_VOCAB])
+def test_total_bounds_bracket_the_total(v):
+  # The walk's ACCEPT test decides from weights.total_bounds alone unless
+  # the draw falls between them (docs/numerics.md 6.2): they must bracket
+  # T on every row. The rows move T off 2^38 by up to tens of thousands of
+  # units (asserted below, so a bound of (2^38, 2^38) would fail here).
+  logits = _bound_rows(v, np.random.default_rng(v))
+  with jax.enable_x64(True):
+    rows, _ = jax.jit(weights.target_rows)(logits)
+    lo, hi = weights.total_bounds(rows.inv, v)
+    total = np.asarray(rows.total).astype(np.int64)
+    lo, hi = np.asarray(lo), np.asarray(hi)
+  assert np.all(rows.status == S.OK)
+  assert np.all(lo <= total) and np.all(total <= hi), (lo, total, hi)
+  if v >= 1001:
+    assert np.max(np.abs(total - 2 ** dj.TARGET_BITS)) > v // 8, total
+    # Tight enough to decide almost every draw: hi - lo <= V + 64 V / Z'
+    # + 4 <= 65 V + 4, a fraction 2^-14 of T at V = 2^18.
+    assert np.all(hi - lo <= 65 * v + 4), (hi - lo)
+
+
+def test_accepts_uses_the_total_only_between_the_bounds():
+  # verification.accepts(bits, c, p, (lo, hi), total) must be the exact
+  # test draw_below(bits, T c) < P M for T in [lo, hi], calling total()
+  # only where the bounds cannot decide. total() returns a poisoned T
+  # (outside the bounds): a verdict that follows the poison shows the exact
+  # branch ran; everywhere else the verdict must be the true T's.
+  rng = np.random.default_rng(11)
+  two64 = 2 ** 64
+  cases = []
+  for _ in range(400):
+    t = 2 ** 38 + int(rng.integers(-2 ** 17, 2 ** 20))
+    c = int(rng.integers(1, M + 1))
+    p = int(rng.integers(0, min(2 ** 38, t * c // M + 2 ** 30)))
+    width = int(rng.integers(0, 2 ** 18))
+    lo, hi = t - int(rng.integers(0, width + 1)), t + width
+    # Bits near the cut of the true T, of lo and of hi, and uniform.
+    cuts = [(p * M * two64) // (n * c) for n in (t, lo, hi)]
+    for b in [int(rng.integers(0, 2 ** 63)) * 2 + int(rng.integers(2))] + [
+        min(max(x + d, 0), two64 - 1) for x in cuts for d in (-1, 0, 1)]:
+      cases.append((b, c, p, lo, hi, t))
+  b, c, p, lo, hi, t = (np.asarray([x[i] for x in cases], np.uint64 if i == 0
+                                   else np.int64) for i in range(6))
+  poison = np.full_like(t, 2 ** 38 + 2 ** 30)   # above every hi
+
+  with jax.enable_x64(True):
+    def verdict(b, c, p, lo, hi, total):
+      return jax.vmap(lambda *a: verification.accepts(
+          a[0], a[1], a[2], (a[3], a[4]), lambda: a[5]))(b, c, p, lo, hi,
+                                                          total)
+    got = np.asarray(jax.jit(verdict)(b, c, p, lo, hi, jnp.asarray(t)))
+    # Without vmap the cond is a real branch: run a sample one by one.
+    one = jax.jit(lambda *a: verification.accepts(
+        a[0], a[1], a[2], (a[3], a[4]), lambda: a[5]))
+    sample = rng.choice(len(cases), 300, replace=False)
+    poisoned = {i: bool(one(b[i], c[i], p[i], lo[i], hi[i], poison[i]))
+                for i in sample}
+  want = [(bi * (ti * ci)) // two64 < pi * M
+          for bi, ci, pi, ti in zip(b.tolist(), c.tolist(), p.tolist(),
+                                    t.tolist())]
+  assert got.tolist() == want
+  branch = 0
+  for i, v in poisoned.items():
+    bi, ci, pi = int(b[i]), int(c[i]), int(p[i])
+    sure = ((bi * int(hi[i]) * ci) // two64 < pi * M
+            or (bi * int(lo[i]) * ci) // two64 >= pi * M)
+    if sure:
+      assert v == want[i], i
+    else:
+      branch += 1
+      assert v == ((bi * int(poison[i]) * ci) // two64 < pi * M), i
+  assert branch > 10, branch   # the near-cut bits reach the exact branch
