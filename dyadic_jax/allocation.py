@@ -40,7 +40,7 @@ _TINY32 = 2.0 ** -126  # smallest normal float32: the key of every tiny w > 0
 _SAMPLE_STRIDE = 64    # every 64th key brackets the threshold
 _MAX_STEPS = 512       # the search ends long before (see `_probes`)
 _SMALL = 64            # keys left in [lo, hi) that are ranked exactly
-_BLOCK = 64            # block size of the candidate gather
+CANDIDATE_BLOCK = 64  # block size of the candidate gather and the two-level top-k
 
 
 def threshold_search(count_at_least: typing.Callable[[jax.Array], jax.Array], r: jax.Array,
@@ -257,24 +257,24 @@ def _tie_cut(x, s, need, red):
 def _few_candidates(x, inside, red):
   """(keys, global ids, valid) of the <= _SMALL keys where `inside`.
 
-  One pass counts `inside` per block of _BLOCK keys; the non-empty blocks
+  One pass counts `inside` per block of CANDIDATE_BLOCK keys; the non-empty blocks
   (at most _SMALL) are found by a top-k over the block counts and
   gathered; a top-k over the gathered positions keeps the inside keys in
   ascending position. Each shard contributes _SMALL slots, gathered in
   shard order: [..., shards * _SMALL], replicated.
   """
   batch, width = x.shape[:-1], x.shape[-1]
-  pad = (-width) % _BLOCK
+  pad = (-width) % CANDIDATE_BLOCK
   widen = lambda a, fill: jnp.pad(a, [(0, 0)] * len(batch) + [(0, pad)],
                                   constant_values=fill)
-  blocks = (width + pad) // _BLOCK
+  blocks = (width + pad) // CANDIDATE_BLOCK
   wide_in = widen(inside, False)
-  per_block = jnp.sum(wide_in.reshape(batch + (blocks, _BLOCK)), -1,
+  per_block = jnp.sum(wide_in.reshape(batch + (blocks, CANDIDATE_BLOCK)), -1,
                       dtype=jnp.int32)
   kb = min(_SMALL, blocks)
   _, picked = lax.top_k(per_block.astype(jnp.float32), kb)  # lower first
-  pos = (picked[..., None] * _BLOCK
-         + jnp.arange(_BLOCK, dtype=picked.dtype)).reshape(batch + (-1,))
+  pos = (picked[..., None] * CANDIDATE_BLOCK
+         + jnp.arange(CANDIDATE_BLOCK, dtype=picked.dtype)).reshape(batch + (-1,))
   slots = pos.shape[-1]
   cand_in = jnp.take_along_axis(wide_in, pos, -1)
   rank = jnp.where(cand_in, slots - jnp.arange(slots), 0).astype(jnp.float32)
@@ -492,41 +492,51 @@ def _round_down_f32(w, ok):
                    jnp.maximum(y, jnp.float32(_TINY32)), jnp.float32(0))
 
 
-def _top_k(keys: jax.Array, k: int
+def _top_k(raw: jax.Array, key: typing.Callable, k: int,
+           block_max: jax.Array | None = None
            ) -> tuple[jax.Array, jax.Array, jax.Array | None]:
-  """(`lax.top_k(keys, k)`'s values and indices, unique) for keys >= 0.
+  """(`lax.top_k(key(raw), k)`'s values and indices, unique).
 
-  When the row is long against k, two levels: the max of each block of
-  _BLOCK keys, the top k blocks by (max desc, block asc), then `lax.top_k`
-  over those blocks' keys in ascending id order. Every one of the row's
-  top k (key desc, id asc) lies in those blocks: if one lay in a block B
-  left out, each of the k chosen blocks would hold a key that beats it (a
-  larger key, or an equal key in a block of lower ids). About a quarter of
-  XLA CPU's full TopK time at V = 129280, k = 32.
+  key: elementwise, monotone nondecreasing, keys >= 0 (`_round_down_f32`
+  of the weights). When the row is long against k, two levels: the key of
+  each block's max (= the max of its keys, key being monotone) over blocks
+  of CANDIDATE_BLOCK entries, the top k blocks by (max desc, block asc), then
+  `lax.top_k` over those blocks' keys in ascending id order. Every one of
+  the row's top k (key desc, id asc) lies in those blocks: if one lay in a
+  block B left out, each of the k chosen blocks would hold a key that
+  beats it (a larger key, or an equal key in a block of lower ids). About
+  a quarter of XLA CPU's full TopK time at V = 129280, k = 32.
+  block_max: the blocks' maxima of raw [..., ceil(n / CANDIDATE_BLOCK)] when an
+  earlier pass took them (`weights.softmax64_block_parts`); otherwise one
+  pass here.
 
   unique: #{keys >= the k-th key} == k, from the blocks alone (keys that
   large lie only in blocks whose max is that large; when at most k blocks
   are, they were all chosen); None on the one-level path.
   """
-  n = keys.shape[-1]
-  if 4 * k * _BLOCK > n:
-    vals, idx = lax.top_k(keys, k)
+  n = raw.shape[-1]
+  if 4 * k * CANDIDATE_BLOCK > n:
+    vals, idx = lax.top_k(key(raw), k)
     return vals, idx, None
-  batch = keys.shape[:-1]
-  pad = (-n) % _BLOCK
-  blocks = jnp.pad(keys, [(0, 0)] * len(batch) + [(0, pad)],
-                   constant_values=-1.0).reshape(batch + (-1, _BLOCK))
-  block_max = jnp.max(blocks, -1)
-  _, chosen = lax.top_k(block_max, k)
+  batch = raw.shape[:-1]
+  pad = (-n) % CANDIDATE_BLOCK
+  blocks = jnp.pad(raw, [(0, 0)] * len(batch) + [(0, pad)]).reshape(
+      batch + (-1, CANDIDATE_BLOCK))
+  if block_max is None:
+    block_max = jnp.max(blocks, -1)
+  block_keys = key(block_max)
+  _, chosen = lax.top_k(block_keys, k)
   chosen = jnp.sort(chosen, -1)
-  cand = jnp.take_along_axis(blocks, chosen[..., None],
-                             axis=-2).reshape(batch + (k * _BLOCK,))
+  ids = (chosen[..., None] * CANDIDATE_BLOCK + jnp.arange(CANDIDATE_BLOCK)).reshape(
+      batch + (k * CANDIDATE_BLOCK,))
+  # Padding keys are -1: below every key, never chosen or counted.
+  cand = jnp.where(ids < n, key(jnp.take_along_axis(
+      blocks, chosen[..., None], axis=-2).reshape(ids.shape)), -1.0)
   vals, pos = lax.top_k(cand, k)
   kth = jnp.min(vals, -1, keepdims=True)
-  unique = ((jnp.sum(block_max >= kth, -1) <= k)
+  unique = ((jnp.sum(block_keys >= kth, -1) <= k)
             & (jnp.sum(cand >= kth, -1) == k))
-  return vals, (jnp.take_along_axis(chosen, pos // _BLOCK, -1) * _BLOCK
-                + pos % _BLOCK), unique
+  return vals, jnp.take_along_axis(ids, pos, -1), unique
 
 
 def _scaled(w, scale):
@@ -535,7 +545,8 @@ def _scaled(w, scale):
 
 def top_k_ids(w: jax.Array, k: int, red: reducer.Reducer | None = None,
               ok: jax.Array | None = None,
-              scale: jax.Array | None = None) -> jax.Array:
+              scale: jax.Array | None = None,
+              block_max: jax.Array | None = None) -> jax.Array:
   """Ascending global ids of the exact top-k of w by (weight desc, id asc).
 
   Weights below the smallest normal float64 count as zero; rows where
@@ -548,14 +559,17 @@ def top_k_ids(w: jax.Array, k: int, red: reducer.Reducer | None = None,
 
   scale: optional float64[...]: the weights are fl(w * scale) per row
   (a softmax's e and fl(1 / Z)), formed where each step reads them, so
-  the row of products is never stored.
+  the row of products is never stored. block_max: optional maxima of w
+  over its blocks of CANDIDATE_BLOCK local entries, as `_top_k` takes them.
   """
   red = reducer.of(w, red)
   n = w.shape[-1]
   local_k = min(k, n)
   if ok is None:
     ok = jnp.ones(w.shape[:-1], bool)
-  vals, idx, unique = _top_k(_round_down_f32(_scaled(w, scale), ok), local_k)
+  vals, idx, unique = _top_k(
+      w, lambda v: _round_down_f32(_scaled(v, scale), ok), local_k,
+      block_max)
   ids = idx.astype(jnp.int32) + red.offset
   if red.collective:
     unique = None     # the shard's own k-th key is not the global one
@@ -630,15 +644,17 @@ def _allocate_sparse(w, k, executor):
 
 def allocate_sparse_rows(w: jax.Array, k: int, red: reducer.Reducer | None = None,
                          status: jax.Array | None = None,
-                         scale: jax.Array | None = None
+                         scale: jax.Array | None = None,
+                         block_max: jax.Array | None = None
                          ) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
   """The body of `allocate_sparse` on weight rows (local or one shard);
-  `status` as in `largest_remainder`, `scale` as in `top_k_ids`."""
+  `status` as in `largest_remainder`, `scale` and `block_max` as in
+  `top_k_ids`."""
   red = reducer.of(w, red)
   if status is None:
     status = weight_status(_scaled(w, scale), red)
   ok = status == Status.OK
-  ids = top_k_ids(w, k, red, ok, scale=scale)
+  ids = top_k_ids(w, k, red, ok, scale=scale, block_max=block_max)
   ws = red.lookup(w, ids)
   if scale is not None:
     ws = ws * scale[..., None]     # fl(w_id * s): the bits of the product row

@@ -32,13 +32,15 @@ from dyadic_jax import x64
 from dyadic_jax.constants import M, Status
 
 
-def _draft(logits, t, t_ok, bias, red):
+def _draft(logits, t, t_ok, bias, red, block=None):
   """(e, scale, status) of draft rows: the weights are fl(e * scale), the
   bits of `draft_weights` (scale = fl(1 / Z) on OK rows; 0 on refused
-  rows and temperatures, giving their +0 weights)."""
-  e, inv, status = weights.draft_parts(logits, t, bias, red)
+  rows and temperatures, giving their +0 weights); with `block`, e's
+  block maxima last (`weights.draft_parts`)."""
+  e, inv, status, *block_max = weights.draft_parts(logits, t, bias, red,
+                                                   block)
   status = jnp.where(t_ok, status, Status.BAD_TEMPERATURE).astype(jnp.int32)
-  return e, jnp.where(status == Status.OK, inv, 0.0), status
+  return (e, jnp.where(status == Status.OK, inv, 0.0), status, *block_max)
 
 
 def dense_rows(logits, t, t_ok, draw, bias=None, *, red=None):
@@ -55,11 +57,14 @@ def sparse_rows(logits, t, t_ok, draw, bias=None, *, k, red=None):
   """(ids, counts, n, token, status): the body of `propose_sparse`.
 
   The weights row is never stored: the top-k reads fl(e * scale) as it
-  goes, and the support's weights are the same products at k ids.
+  goes, and the support's weights are the same products at k ids. The
+  normalizer's pass over e also takes e's block maxima, which the top-k
+  would otherwise read e once more for.
   """
-  e, scale, status = _draft(logits, t, t_ok, bias, red)
+  e, scale, status, block_max = _draft(logits, t, t_ok, bias, red,
+                                       allocation.CANDIDATE_BLOCK)
   ids, counts, n, status = allocation.allocate_sparse_rows(
-      e, k, red, status=status, scale=scale)
+      e, k, red, status=status, scale=scale, block_max=block_max)
   # The support is replicated: its draw is a local scan over k counts.
   slot = cumulative.first_cum_greater(counts, draw.astype(jnp.int64))
   token = jnp.take_along_axis(ids, jnp.minimum(slot, k - 1)[..., None],

@@ -141,8 +141,40 @@ def softmax64_parts(x: jax.Array, red: reducer.Reducer | None = None
   e, status = shifted_exp_and_status(x.astype(jnp.float64), red)
   hi_sum, lo_sum = exact_sums(e, lambda e: fixed_point_limbs(e)[0],
                               lambda e: fixed_point_limbs(e)[1], red=red)
+  return e, _inv_of_sums(hi_sum, lo_sum, status), status
+
+
+def _inv_of_sums(hi_sum, lo_sum, status):
   z = normalizer_from_limb_sums(hi_sum, lo_sum)
-  return e, reciprocal(jnp.where(status == Status.OK, z, 1.0)), status
+  return reciprocal(jnp.where(status == Status.OK, z, 1.0))
+
+
+def softmax64_block_parts(x: jax.Array, block: int,
+                          red: reducer.Reducer | None = None
+                          ) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+  """`softmax64_parts` plus the max of e over each block of `block` local
+  entries ([..., ceil(n / block)], the last block zero-padded).
+
+  One pass over e for both: a variadic reduction per block of the two
+  limbs and the max, then the block sums summed (exact integers, so Z is
+  the same bits as `softmax64_parts`'). A top-k that would take the
+  block maxima of the stored row in a pass of its own
+  (`allocation.top_k_ids`) gets them here.
+  """
+  red = reducer.of(x, red)
+  e, status = shifted_exp_and_status(x.astype(jnp.float64), red)
+  n = e.shape[-1]
+  pad = (-n) % block
+  blocks = jnp.pad(e, [(0, 0)] * (e.ndim - 1) + [(0, pad)]).reshape(
+      e.shape[:-1] + ((n + pad) // block, block))
+  hi, lo = fixed_point_limbs(blocks)
+  zero = jnp.zeros((), e.dtype)
+  hi_blocks, lo_blocks, block_max = lax.reduce(
+      (hi, lo, blocks), (zero, zero, zero),
+      lambda a, b: (a[0] + b[0], a[1] + b[1], jnp.maximum(a[2], b[2])),
+      (blocks.ndim - 1,))
+  return (e, _inv_of_sums(red.sum(hi_blocks), red.sum(lo_blocks), status),
+          status, block_max)
 
 
 def softmax64_rows(x: jax.Array, red: reducer.Reducer | None = None) -> tuple[jax.Array, jax.Array]:
@@ -170,10 +202,14 @@ def draft_rows(logits: jax.Array, t: jax.Array, bias: jax.Array | None = None,
 
 
 def draft_parts(logits: jax.Array, t: jax.Array, bias: jax.Array | None = None,
-                red: reducer.Reducer | None = None
-                ) -> tuple[jax.Array, jax.Array, jax.Array]:
-  """`draft_rows` as `softmax64_parts`: (e, fl(1 / Z), status)."""
-  return softmax64_parts(_draft_scores(logits, t, bias), red)
+                red: reducer.Reducer | None = None, block: int | None = None
+                ) -> tuple:
+  """`draft_rows` as `softmax64_parts`: (e, fl(1 / Z), status), and with
+  `block` as `softmax64_block_parts` (the block maxima of e last)."""
+  x = _draft_scores(logits, t, bias)
+  if block is None:
+    return softmax64_parts(x, red)
+  return softmax64_block_parts(x, block, red)
 
 
 def temperature_status(temperature: jax.Array, batch: tuple[int, ...]

@@ -137,17 +137,51 @@ def _tie_rows(n, k):
   return np.asarray(rows, np.float32)
 
 
+def _block_max(x):
+  b = allocation.CANDIDATE_BLOCK
+  pad = (-x.shape[-1]) % b
+  return jnp.pad(x, [(0, 0), (0, pad)]).reshape(x.shape[0], -1, b).max(-1)
+
+
+@pytest.mark.parametrize("given", [False, True])
 @pytest.mark.parametrize("n,k", [(256, 1), (1001, 3), (4096, 8),
                                  (129280, 32)])
-def test_two_level_top_k_is_lax_top_k(n, k):
+def test_two_level_top_k_is_lax_top_k(n, k, given):
+  # given: the block maxima come from an earlier pass (what
+  # weights.softmax64_block_parts hands propose_sparse); the key is then
+  # applied to them, which is the max of the keys for a monotone key.
   keys = jnp.asarray(_tie_rows(n, k))
-  vals, idx, unique = jax.jit(allocation._top_k, static_argnums=1)(keys, k)
+  top_k = jax.jit(lambda x, m: allocation._top_k(
+      x, lambda v: v, k, m if given else None))
+  vals, idx, unique = top_k(keys, _block_max(keys))
   want_vals, want_idx = lax.top_k(keys, k)
   np.testing.assert_array_equal(np.asarray(vals), np.asarray(want_vals))
   np.testing.assert_array_equal(np.asarray(idx), np.asarray(want_idx))
   kth = np.asarray(want_vals).min(-1, keepdims=True)
   np.testing.assert_array_equal(
       np.asarray(unique), (np.asarray(keys) >= kth).sum(-1) == k)
+
+
+@pytest.mark.parametrize("n,k", [(4096, 8), (129280, 32)])
+def test_top_k_keys_block_maxima_of_the_raw_weights(n, k):
+  # propose_sparse keys float64 weights fl(e * scale) rounded down to
+  # float32 and takes the block maxima of e itself: the same ids as the
+  # top k of the keys of the whole product row, ties included (weights
+  # that differ in float64 share a key; equal e share a product).
+  gen = np.random.default_rng(n)
+  with jax.enable_x64(True):
+    e = gen.random((4, n)) ** 8
+    e[1, ::7] = e[1, 3]                      # ties in e
+    e[2] = 1.0 + gen.integers(0, 3, n) * 2.0 ** -40   # one float32 key
+    e[3, 100:] = 0.0                         # fewer positive than k
+    e = jnp.asarray(e)
+    scale = jnp.asarray([1 / 3, 0.7, 1.0, 2.0 ** -20])
+    ok = jnp.ones(4, bool)
+    key = lambda v: allocation._round_down_f32(v * scale[:, None], ok)
+    _, idx, _ = jax.jit(lambda e, m: allocation._top_k(e, key, k, m))(
+        e, _block_max(e))
+    _, want = lax.top_k(key(e), k)
+  np.testing.assert_array_equal(np.asarray(idx), np.asarray(want))
 
 
 def test_bad_inputs_are_refused():
