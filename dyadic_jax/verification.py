@@ -395,9 +395,8 @@ def walk_chains(target_logits: jax.Array, q: DenseQ | SparseQ,
   chain stops T and the residual draw from the terms in hand. Rows past
   the first rejection are never normalized, and every row is read in place
   (`_cell`: one dynamic slice of the batch, never a per-request copy).
-  Each quantity is
-  computed by the same functions as in `verify_rows`, so the outputs are
-  the same bits (tests/test_row_modes.py).
+  Each quantity is computed by the same functions as in `verify_rows`, so
+  the outputs are the same bits (tests/test_row_modes.py).
   """
   red = reducer.of(target_logits, red)
   depth = draft_tokens.shape[-1]
