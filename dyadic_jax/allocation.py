@@ -40,7 +40,7 @@ _TINY32 = 2.0 ** -126  # smallest normal float32: the key of every tiny w > 0
 _SAMPLE_STRIDE = 64    # every 64th key brackets the threshold
 _MAX_STEPS = 512       # the search ends long before (see `_probes`)
 _SMALL = 64            # keys left in [lo, hi) that are ranked exactly
-CANDIDATE_BLOCK = 64  # block size of the candidate gather and the two-level top-k
+CANDIDATE_BLOCK = 64   # block of the candidate gather and the two-level top-k
 
 
 def threshold_search(count_at_least: typing.Callable[[jax.Array], jax.Array], r: jax.Array,
@@ -257,11 +257,11 @@ def _tie_cut(x, s, need, red):
 def _few_candidates(x, inside, red):
   """(keys, global ids, valid) of the <= _SMALL keys where `inside`.
 
-  One pass counts `inside` per block of CANDIDATE_BLOCK keys; the non-empty blocks
-  (at most _SMALL) are found by a top-k over the block counts and
-  gathered; a top-k over the gathered positions keeps the inside keys in
-  ascending position. Each shard contributes _SMALL slots, gathered in
-  shard order: [..., shards * _SMALL], replicated.
+  One pass counts `inside` per block of CANDIDATE_BLOCK keys; the
+  non-empty blocks (at most _SMALL) are found by a top-k over the block
+  counts and gathered; a top-k over the gathered positions keeps the
+  inside keys in ascending position. Each shard contributes _SMALL slots,
+  gathered in shard order: [..., shards * _SMALL], replicated.
   """
   batch, width = x.shape[:-1], x.shape[-1]
   pad = (-width) % CANDIDATE_BLOCK
@@ -274,7 +274,8 @@ def _few_candidates(x, inside, red):
   kb = min(_SMALL, blocks)
   _, picked = lax.top_k(per_block.astype(jnp.float32), kb)  # lower first
   pos = (picked[..., None] * CANDIDATE_BLOCK
-         + jnp.arange(CANDIDATE_BLOCK, dtype=picked.dtype)).reshape(batch + (-1,))
+         + jnp.arange(CANDIDATE_BLOCK, dtype=picked.dtype)
+         ).reshape(batch + (-1,))
   slots = pos.shape[-1]
   cand_in = jnp.take_along_axis(wide_in, pos, -1)
   rank = jnp.where(cand_in, slots - jnp.arange(slots), 0).astype(jnp.float32)
@@ -500,15 +501,15 @@ def _top_k(raw: jax.Array, key: typing.Callable, k: int,
   key: elementwise, monotone nondecreasing, keys >= 0 (`_round_down_f32`
   of the weights). When the row is long against k, two levels: the key of
   each block's max (= the max of its keys, key being monotone) over blocks
-  of CANDIDATE_BLOCK entries, the top k blocks by (max desc, block asc), then
-  `lax.top_k` over those blocks' keys in ascending id order. Every one of
+  of CANDIDATE_BLOCK entries, the top k blocks by (max desc, block asc),
+  then `lax.top_k` over those blocks' keys in ascending id order. Every one of
   the row's top k (key desc, id asc) lies in those blocks: if one lay in a
   block B left out, each of the k chosen blocks would hold a key that
   beats it (a larger key, or an equal key in a block of lower ids). About
   a quarter of XLA CPU's full TopK time at V = 129280, k = 32.
-  block_max: the blocks' maxima of raw [..., ceil(n / CANDIDATE_BLOCK)] when an
-  earlier pass took them (`weights.softmax64_block_parts`); otherwise one
-  pass here.
+  block_max: the blocks' maxima of raw [..., ceil(n / CANDIDATE_BLOCK)]
+  when an earlier pass took them (`weights.softmax64_block_parts`);
+  otherwise one pass here.
 
   unique: #{keys >= the k-th key} == k, from the blocks alone (keys that
   large lie only in blocks whose max is that large; when at most k blocks
@@ -527,8 +528,8 @@ def _top_k(raw: jax.Array, key: typing.Callable, k: int,
   block_keys = key(block_max)
   _, chosen = lax.top_k(block_keys, k)
   chosen = jnp.sort(chosen, -1)
-  ids = (chosen[..., None] * CANDIDATE_BLOCK + jnp.arange(CANDIDATE_BLOCK)).reshape(
-      batch + (k * CANDIDATE_BLOCK,))
+  ids = (chosen[..., None] * CANDIDATE_BLOCK
+         + jnp.arange(CANDIDATE_BLOCK)).reshape(batch + (k * CANDIDATE_BLOCK,))
   # Padding keys are -1: below every key, never chosen or counted.
   cand = jnp.where(ids < n, key(jnp.take_along_axis(
       blocks, chosen[..., None], axis=-2).reshape(ids.shape)), -1.0)

@@ -151,7 +151,7 @@ def _inv_of_sums(hi_sum, lo_sum, status):
 
 def softmax64_block_parts(x: jax.Array, block: int,
                           red: reducer.Reducer | None = None
-                          ) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+                          ) -> tuple[jax.Array, ...]:
   """`softmax64_parts` plus the max of e over each block of `block` local
   entries ([..., ceil(n / block)], the last block zero-padded).
 
@@ -334,7 +334,8 @@ def target_shift(x: jax.Array, red: reducer.Reducer | None = None
 
 
 def target_inv(e: jax.Array, status: jax.Array,
-               red: reducer.Reducer | None = None) -> tuple[jax.Array, jax.Array]:
+               red: reducer.Reducer | None = None
+               ) -> tuple[jax.Array, jax.Array]:
   """(inv, e) of the terms e[..., n] (`target_terms`): inv = fl(1 / Z').
 
   One pass: Z', an exact float64 sum of integers below 2^32 + 1 (1 on
