@@ -5,7 +5,7 @@
     propose_sparse(logits, draw, k)  == draft_weights -> allocate_sparse ->
                                         sample_counts -> ids[slot]
 
-bit for bit (tests/test_proposal.py), as one row op: in "loop" row mode
+bit for bit (tests/core/test_proposal.py), as one row op: in "loop" row mode
 each [V] row goes through softmax, allocation and the draw while it is in
 cache, instead of three programs streaming the whole batch three times;
 and the allocation skips its weight-status pass, because a softmax row

@@ -396,7 +396,7 @@ def walk_chains(target_logits: jax.Array, q: DenseQ | SparseQ,
   the first rejection are never normalized, and every row is read in place
   (`_cell`: one dynamic slice of the batch, never a per-request copy).
   Each quantity is computed by the same functions as in `verify_rows`, so
-  the outputs are the same bits (tests/test_row_modes.py).
+  the outputs are the same bits (tests/core/test_row_modes.py).
   """
   red = reducer.of(target_logits, red)
   depth = draft_tokens.shape[-1]
@@ -552,7 +552,7 @@ def verify_batch(target_logits: jax.typing.ArrayLike,
 
   Returns:
     (num_accepted int32[B], next_token int32[B], status int32[B]), each
-    request's exactly as `verify_chain` returns it (tests/test_verify_batch
+    request's exactly as `verify_chain` returns it (tests/core/test_verification
     .py compares them bit for bit).
   """
   target_logits = jnp.asarray(target_logits)

@@ -5,7 +5,7 @@
 Expected runtime: 40-60 s on a 2-core CPU with the defaults (V = 129280,
 4 requests x depth 5, --repeats=60, --round_trips=1500, --full_rounds=200),
 a few seconds of it importing JAX and compiling the kernels; `--quick`
-(V = 2048, few repeats; what tests/test_bench_bridge.py runs) about 10 s.
+(V = 2048, few repeats; what tests/experiments/test_bench_bridge.py runs) about 10 s.
 
 Every figure is a median over repetitions, the stages interleaved within
 each repetition so that machine noise hits them alike; what the targets

@@ -27,7 +27,7 @@ the same one-line errors and without a second parse. `usage_error` is the
 one-line exit for a problem found later (e.g. fewer devices than asked for).
 
 Constants of `dyadic_jax` that flag bounds need are mirrored here, because
-importing `dyadic_jax` starts JAX (tests/test_experiments.py holds them
+importing `dyadic_jax` starts JAX (tests/experiments/test_acceptance_fleet.py holds them
 equal).
 """
 

@@ -65,7 +65,7 @@ class MeshExecutor:
     # Under jax.vmap the vmapped axis joins the batch (`rowwise.fold_vmap`):
     # vmap of an op over a mesh runs the same program as one call on the
     # widened batch. (Batching the shard_map itself instead deadlocked
-    # XLA CPU's collectives at random, tests/test_sharding.py.)
+    # XLA CPU's collectives at random, tests/sharding/test_ops.py.)
     leaves, specs, tree = rowops.leaf_specs(op, args)
     return rowwise.fold_vmap(
         lambda *xs: self._run(op, list(xs), specs, tree))(*leaves)

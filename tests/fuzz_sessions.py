@@ -27,7 +27,7 @@ outcome: every round ends verified or with a code).
     python tests/fuzz_sessions.py /tmp/corpus -max_len=4096
 
 `run_fuzz` runs a fixed-seed, fixed-count campaign in a subprocess
-(tests/test_sessions_fuzz.py runs 200,000 executions in CI).
+(tests/system/test_fuzz_sessions.py runs 200,000 executions in CI).
 """
 
 import collections

@@ -24,7 +24,7 @@ docs/fuzzing.md):
     python tests/fuzz_wire.py /tmp/corpus tests/fuzz_corpus/wire -max_len=920
 
 `run_fuzz` runs a fixed-seed, fixed-count campaign in a subprocess
-(tests/test_wire_fuzz.py runs it in CI).
+(tests/system/test_fuzz_wire.py runs it in CI).
 """
 
 import contextlib

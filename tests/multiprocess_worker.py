@@ -1,4 +1,4 @@
-"""One rank of the two-process test (tests/test_multiprocess.py).
+"""One rank of the two-process test (tests/system/test_multiprocess.py).
 
     python -m tests.multiprocess_worker PROCESS_ID PORT OUT_JSON
 

@@ -63,7 +63,7 @@ verifier at a time (replies go to the routing id that spoke last).
     proxy.stop()
     print(proxy.summary())
 
-tests/test_bridge_soak.py accounts for every fault it injects.
+tests/system/test_soak.py accounts for every fault it injects.
 """
 
 import collections

@@ -14,7 +14,7 @@ that outcome:
     [greedy.|dense.]valid_WHAT.bin        decode accepts the frame
 
 under `BOUNDS` (a sampled sparse session), `DENSE_BOUNDS` (the `dense.`
-prefix) or `GREEDY_BOUNDS` (`greedy.`). tests/test_wire_fuzz.py checks the
+prefix) or `GREEDY_BOUNDS` (`greedy.`). tests/system/test_fuzz_wire.py checks the
 names and that the checked-in files equal what this script writes; the
 fuzz harness (tests/fuzz_wire.py) decodes under the same bounds and key.
 

@@ -69,9 +69,9 @@ KNOWN_THIRD_PARTY = {
 # Bazel they run under //:slow only, so that CI's //:fast pass does not run
 # the heaviest minutes twice.
 EXTRA_TAGS = {name: ["slow"] for name in (
-    "test_pipeline", "test_bridge_soak", "test_wire_fuzz", "test_experiments",
-    "test_bench_bridge", "test_sessions_fuzz", "test_bridge_drill",
-    "test_bridge_hardening", "test_gpu_qualify",
+    "experiments_test_pp1_pipeline", "system_test_soak", "system_test_fuzz_wire", "experiments_test_acceptance_fleet",
+    "experiments_test_bench_bridge", "system_test_fuzz_sessions", "system_test_audit_drill",
+    "bridge_test_hardening", "experiments_test_gpu_qualify",
     # mypy reads the whole source tree, which a Bazel sandbox holding only
     # the target's runfiles does not have; the README's pytest command runs it.
     "test_typecheck")}
@@ -79,7 +79,7 @@ EXTRA_TAGS = {name: ["slow"] for name in (
 # Bazel shards of the heaviest files (third_party/bazel/pytest_main.py deals
 # their tests out round-robin): one process per file would otherwise run
 # tens of compiles in a row and pass the "moderate" timeout on 2 loaded cores.
-SHARD_COUNTS = {"test_sharding": 4, "test_allocation": 2, "test_row_modes": 2}
+SHARD_COUNTS = {"sharding_test_ops": 4, "core_test_allocation": 2, "core_test_row_modes": 2}
 
 # Deps and data that a file's import statements do not show, by target name:
 # test_readme execs the README's code blocks (dyadic_jax and sharding);
@@ -87,33 +87,33 @@ SHARD_COUNTS = {"test_sharding": 4, "test_allocation": 2, "test_row_modes": 2}
 # test_cli runs every experiment as a subprocess.
 EXTRA_DEPS = {"test_readme": ["dyadic_jax", "sharding", "dyadic_jax_bridge",
                               "dyadic_jax_testing_toy_models"],
-              "test_multiprocess": ["tests_multiprocess_worker"],
-              "test_wire_sizes": ["experiments_wire_sizes"],
-              "test_pipeline": ["experiments_pp1_pipeline",
+              "system_test_multiprocess": ["tests_multiprocess_worker"],
+              "experiments_test_wire_sizes": ["experiments_wire_sizes"],
+              "experiments_test_pp1_pipeline": ["experiments_pp1_pipeline",
                                 "experiments_bridge_worker"],
-              "test_bridge_process": ["experiments_bridge_worker"],
-              "test_bridge_drill": ["experiments_pp1_pipeline",
+              "system_test_worker_process": ["experiments_bridge_worker"],
+              "system_test_audit_drill": ["experiments_pp1_pipeline",
                                     "experiments_bridge_worker"],
-              "test_experiments": ["experiments_acceptance",
+              "experiments_test_acceptance_fleet": ["experiments_acceptance",
                                    "experiments_selection_bias",
                                    "experiments_wire_sizes"],
-              "test_bench_bridge": ["experiments_bench_bridge"],
-              "test_cli": ["experiments_pp1_pipeline",
+              "experiments_test_bench_bridge": ["experiments_bench_bridge"],
+              "experiments_test_cli": ["experiments_pp1_pipeline",
                            "experiments_bridge_worker",
                            "experiments_round_demo", "experiments_acceptance",
                            "experiments_selection_bias",
                            "experiments_wire_sizes",
                            "experiments_bench_sharding",
                            "experiments_pipeline_config"],
-              "test_gpu_qualify": ["experiments_gpu_qualify",
+              "experiments_test_gpu_qualify": ["experiments_gpu_qualify",
                                    "experiments_bench_core"],
-              "test_wire_fuzz": ["tests_fuzz_wire"]}
+              "system_test_fuzz_wire": ["tests_fuzz_wire"]}
 _CORPUS = "tests/fuzz_corpus/wire"
 EXTRA_DATA = {"test_readme": ["README.md"],
-              "test_wire_fuzz": sorted(
+              "system_test_fuzz_wire": sorted(
                   f"{_CORPUS}/{f}" for f in os.listdir(os.path.join(
                       ROOT, _CORPUS)) if f.endswith(".bin")),
-              "test_wire_codec": ["docs/wire.md"]}
+              "wire_test_codec": ["docs/wire.md"]}
 
 # Test files that must NOT be tagged "multidevice" despite the heuristics.
 NOT_MULTIDEVICE = set()
@@ -247,12 +247,11 @@ class Project:
 
   def expected(self):
     """Expected targets: name -> dict(kind, srcs, deps, tags)."""
-    # Every test depends on the conftest.py and __init__.py files of tests/
-    # (pytest loads them without an import statement); other helper modules
-    # only where imported.
-    support_targets = [
-        target_of(f) for f in self.support_files
-        if os.path.basename(f) in ("conftest.py", "__init__.py")]
+    # Every test depends on the conftest.py and __init__.py files of its
+    # directory and those above it (pytest loads them without an import
+    # statement); other helper modules only where imported.
+    support_files = [f for f in self.support_files
+                     if os.path.basename(f) in ("conftest.py", "__init__.py")]
     stdlib = set(getattr(sys, "stdlib_module_names", ()))
     targets = {}
     for path in self.all_files:
@@ -285,7 +284,11 @@ class Project:
                "data": list(EXTRA_DATA.get(name, ()))}
       if path in self.test_files:
         entry["kind"] = "py_test"
-        entry["deps"] |= set(support_targets)
+        # Only the conftest/__init__ files of the test's own directory and
+        # those above it: pytest loads no others for it.
+        here = os.path.dirname(path) + "/"
+        entry["deps"] |= {target_of(f) for f in support_files
+                          if here.startswith(os.path.dirname(f) + "/")}
         tags = set(EXTRA_TAGS.get(name, ()))
         if _module_level_slow(source):
           tags.add("slow")

@@ -8,7 +8,7 @@ row: a fine entry adds its count, any other entry adds 2^25 (> 2^24), so a
 row is valid exactly when the sum is 2^24 and its token has a nonzero
 count (float64 sums of at most MAX_VOCAB = 2^18 terms below 2^26 stay
 below 2^44, exact in any order). That is `qrows.dense`'s OK verdict on a
-dense wire row (no padding: V = N); tests/test_wire_qformats.py checks
+dense wire row (no padding: V = N); tests/wire/test_qformats.py checks
 the two agree on every class. A refused row's code is then taken from `qrows.dense` itself, on
 the host, for that row only. The sampling audit is one more reduction
 (the count mass before each drafted token). `qrows.dense` on the whole

@@ -22,7 +22,7 @@ import pytest
 
 from dyadic_jax.testing import stats
 
-_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from tests.paths import ROOT as _ROOT  # pylint: disable=g-import-not-at-top
 _ALPHA = "1e-8"
 # Lines nobody should see: JAX's TPU probe, gloo's greeting, matplotlib's
 # first-run font cache notice, absl's "logging before flag parsing".

@@ -22,7 +22,7 @@ from scipy import stats
 
 import dyadic_jax as dj
 
-_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from tests.paths import ROOT as _ROOT  # pylint: disable=g-import-not-at-top
 _RATE = 1e-9  # per statistical check
 
 

@@ -18,7 +18,7 @@ import pytest
 
 import dyadic_jax as dj
 
-_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from tests.paths import ROOT as _ROOT  # pylint: disable=g-import-not-at-top
 
 # (experiment, bad flags, the flag the error must name)
 _BAD = [

@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from tests.paths import ROOT as _ROOT  # pylint: disable=g-import-not-at-top
 _CORRECTNESS = ("no_bridge", "fp64_int64", "division", "oracle_allocation",
                 "oracle_verification", "rows_identity", "sharded_identity",
                 "benchmark")

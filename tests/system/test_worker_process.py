@@ -19,7 +19,7 @@ from dyadic_jax.wire.errors import Code
 from dyadic_jax.wire.layouts import Representation
 from tests import bridge_harness as h
 
-_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from tests.paths import ROOT as _ROOT  # pylint: disable=g-import-not-at-top
 
 
 @pytest.fixture

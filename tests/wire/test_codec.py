@@ -310,7 +310,7 @@ def test_arbitrary_bytes_decode_or_refuse(data):
 
 
 def test_wire_doc_matches_layouts():
-  doc = (pathlib.Path(__file__).resolve().parent.parent / "docs" /
+  doc = (pathlib.Path(__file__).resolve().parents[2] / "docs" /
          "wire.md").read_text()
   assert layouts.describe() in doc
   for code in C:

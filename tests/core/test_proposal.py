@@ -6,7 +6,7 @@ allocate_dense (or allocate_sparse) -> sample_counts on the same inputs
 that are refused; a bias), in both row modes; a few rows also against the
 exact oracle. The two-level top-k the sparse path uses is held to
 `lax.top_k` on rows built to tie across block boundaries. Sharded forms:
-tests/test_sharding.py.
+tests/sharding/test_ops.py.
 """
 
 import jax

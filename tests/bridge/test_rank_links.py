@@ -5,7 +5,7 @@ process: the HELLO with the block's capabilities, REPLY frames of block s
 staged only when authentic, of this link's session and of the round's
 tags; anything else is refused with its code and counted, and a request
 whose frame never comes is a TIMEOUT. The multi-process agreement and the
-pipeline's faults across ranks are tests/test_pipeline.py's.
+pipeline's faults across ranks are tests/experiments/test_pp1_pipeline.py's.
 """
 
 import threading

@@ -10,7 +10,7 @@ max(., 0), and a correction that reuses the proposal's noise.
 
 The chi-square tests of the correct implementation run in both row modes
 (`row_mode`, tests/conftest.py). The modes give the same bits
-(tests/test_row_modes.py), so the second run draws the very same tokens:
+(tests/core/test_row_modes.py), so the second run draws the very same tokens:
 it checks the batched programs, and adds no false-failure chance.
 """
 

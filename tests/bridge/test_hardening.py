@@ -40,7 +40,7 @@ from tests import bridge_harness as h
 
 SPARSE = h.caps()
 EXTREMES = (0, 2 ** 31, 2 ** 32 - 1, 2 ** 63, 2 ** 64 - 1)
-_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from tests.paths import ROOT as _ROOT  # pylint: disable=g-import-not-at-top
 
 
 def _clip(value, dtype):

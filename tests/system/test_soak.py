@@ -112,7 +112,7 @@ MUTANT_ROUNDS = 400
 MUTANT_SHIFT = 4        # the mutant moves c_x // 4 away from the drafted x
 SOAK_KINDS = proxy_lib.KINDS + proxy_lib.BENIGN
 
-_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from tests.paths import ROOT as _ROOT  # pylint: disable=g-import-not-at-top
 
 # -- the models ---------------------------------------------------------------
 
@@ -174,7 +174,7 @@ class _ProcessWorker:
     env = dict(os.environ, PYTHONPATH=_ROOT, XLA_FLAGS="",
                JAX_PLATFORMS="cpu")
     self.proc = subprocess.Popen(
-        [sys.executable, "-c", "from tests.test_bridge_soak import "
+        [sys.executable, "-c", "from tests.system.test_soak import "
          f"worker_main; worker_main({representation.name!r})"],
         cwd=_ROOT, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL, text=True)

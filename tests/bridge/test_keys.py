@@ -12,7 +12,7 @@ from dyadic_jax.bridge import keys
 from dyadic_jax.wire.errors import Code, ProtocolError
 from tests import bridge_harness as h
 
-_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from tests.paths import ROOT as _ROOT  # pylint: disable=g-import-not-at-top
 
 
 def _run(*args):

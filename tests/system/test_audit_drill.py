@@ -23,7 +23,7 @@ import sys
 
 import pytest
 
-_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from tests.paths import ROOT as _ROOT  # pylint: disable=g-import-not-at-top
 _SAMPLES = 400
 
 

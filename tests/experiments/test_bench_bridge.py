@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from tests.paths import ROOT as _ROOT  # pylint: disable=g-import-not-at-top
 
 _STAGES = ("encode", "completion", "decode", "validate",
            "validate_no_audit", "draws", "naive", "objects", "memcpy",

@@ -18,7 +18,7 @@ from tests import multiprocess_case
 
 pytestmark = pytest.mark.multidevice
 
-_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from tests.paths import ROOT as _ROOT  # pylint: disable=g-import-not-at-top
 
 
 def _free_port():
