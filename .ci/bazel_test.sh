@@ -3,10 +3,13 @@
 #
 #   bash .ci/bazel_test.sh /path/to/venv/bin/python [TARGET_PATTERN...]
 #
-# TARGET_PATTERN defaults to //... (everything); //:fast skips the tests
-# tagged "slow", //:multidevice / //:slow select by tag, //:test_codec runs
-# one file. Options for Bazel itself may be mixed in, e.g.
-#   bash .ci/bazel_test.sh /work/venv/bin/python --test_filter=roundtrip //:test_codec
+# First every target is built (`bazel build //...`: each analyzes, its deps
+# resolve, its runfiles are laid out), then the tests TARGET_PATTERN names
+# run. TARGET_PATTERN defaults to //:smoke (one quick file per layer, what
+# CI runs); //:fast skips the tests tagged "slow", //:multidevice / //:slow
+# select by tag, //... is everything, //:core_test_codec runs one file.
+# Options for Bazel itself may be mixed in, e.g.
+#   bash .ci/bazel_test.sh /work/venv/bin/python --test_filter=roundtrip //:core_test_codec
 #
 # Needs Bazel 4.2.x (Debian: apt-get install bazel-bootstrap; installed here
 # when missing and we are root). The interpreter must have jax, numpy, chex,
@@ -18,7 +21,7 @@
 set -euo pipefail
 
 if [[ $# -lt 1 || "$1" == -h || "$1" == --help ]]; then
-  sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//' >&2
+  sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//' >&2
   exit 2
 fi
 
@@ -54,7 +57,7 @@ fi
 
 targets=("$@")
 if [[ ${#targets[@]} -eq 0 ]]; then
-  targets=(//...)
+  targets=(//:smoke)
 fi
 
 # Bazel's Python launcher starts with "#!/usr/bin/env python"; put the venv
@@ -71,6 +74,9 @@ if [[ -n "${JAX_COMPILATION_CACHE_DIR:-}" ]]; then
   cache_args=(--test_env=JAX_COMPILATION_CACHE_DIR
               "--sandbox_writable_path=$JAX_COMPILATION_CACHE_DIR")
 fi
+
+# Every target builds, whichever tests run below.
+bazel build --python_path="$python" //...
 
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT

@@ -19,8 +19,8 @@ from dyadic_jax.constants import (DEFAULT_VOCAB, LOG2_M, M, MAX_VOCAB,
 from dyadic_jax.draws import sample_counts
 from dyadic_jax.errors import DyadicError, checked, raise_for_status
 from dyadic_jax.proposal import propose_dense, propose_sparse
-from dyadic_jax.rng import (Domain, draw24, draw64, draw_key, rng_key,
-                            round_key)
+from dyadic_jax.rng import (Domain, draw24, draw64, draw_key,
+                            proposal_draws, rng_key, round_key)
 from dyadic_jax.verification import (DenseQ, SparseQ, quantize_target,
                                      sample_target, verify_batch,
                                      verify_chain)
@@ -33,7 +33,7 @@ __all__ = [
     "Status", "StoppingRule", "TARGET_BITS", "allocate_dense",
     "allocate_sparse", "checked", "counts_to_q", "draft_chain",
     "draft_weights", "draw24", "draw64", "draw_key", "propose_dense",
-    "propose_sparse", "q_to_counts",
+    "propose_sparse", "proposal_draws", "q_to_counts",
     "qrows", "quantize_target", "raise_for_status", "reference", "rng_key",
     "round_key", "rowops", "sample_counts", "sample_target", "target_probs",
     "verify_batch", "verify_chain", "X64Required",

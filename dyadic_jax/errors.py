@@ -36,16 +36,23 @@ class DyadicError(ValueError):
 
 
 def raise_for_status(op: str, status: Any) -> None:
-  """Raises `DyadicError` if any entry of `status` is not `Status.OK`."""
+  """Raises `DyadicError` if any entry of `status` is not `Status.OK`.
+
+  `status` may be a scalar (a single-request op such as `verify_chain`):
+  its row is then `()`.
+  """
   status = np.asarray(status)
+  if status.ndim == 0:
+    # np.argwhere of a 0-d array is always empty: judge the scalar itself.
+    if int(status) != Status.OK:
+      raise DyadicError(op, int(status), [()], [int(status)])
+    return
   bad = np.argwhere(status != Status.OK)
   if bad.size == 0:
     return
   rows = [tuple(int(i) for i in idx) if status.ndim > 1 else int(idx[0])
           for idx in bad]
   statuses = [int(status[tuple(idx)]) for idx in bad]
-  if status.ndim == 0:
-    rows, statuses = [()], [int(status)]  # type: ignore[list-item]
   raise DyadicError(op, statuses[0], rows, statuses)
 
 
@@ -59,7 +66,7 @@ def checked(op: Callable[..., Any]) -> Callable[..., Any]:
   @functools.wraps(op)
   def wrapper(*args, **kwargs):
     *outs, status = op(*args, **kwargs)
-    raise_for_status(op.__name__, status)
+    raise_for_status(getattr(op, "__name__", repr(op)), status)
     return outs[0] if len(outs) == 1 else tuple(outs)
 
   return wrapper

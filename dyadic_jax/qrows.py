@@ -6,6 +6,8 @@ One kernel per q format, written once against an array namespace `xp`
 
     dense(bits, token=None, *, vocab=None, xp)     -> (counts [..., N], status [...])
     sparse(bits, ids, n, token=None, *, vocab, xp) -> (counts [..., k], status [...])
+    sparse_counts(counts, ids, n, token=None, *, vocab, xp)   (a SparseQ's
+                                                   integer counts, same order)
 
 `bits` is the float32 q viewed as uint32 (`q.view(np.uint32)`,
 `lax.bitcast_convert_type(q, jnp.uint32)`). Every check is an integer
@@ -32,6 +34,12 @@ split into NAN and INF:
             with zero q), UNSORTED_IDS, NAN, INF, NEGATIVE, WRONG_MASS (> 1),
             NON_DYADIC, WRONG_MASS (sum), ZERO_Q_AT_TOKEN (the token absent
             from the live support, or its count zero)
+
+A wire row may list ids with q = 0 (n counts the entries sent) and its
+entries past n are framing, never read. A `SparseQ` (`sparse_counts`) is
+the canonical form: every entry past n must be (id -1, count 0), else
+PADDING_NONZERO (in the class order after NON_DYADIC, as in `dense`), and a
+live count of 0 is MISSING_Q (n counts an entry with no q), after the sum.
 
 Refused rows get all-zero counts. Nothing is renormalized.
 
@@ -106,6 +114,35 @@ def classify(bits: Any, xp: types.ModuleType) -> tuple[Any, Any]:
   fine = cls == _FINE
   count = xp.where(fine & (mag != u32(0)), sig2 >> shift, u32(0))
   return cls, count.astype(xp.int32)
+
+
+_INT32_MIN, _INT32_MAX = -2 ** 31, 2 ** 31 - 1
+
+
+def saturate_int32(x: Any, xp: types.ModuleType) -> Any:
+  """x (any integer dtype) as int32, values beyond int32 clamped to its ends.
+
+  Verdict-preserving for every integer field of a q row: each bound the
+  checks use (-1, 0, 1, k, V, M) lies strictly inside int32, so a clamped
+  value fails exactly the checks the value fails, and a row's sum is only
+  read when every count is in [0, M] (unclamped). A plain cast would wrap
+  (2^32 + 2^22 -> 2^22).
+  """
+  info = np.iinfo(x.dtype)
+  if info.min < _INT32_MIN:
+    x = xp.maximum(x, xp.asarray(_INT32_MIN, x.dtype))
+  if info.max > _INT32_MAX:
+    x = xp.minimum(x, xp.asarray(_INT32_MAX, x.dtype))
+  return x.astype(xp.int32)
+
+
+def classify_counts(counts: Any, xp: types.ModuleType) -> tuple[Any, Any]:
+  """(class int32, count int32) of int32 counts c (any shape): `classify`
+  on integers, exactly: NEGATIVE below 0, _ABOVE_ONE above M (q > 1), else
+  fine with the count c."""
+  cls = xp.where(counts < 0, _NEGATIVE, xp.where(
+      counts > M, _ABOVE_ONE, _FINE)).astype(xp.int32)
+  return cls, xp.where(cls == _FINE, counts, 0).astype(xp.int32)
 
 
 def _row_sum(counts, xp):
@@ -196,7 +233,18 @@ def dense(bits: Any, token: Any = None, *, vocab: Any = None,
 
 
 def _sparse(bits, ids, n, token, vocab, xp):
-  k = bits.shape[-1]
+  return _sparse_rows(*classify(bits, xp), ids, n, token, vocab, xp,
+                      strict_padding=False)
+
+
+def _sparse_rows(cls, counts, ids, n, token, vocab, xp, strict_padding):
+  """The sparse verdict from each entry's class and count.
+
+  strict_padding (a SparseQ): entries past n must be (id -1, count 0), else
+  PADDING_NONZERO, and live counts positive, else MISSING_Q; otherwise (a
+  wire row) entries past n are not read and a live q may be 0.
+  """
+  k = cls.shape[-1]
   pos = xp.arange(k)
   n = n.astype(xp.int32)
   live = pos < n[..., None]
@@ -208,8 +256,11 @@ def _sparse(bits, ids, n, token, vocab, xp):
   keys = xp.sort(xp.where(live, ids, vocab + pos), axis=-1)
   duplicate = xp.any(keys[..., 1:] == keys[..., :-1], axis=-1)
   unsorted = xp.any(live[..., 1:] & (ids[..., 1:] <= ids[..., :-1]), axis=-1)
-  cls, counts = classify(bits, xp)
-  cls = xp.where(live, cls, _FINE)
+  if strict_padding:
+    stray = (cls == _FINE) & ((counts != 0) | (ids != -1))
+    cls = xp.where(live | ~stray, cls, _PADDING)
+  else:
+    cls = xp.where(live, cls, _FINE)
   counts = xp.where(live, counts, 0)
   first = _first_class(cls, xp)
   total = _row_sum(counts, xp)
@@ -222,6 +273,11 @@ def _sparse(bits, ids, n, token, vocab, xp):
   if token is not None:
     held = live & (ids == token.astype(xp.int32)[..., None]) & (counts > 0)
     checks.append((~xp.any(held, axis=-1), int(Status.ZERO_Q_AT_TOKEN)))
+  if strict_padding:
+    # A live count of 0: n counts an entry that holds no q (the canonical
+    # support is exactly the positive counts).
+    checks.append((xp.any(live & (counts == 0), axis=-1),
+                   int(Status.MISSING_Q)))
   return _finish(_first_status(checks, xp), counts, xp)
 
 
@@ -258,3 +314,56 @@ def sparse(bits: Any, ids: Any, n: Any, token: Any = None, *, vocab: Any,
   if xp is np:
     return _sparse(bits, ids, n, token, vocab, xp)
   return _sparse_x64(bits, ids, n, token, vocab, xp)
+
+
+def _sparse_counts(counts, ids, n, token, vocab, xp):
+  counts, ids, n = (saturate_int32(xp.asarray(a), xp)
+                    for a in (counts, ids, n))
+  return _sparse_rows(*classify_counts(counts, xp), ids, n, token, vocab, xp,
+                      strict_padding=True)
+
+
+_sparse_counts_x64 = x64.scoped(_sparse_counts, "qrows.sparse_counts")
+
+
+def _dtype(a):
+  return a.dtype if hasattr(a, "dtype") else np.asarray(a).dtype
+
+
+def sparse_counts(counts: Any, ids: Any, n: Any, token: Any = None, *,
+                  vocab: Any, xp: types.ModuleType = np
+                  ) -> tuple[Any, Any]:
+  """`sparse` on integer counts (a `SparseQ`); returns (counts int32[..., k],
+  status int32[...]).
+
+  Judged on the exact integer values of any integer dtype
+  (`saturate_int32`), never through float32 (float32(2^24 + 1) is 2^24).
+  The checks and their order are `sparse`'s, for the canonical form: an
+  entry past n is classified like a live one (NEGATIVE, WRONG_MASS above
+  M) and must then be (id -1, count 0), else PADDING_NONZERO (the class
+  after NON_DYADIC's place, as in `dense`); after the sum (and the token),
+  a live count of 0 is MISSING_Q.
+
+  Args:
+    counts, ids: integer [..., k]; n: integer [...]; token, vocab, xp: as
+      `sparse`.
+  """
+  for name, a in (("counts", counts), ("ids", ids), ("n", n)):
+    if not np.issubdtype(_dtype(a), np.integer):
+      raise TypeError(f"qrows.sparse_counts: {name} must be integers, got "
+                      f"{_dtype(a)}")
+  shape = np.shape(counts)
+  if len(shape) < 1 or np.shape(ids) != shape or np.shape(n) != shape[:-1]:
+    raise ValueError(f"qrows.sparse_counts: need counts and ids [..., k] and "
+                     f"n [...], got {shape}, {np.shape(ids)} and "
+                     f"{np.shape(n)}")
+  if isinstance(vocab, (int, np.integer)) and not (
+      1 <= vocab and vocab + shape[-1] < 2 ** 31):
+    raise ValueError(f"qrows.sparse_counts: vocab={vocab} must be >= 1 with "
+                     f"vocab + k < 2^31")
+  if token is not None:
+    token = xp.asarray(token)
+  _check_token("sparse_counts", token, shape[:-1])
+  if xp is np:
+    return _sparse_counts(counts, ids, n, token, vocab, xp)
+  return _sparse_counts_x64(counts, ids, n, token, vocab, xp)

@@ -196,7 +196,8 @@ def sparse_q_counts(q: Any, ids: Any, n: int, vocab: int,
   The first n entries are live, the rest padding (count 0). Order:
   TOKEN_OUT_OF_RANGE, MISSING_Q (n outside [1, k]), ID_OUT_OF_RANGE,
   DUPLICATE_ID, UNSORTED_IDS, NAN, INF, NEGATIVE, WRONG_MASS (> 1),
-  NON_DYADIC, WRONG_MASS (sum), ZERO_Q_AT_TOKEN.
+  NON_DYADIC, WRONG_MASS (sum), ZERO_Q_AT_TOKEN. A live q of 0 is allowed
+  (a wire row; the core's `SparseQ` is `sparse_q_status`).
   """
   qs = _floats(q)
   ids = [int(i) for i in (ids.tolist() if hasattr(ids, "tolist") else ids)]
@@ -223,6 +224,79 @@ def sparse_q_counts(q: Any, ids: Any, n: int, vocab: int,
   if token is not None and dict(zip(live, counts)).get(token, 0) == 0:
     return zeros, Status.ZERO_Q_AT_TOKEN
   return counts + [0] * (k - n), Status.OK
+
+
+def _ints(xs):
+  return [int(x) for x in (xs.tolist() if hasattr(xs, "tolist") else xs)]
+
+
+def _count_class(c):
+  """The class of one exact integer count (the order of `_ENTRY_ORDER`)."""
+  if c < 0:
+    return Status.NEGATIVE
+  if c > M:
+    return Status.WRONG_MASS
+  return Status.OK
+
+
+_COUNT_ORDER = (Status.NEGATIVE, Status.WRONG_MASS, Status.PADDING_NONZERO)
+
+
+def _first_count_class(classes):
+  for status in _COUNT_ORDER:
+    if status in classes:
+      return status
+  return Status.OK
+
+
+def dense_q_status(counts: Any, vocab: int | None = None) -> Status:
+  """Status of one `DenseQ` row of exact integer counts (any magnitude).
+
+  The order of `verification.dense_q_status` (and of `q_to_counts` on
+  q = c / M): NEGATIVE, WRONG_MASS (a count above M), PADDING_NONZERO (a
+  nonzero count at an id >= vocab), WRONG_MASS (the sum is not M).
+  """
+  cs = _ints(counts)
+  vocab = len(cs) if vocab is None else vocab
+  classes = {_count_class(c) for c in cs}
+  classes |= {Status.PADDING_NONZERO for c in cs[vocab:] if c != 0}
+  status = _first_count_class(classes)
+  if status != Status.OK:
+    return status
+  return Status.OK if sum(cs) == M else Status.WRONG_MASS
+
+
+def sparse_q_status(ids: Any, counts: Any, n: int, vocab: int) -> Status:
+  """Status of one `SparseQ` row of exact integers (any magnitude).
+
+  The order of `qrows.sparse_counts`: MISSING_Q (n outside [1, k]),
+  ID_OUT_OF_RANGE, DUPLICATE_ID, UNSORTED_IDS (live ids), then over every
+  entry NEGATIVE, WRONG_MASS (a count above M), PADDING_NONZERO (an entry
+  past n other than (id -1, count 0)), then WRONG_MASS (the live sum is not
+  M), MISSING_Q (a live count of 0).
+  """
+  ids, cs, n = _ints(ids), _ints(counts), int(n)
+  k = len(cs)
+  if not 1 <= n <= k:
+    return Status.MISSING_Q
+  live = ids[:n]
+  if any(not 0 <= i < vocab for i in live):
+    return Status.ID_OUT_OF_RANGE
+  if len(set(live)) != n:
+    return Status.DUPLICATE_ID
+  if live != sorted(live):
+    return Status.UNSORTED_IDS
+  classes = {_count_class(c) for c in cs}
+  classes |= {Status.PADDING_NONZERO for i, c in zip(ids[n:], cs[n:])
+              if (i, c) != (-1, 0)}
+  status = _first_count_class(classes)
+  if status != Status.OK:
+    return status
+  if sum(cs[:n]) != M:
+    return Status.WRONG_MASS
+  if 0 in cs[:n]:
+    return Status.MISSING_Q
+  return Status.OK
 
 
 # ----------------------------------------------------------------------------

@@ -29,6 +29,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 from jax.typing import ArrayLike
+import numpy as np
 
 from dyadic_jax import (cumulative, draws, qrows, reducer, rng, rowops,
                         rowwise, weights, x64)
@@ -36,12 +37,25 @@ from dyadic_jax.constants import LOG2_M, M, Status, TARGET_BITS
 
 
 class DenseQ(typing.NamedTuple):
-  """A dense dyadic q: counts int32[..., V] summing to M per row."""
-  counts: ArrayLike  # int32[..., V]
+  """A dense dyadic q: counts int32[..., V] summing to M per row.
+
+  Counts of any integer dtype are accepted and judged on their exact
+  values: the ops clamp them to int32 (`qrows.saturate_int32`, which
+  changes no verdict), never wrap them. Any other dtype (float, bool) is a
+  TypeError naming the op.
+  """
+  counts: ArrayLike  # int32[..., V] (any integer dtype)
 
 
 class SparseQ(typing.NamedTuple):
-  """A sparse dyadic q: ascending ids with positive counts, then padding."""
+  """A sparse dyadic q: ascending ids with positive counts, then padding.
+
+  A row is valid only in this canonical form: n in [1, k]; the first n
+  entries strictly ascending ids in [0, V) with counts in [1, M] summing to
+  M; every other entry (id -1, count 0). A live count of 0 is MISSING_Q,
+  any other padding PADDING_NONZERO (`qrows.sparse_counts`). Fields of any
+  integer dtype, as `DenseQ`.
+  """
   ids: ArrayLike     # int32[..., k]; first n strictly ascending, then -1
   counts: ArrayLike  # int32[..., k]; positive in the first n, then 0
   n: ArrayLike       # int32[...]
@@ -174,13 +188,15 @@ def sample_target(target_logits: jax.typing.ArrayLike, key: jax.Array, *,
   Args:
     target_logits: float[..., V] after the target processors (T=1, top_p=1;
       masks as -inf).
-    key: typed key with the batch shape, normally
-      `rng.rng_key(..., Domain.TARGET_ONLY)`.
+    key: typed key array with the batch shape (an int or a raw key is a
+      TypeError), normally the TARGET_ONLY key of the request's position:
+      `draw_key(round_key, anchor, Domain.TARGET_ONLY)` (or `rng_key`).
 
   Returns:
     (token int32[...], status int32[...]); token -1 where the logits row is
     refused (see `target_probs`). P(token = v) is within 2^-64 of P_v / T.
   """
+  rng.check_key("sample_target", "key", key)
   target_logits = jnp.asarray(target_logits)
   weights.check_rows("sample_target", target_logits)
   if jnp.shape(key) != target_logits.shape[:-1]:
@@ -209,13 +225,14 @@ def dense_q_status(counts: jax.Array, red: reducer.Reducer | None = None) -> jax
   """Status of dense count rows int[..., n]: NEGATIVE, WRONG_MASS (a count
   above M), PADDING_NONZERO (a count at an id >= V), WRONG_MASS (sum != M).
 
-  The order of `qrows.dense` on the same q = c / M. One pass: the int32
-  max of per-count codes beside the exact sum (float64: |c| < 2^31 and
-  V <= 2^18, so every partial sum is an integer below 2^53).
+  The order of `qrows.dense` on the same q = c / M. Judged on the exact
+  values (wider integers are clamped to int32, `qrows.saturate_int32`).
+  One pass: the int32 max of per-count codes beside the exact sum (float64:
+  |c| < 2^31 and V <= 2^18, so every partial sum is an integer below 2^53).
   """
   red = reducer.of(counts, red)
   i32 = jnp.int32
-  counts = counts.astype(i32)
+  counts = qrows.saturate_int32(counts, jnp)
   ids = lax.broadcasted_iota(i32, counts.shape, counts.ndim - 1) + red.offset
   codes = jnp.where(counts < 0, i32(3), jnp.where(
       counts > M, i32(2), jnp.where((ids >= red.vocab) & (counts != 0),
@@ -228,18 +245,31 @@ def dense_q_status(counts: jax.Array, red: reducer.Reducer | None = None) -> jax
 
 
 def sparse_q_status(q: SparseQ, vocab: int) -> jax.Array:
-  """Status of SparseQ rows: `qrows.sparse` on q = c / M (replicated data).
+  """Status of SparseQ rows: `qrows.sparse_counts` (replicated data).
 
   MISSING_Q, ID_OUT_OF_RANGE, DUPLICATE_ID, UNSORTED_IDS, NEGATIVE,
-  WRONG_MASS (a count above M, or a sum other than M). No token check: a
-  drafted token outside the support is rejected, not refused.
+  WRONG_MASS (a count above M), PADDING_NONZERO (padding other than (-1,
+  0)), WRONG_MASS (a sum other than M), MISSING_Q (a live count of 0), on
+  the exact integers. No token check: a drafted token outside the support
+  is rejected, not refused.
   """
-  ids, counts, n = (jnp.asarray(a) for a in q)
-  # float32(c) 2^-24 has the class of c: exact for |c| <= M, and beyond
-  # that still negative or above 1.
-  bits = lax.bitcast_convert_type(
-      counts.astype(jnp.float32) * jnp.float32(2.0 ** -24), jnp.uint32)
-  return qrows.sparse(bits, ids, n, vocab=vocab, xp=jnp)[1]
+  return qrows.sparse_counts(q.counts, q.ids, q.n, vocab=vocab, xp=jnp)[1]
+
+
+def int32_q(q: DenseQ | SparseQ) -> DenseQ | SparseQ:
+  """q with every field int32, clamped (`qrows.saturate_int32`): the
+  verdicts of the exact values, in the one form the row bodies see.
+
+  Host data is narrowed with numpy and device or traced arrays with
+  jax.numpy, before the op's jit: one compiled program serves every
+  integer dtype.
+  """
+  def narrow(a):
+    xp = jnp if isinstance(a, jax.Array) else np
+    a = xp.asarray(a)
+    return a if a.dtype == np.int32 else qrows.saturate_int32(a, xp)
+
+  return type(q)(*(narrow(a) for a in q))
 
 
 def q_rows_status(q: DenseQ | SparseQ, red: reducer.Reducer) -> jax.Array:
@@ -495,11 +525,21 @@ def verify_chain(target_logits: jax.typing.ArrayLike,
       target processors for the position of draft token i (row D: bonus).
     q: `DenseQ` (counts int32[D, V]) or `SparseQ` (ids/counts int32[D, k],
       n int32[D]): the exact dyadic q each draft token was drawn from.
-      With D = 0 it may be None.
+      With D = 0 it may be None. Any integer dtype, judged on its exact
+      values; another dtype is a TypeError.
     draft_tokens: int32[D], x_1..x_D (D >= 0).
-    key: typed JAX key of the round (`rng.round_key`). Decision keys derive
-      from it as position -> domain -> counter, positions anchor + i.
-    anchor: absolute position of x_1 (int, may be traced).
+    key: one typed JAX key, the round's (`rng.round_key(seed, generation,
+      round)`; an int, a raw key or a batch of keys is a TypeError or
+      ValueError naming `key`). Decision keys derive from it as position
+      -> domain -> counter, positions anchor + i.
+    anchor: the absolute position of x_1 in the request's sequence, i.e.
+      the number of tokens before it (prompt plus committed tokens: the
+      request's length so far); int64, may be traced. It only labels the
+      decision keys (x_{i+1}'s ACCEPT test at position anchor + i, the next
+      token at anchor + j) and changes no distribution, but both sides
+      must use the same one: the draft's PROPOSAL draws are at the same
+      positions (`proposal_draws(key, D, anchor)`), which is how a chain
+      is reproduced and audited. 0 (the default) for a one-off chain.
     executor: where the rows run (`dyadic_jax.rowops`; `sharding` passes
       its mesh's, which also accepts a dense q in the padded layout).
 
@@ -515,19 +555,21 @@ def verify_chain(target_logits: jax.typing.ArrayLike,
     status is OK, or the first refused target row's status (see
     `target_probs`; rows 0..D in order), else the first refused q row's
     (dense: NEGATIVE, WRONG_MASS for a count above M or a sum other than
-    M, PADDING_NONZERO; sparse: also MISSING_Q, ID_OUT_OF_RANGE,
-    DUPLICATE_ID, UNSORTED_IDS). A refused chain returns (0, -1, status):
-    never commit its token.
+    M, PADDING_NONZERO; sparse: also MISSING_Q (n outside [1, k], or a live
+    count of 0), ID_OUT_OF_RANGE, DUPLICATE_ID, UNSORTED_IDS, and
+    PADDING_NONZERO for padding other than (id -1, count 0)). A refused
+    chain returns (0, -1, status): never commit its token.
 
   Many requests: `verify_batch` (or `jax.vmap` of this op, which runs the
   same program).
   """
+  rng.check_key("verify_chain", "key", key, shape=())
   target_logits = jnp.asarray(target_logits)
   draft_tokens = jnp.asarray(draft_tokens, jnp.int32)
   q = empty_q(q, target_logits, draft_tokens)
-  check_chain_shapes("verify_chain", target_logits, q, draft_tokens,
-                     executor.widths(target_logits.shape[-1]))
-  return _verify(target_logits, q, draft_tokens, key,
+  q = check_chain_shapes("verify_chain", target_logits, q, draft_tokens,
+                         executor.widths(target_logits.shape[-1]))
+  return _verify(target_logits, int32_q(q), draft_tokens, key,
                  jnp.asarray(anchor, jnp.int64), executor)
 
 
@@ -545,8 +587,14 @@ def verify_batch(target_logits: jax.typing.ArrayLike,
     q: `DenseQ` (counts int32[B, D, V]) or `SparseQ` (ids/counts int32[B,
       D, k], n int32[B, D]); None when D = 0.
     draft_tokens: int32[B, D].
-    keys: typed keys [B], each request's round key.
-    anchors: int[B] (or a scalar for all), each request's position of x_1.
+    keys: typed keys [B], each request's round key (`rng.round_key(seed,
+      generation, round)`, stacked; an int or a raw key is a TypeError).
+    anchors: int[B] (or a scalar for all): each request's anchor, the
+      absolute position of its x_1 (its length so far: prompt plus
+      committed tokens), as `verify_chain`'s `anchor`: the positions its
+      decision keys are folded with. Pass the anchors its drafts were
+      drawn with (`proposal_draws(keys, D, anchors)`); the bridge passes
+      each request's `len(tokens)`.
     executor: as in `verify_chain`; a ("requests", "vocab") mesh splits the
       B requests over "requests".
 
@@ -555,6 +603,7 @@ def verify_batch(target_logits: jax.typing.ArrayLike,
     request's exactly as `verify_chain` returns it (tests/core/test_verification
     .py compares them bit for bit).
   """
+  rng.check_key("verify_batch", "keys", keys)
   target_logits = jnp.asarray(target_logits)
   draft_tokens = jnp.asarray(draft_tokens, jnp.int32)
   if target_logits.ndim != 3 or draft_tokens.ndim != 2:
@@ -564,13 +613,15 @@ def verify_batch(target_logits: jax.typing.ArrayLike,
   batch = target_logits.shape[:1]
   if q is None and draft_tokens.shape[1:] == (0,):
     q = DenseQ(jnp.zeros(batch + (0, target_logits.shape[-1]), jnp.int32))
-  check_chain_shapes("verify_batch", target_logits, q, draft_tokens,
-                     executor.widths(target_logits.shape[-1]), batch_ndim=1)
+  q = check_chain_shapes("verify_batch", target_logits, q, draft_tokens,
+                         executor.widths(target_logits.shape[-1]),
+                         batch_ndim=1)
   if jnp.shape(keys) != batch:
     raise ValueError(f"verify_batch: keys shape {jnp.shape(keys)} must be "
                      f"{batch}, one key per request")
   anchors = jnp.broadcast_to(jnp.asarray(anchors, jnp.int64), batch)
-  return _verify(target_logits, q, draft_tokens, keys, anchors, executor)
+  return _verify(target_logits, int32_q(q), draft_tokens, keys, anchors,
+                 executor)
 
 
 def empty_q(q: DenseQ | SparseQ | None, target_logits: jax.Array,
@@ -583,8 +634,9 @@ def empty_q(q: DenseQ | SparseQ | None, target_logits: jax.Array,
 
 def check_chain_shapes(name: str, target_logits: jax.Array, q: typing.Any,
                        draft_tokens: jax.Array, dense_widths: tuple[int, ...],
-                       batch_ndim: int = 0) -> None:
-  """Raises ValueError/TypeError unless the shapes form D-chains.
+                       batch_ndim: int = 0) -> DenseQ | SparseQ:
+  """q, checked: raises ValueError/TypeError unless the shapes form
+  D-chains and q's fields are integers.
 
   batch_ndim leading axes (the same on every argument) precede each
   chain's [D+1, V] target rows, [D] tokens and [D, ...] q rows;
@@ -603,7 +655,12 @@ def check_chain_shapes(name: str, target_logits: jax.Array, q: typing.Any,
   rows = t[:b] + (d[b],)
   if not isinstance(q, (DenseQ, SparseQ)):
     raise TypeError(f"{name}: q must be DenseQ or SparseQ, got {type(q)}")
-  counts_shape = jnp.shape(q.counts)
+  for field, a in zip(q._fields, q):
+    dtype = a.dtype if hasattr(a, "dtype") else np.asarray(a).dtype
+    if not jnp.issubdtype(dtype, jnp.integer):
+      raise TypeError(f"{name}: {type(q).__name__}.{field} must be integers "
+                      f"(any integer dtype), got {dtype}")
+  counts_shape = np.shape(q.counts)
   if isinstance(q, DenseQ) and counts_shape[-1:] != () and (
       counts_shape[-1] not in dense_widths):
     raise ValueError(f"{name}: dense q has {counts_shape[-1]} columns,"
@@ -611,8 +668,9 @@ def check_chain_shapes(name: str, target_logits: jax.Array, q: typing.Any,
   if len(counts_shape) != b + 2 or counts_shape[:b + 1] != rows:
     raise ValueError(f"{name}: q rows {counts_shape} do not match "
                      f"[{lead}D] = {rows}")
-  if isinstance(q, SparseQ) and (jnp.shape(q.ids) != counts_shape
-                                 or jnp.shape(q.n) != rows):
+  if isinstance(q, SparseQ) and (np.shape(q.ids) != counts_shape
+                                 or np.shape(q.n) != rows):
     raise ValueError(f"{name}: sparse q needs ids and counts [{lead}D, k] "
-                     f"and n [{lead}D], got {jnp.shape(q.ids)}, "
-                     f"{counts_shape}, {jnp.shape(q.n)}")
+                     f"and n [{lead}D], got {np.shape(q.ids)}, "
+                     f"{counts_shape}, {np.shape(q.n)}")
+  return q

@@ -2,8 +2,11 @@
 
 Draft weights (float64, the contract's FP64 softmax):
 
-    w_v = e_v * fl(1 / Z),   e_v = exp(x_v - max_u x_u),
-    x = (logits + bias) * fl(1 / T)
+    w_v = e_v * fl(1 / Z),   e_v = exp(fl(fl(y_v - max_u y_u) * fl(1 / T))),
+    y = logits + bias
+
+(the temperature scales after the max shift, so no fused multiply-add can
+change a term: docs/numerics.md section 1).
 
 `Z` is the exact sum of the float64 terms e_v, up to 2^-64 per term, rounded
 once: each e_v in [0, 1] is split into two 32-bit fixed-point limbs, held as
@@ -108,16 +111,31 @@ def max_and_status(x: jax.Array, red: reducer.Reducer | None = None) -> tuple[ja
   return row_max, status
 
 
-def shifted_exp_and_status(x: jax.Array, red: reducer.Reducer | None = None
+def shifted_exp_and_status(x: jax.Array, red: reducer.Reducer | None = None,
+                           scale: jax.Array | None = None
                            ) -> tuple[jax.Array, jax.Array]:
   """Per-row max shift and status for float64 scores x[..., V].
 
   Returns (e float64[..., V], status int32[...]); rows that are not OK get
-  e = 0 (statuses of `max_and_status`).
+  e = 0 (statuses of `max_and_status`). e = exp(fl(x - max)), or with a
+  per-row `scale` s[...] (a temperature's fl(1 / T), positive and finite)
+  e = exp(fl(fl(x - max) * s)): the shift comes before the product, so no
+  addition consumes a product and a fused multiply-add has nothing to
+  contract (docs/numerics.md section 1). The status is then that of the
+  scaled scores fl(x * s), judged on their max fl(max * s) (rounding is
+  monotone): INF where it overflows to +inf, ZERO_MASS to -inf.
   """
   row_max, status = max_and_status(x, red)
+  if scale is not None:
+    scaled = row_max * scale
+    status = jnp.where(status != Status.OK, status, jnp.select(
+        [scaled == jnp.inf, scaled == -jnp.inf],
+        [Status.INF, Status.ZERO_MASS], Status.OK)).astype(jnp.int32)
   ok = (status == Status.OK)[..., None]
-  e = jnp.exp(x - jnp.where(ok, row_max[..., None], 0.0))
+  d = x - jnp.where(ok, row_max[..., None], 0.0)
+  if scale is not None:
+    d = d * scale[..., None]
+  e = jnp.exp(d)
   return jnp.where(ok, e, 0.0), status
 
 
@@ -134,11 +152,13 @@ def exact_sums(x: jax.Array, *terms: typing.Callable[[jax.Array], jax.Array],
   return reducer.one_pass(red, *((reducer.SUM, term(x)) for term in terms))
 
 
-def softmax64_parts(x: jax.Array, red: reducer.Reducer | None = None
+def softmax64_parts(x: jax.Array, red: reducer.Reducer | None = None,
+                    scale: jax.Array | None = None
                     ) -> tuple[jax.Array, jax.Array, jax.Array]:
   """(e, fl(1 / Z), status) of score rows: the weights are where(OK,
-  fl(e * fl(1 / Z)), 0), for a caller that needs them only in places."""
-  e, status = shifted_exp_and_status(x.astype(jnp.float64), red)
+  fl(e * fl(1 / Z)), 0), for a caller that needs them only in places.
+  `scale`: as `shifted_exp_and_status`."""
+  e, status = shifted_exp_and_status(x.astype(jnp.float64), red, scale)
   hi_sum, lo_sum = exact_sums(e, lambda e: fixed_point_limbs(e)[0],
                               lambda e: fixed_point_limbs(e)[1], red=red)
   return e, _inv_of_sums(hi_sum, lo_sum, status), status
@@ -150,7 +170,8 @@ def _inv_of_sums(hi_sum, lo_sum, status):
 
 
 def softmax64_block_parts(x: jax.Array, block: int,
-                          red: reducer.Reducer | None = None
+                          red: reducer.Reducer | None = None,
+                          scale: jax.Array | None = None
                           ) -> tuple[jax.Array, ...]:
   """`softmax64_parts` plus the max of e over each block of `block` local
   entries ([..., ceil(n / block)], the last block zero-padded).
@@ -162,7 +183,7 @@ def softmax64_block_parts(x: jax.Array, block: int,
   (`allocation.top_k_ids`) gets them here.
   """
   red = reducer.of(x, red)
-  e, status = shifted_exp_and_status(x.astype(jnp.float64), red)
+  e, status = shifted_exp_and_status(x.astype(jnp.float64), red, scale)
   n = e.shape[-1]
   pad = (-n) % block
   blocks = jnp.pad(e, [(0, 0)] * (e.ndim - 1) + [(0, pad)]).reshape(
@@ -177,9 +198,12 @@ def softmax64_block_parts(x: jax.Array, block: int,
           status, block_max)
 
 
-def softmax64_rows(x: jax.Array, red: reducer.Reducer | None = None) -> tuple[jax.Array, jax.Array]:
-  """(w float64, status) of score rows x[..., V]: the body of every softmax."""
-  e, inv, status = softmax64_parts(x, red)
+def softmax64_rows(x: jax.Array, red: reducer.Reducer | None = None,
+                   scale: jax.Array | None = None
+                   ) -> tuple[jax.Array, jax.Array]:
+  """(w float64, status) of score rows x[..., V]: the body of every softmax
+  (`scale`: as `shifted_exp_and_status`)."""
+  e, inv, status = softmax64_parts(x, red, scale)
   w = jnp.where((status == Status.OK)[..., None], e * inv[..., None], 0.0)
   return w, status
 
@@ -188,28 +212,33 @@ softmax64 = rowwise.row_op(softmax64_rows, (1,))
 softmax64.__doc__ = "(w, status) of float[..., V] scores; row by row on CPU."
 
 
-def _draft_scores(logits, t, bias):
-  x = logits.astype(jnp.float64)
+def _draft_scores(logits, bias):
+  """y = fl(logits + bias) in float64 (the temperature scales after the
+  max shift: `shifted_exp_and_status`)."""
+  y = logits.astype(jnp.float64)
   if bias is not None:
-    x = x + bias.astype(jnp.float64)
-  return x * reciprocal(t)[..., None]
+    y = y + bias.astype(jnp.float64)
+  return y
 
 
 def draft_rows(logits: jax.Array, t: jax.Array, bias: jax.Array | None = None,
                red: reducer.Reducer | None = None) -> tuple[jax.Array, jax.Array]:
   """(w, status) of draft logits rows at per-row temperatures t (> 0)."""
-  return softmax64_rows(_draft_scores(logits, t, bias), red)
+  return softmax64_rows(_draft_scores(logits, bias), red, reciprocal(t))
 
 
 def draft_parts(logits: jax.Array, t: jax.Array, bias: jax.Array | None = None,
                 red: reducer.Reducer | None = None, block: int | None = None
                 ) -> tuple:
   """`draft_rows` as `softmax64_parts`: (e, fl(1 / Z), status), and with
-  `block` as `softmax64_block_parts` (the block maxima of e last)."""
-  x = _draft_scores(logits, t, bias)
+  `block` as `softmax64_block_parts` (the block maxima of e last).
+
+  e_v = exp(fl(fl(y_v - max y) * fl(1 / t))), y = fl(logits + bias).
+  """
+  y, scale = _draft_scores(logits, bias), reciprocal(t)
   if block is None:
-    return softmax64_parts(x, red)
-  return softmax64_block_parts(x, block, red)
+    return softmax64_parts(y, red, scale)
+  return softmax64_block_parts(y, block, red, scale)
 
 
 def temperature_status(temperature: jax.Array, batch: tuple[int, ...]
@@ -262,7 +291,8 @@ def draft_weights(logits: jax.typing.ArrayLike, *,
 
   Returns:
     (weights float64[..., V], status int32[...]). Rows with a NaN get
-    Status.NAN, a +inf score Status.INF, all -inf Status.ZERO_MASS, a
+    Status.NAN, a +inf score Status.INF (also a score that overflows once
+    scaled by 1 / temperature), all -inf Status.ZERO_MASS, a
     temperature that is not a positive normal float (zero, negative,
     subnormal, inf, NaN) Status.BAD_TEMPERATURE; such rows have all-zero
     weights. Normalization is global over the whole row with the exact

@@ -3,12 +3,11 @@
     python -m experiments.acceptance --json_out /tmp/acceptance.json \
         --plot_out /tmp/acceptance.png
 
-Expected runtime: about 50-70 s on a shared 2-core CPU with the defaults (V =
-129280, closeness 0.9, 256 contexts, 64 verified rounds per dyadic q);
-roughly half of it is XLA compilation, and the verified rounds are most of
-the rest. Each further --closeness value adds about 30-40 s (e.g.
---closeness=0.6,0.9 runs in about 1.5-2 minutes). A small preset
-(about 20-30 s, nearly all compilation):
+Runtime with the defaults: X
+
+The defaults: V = 129280, closeness 0.9, 256 contexts, 64 verified rounds
+per dyadic q; each further --closeness value adds its own contexts and
+verified rounds. A smaller preset (its runtime is not recorded):
 
     python -m experiments.acceptance --vocab=4096 --contexts=64 \
         --empirical_rounds=16

@@ -10,7 +10,9 @@ a few seconds of it importing JAX and compiling the kernels; `--quick`
 Every figure is a median over repetitions, the stages interleaved within
 each repetition so that machine noise hits them alike; what the targets
 compare are ratios measured in the same run. Authentication (keyed BLAKE3)
-is on unless a stage's name says otherwise.
+is on unless a stage's name says otherwise. Each repetition serves new
+rounds through the sessions' public methods (`Rounds`: the same q rows,
+each round's tokens those its PROPOSAL draws pick, precomputed).
 
 Dense rows (one request: D rows of V float32; one batch: R requests):
 
@@ -57,6 +59,7 @@ the pyzmq floor's p50. Every server runs in a thread of this process; the
 garbage collector is off while timing.
 """
 
+import collections
 import gc
 import hashlib
 import hmac
@@ -70,8 +73,53 @@ import tempfile
 import threading
 import time
 
-from absl import app
 from absl import flags
+
+from experiments import cli
+
+_VOCAB = flags.DEFINE_integer(
+    "vocab", cli.DEFAULT_VOCAB, f"Vocabulary size V (dense row length), "
+    f"2..{cli.MAX_VOCAB} (--quick: 2048 unless given).", lower_bound=2,
+    upper_bound=cli.MAX_VOCAB)
+_REQUESTS = flags.DEFINE_integer(
+    "requests", 4, "Requests R in a batch (one exchange, one slot), >= 1.",
+    lower_bound=1)
+_DEPTH = flags.DEFINE_integer("depth", 5, "Draft depth D: rows per request, "
+                              "1..255.", lower_bound=1, upper_bound=255)
+_K = flags.DEFINE_integer(
+    "k", 32, "Support size of the sparse rows in the round-trip benchmark, "
+    "in [1, V].", lower_bound=1)
+_REPEATS = flags.DEFINE_integer(
+    "repeats", 60, "Timed repetitions of every dense stage (after warm-up), "
+    ">= 1.", lower_bound=1)
+_ROUND_TRIPS = flags.DEFINE_integer(
+    "round_trips", 1500, "Timed sparse round trips of each kind, >= 1.",
+    lower_bound=1)
+_FULL_ROUNDS = flags.DEFINE_integer(
+    "full_rounds", 200, "Timed whole Verifier.round calls (information), "
+    ">= 1.", lower_bound=1)
+_TRANSPORTS = flags.DEFINE_list(
+    "transports", ["tcp", "ipc"], "ZeroMQ transports of the dense send.")
+_LINK_GBPS = flags.DEFINE_float(
+    "link_gbps", 40.0, "Link rate of the seed's serialization ideal, > 0.")
+_SEED = flags.DEFINE_integer("seed", 0, "Seed of the benchmark data.")
+_QUICK = flags.DEFINE_bool(
+    "quick", False, "Small preset for tests: V=2048 unless --vocab is given, "
+    "5 repeats, 50 round trips, 10 full rounds.")
+_JSON_OUT = flags.DEFINE_string(
+    "json_out", None, "Optional path for a JSON record of every figure.")
+
+cli.check("link_gbps", lambda v: 0 < v < float("inf"),
+          "--link_gbps must be a positive number")
+cli.check("transports", lambda v: bool(v) and set(v) <= {"tcp", "ipc"},
+          "--transports must be tcp and/or ipc")
+cli.check(["k", "vocab", "quick"], lambda k, vocab, quick: k <= (
+    2048 if quick and not flags.FLAGS["vocab"].present else vocab),
+          "--k must be <= the vocabulary (--vocab; 2048 with --quick)")
+cli.check_output_path("json_out")
+cli.parse_flags_early(__name__)   # a bad flag exits here, before JAX
+
+# pylint: disable=g-import-not-at-top,g-bad-import-order
 import blake3
 import crc32c
 import jax
@@ -83,34 +131,11 @@ import dyadic_jax as dj
 from dyadic_jax import bridge
 from dyadic_jax.bridge import audit, keys, proposer as proposer_lib
 from dyadic_jax.bridge.counters import Counters
-from dyadic_jax.bridge.effects import Stage
+from dyadic_jax.testing import session_pair
 from dyadic_jax.wire import auth as bridge_auth
 from dyadic_jax.wire import codec, validate_q_row
 from dyadic_jax.wire.layouts import FIXED_BYTES, Kind, Representation
-
-_VOCAB = flags.DEFINE_integer(
-    "vocab", dj.DEFAULT_VOCAB, "Vocabulary size V (dense row length).")
-_REQUESTS = flags.DEFINE_integer(
-    "requests", 4, "Requests R in a batch (one exchange, one slot).")
-_DEPTH = flags.DEFINE_integer("depth", 5, "Draft depth D: rows per request.")
-_K = flags.DEFINE_integer(
-    "k", 32, "Support size of the sparse rows in the round-trip benchmark.")
-_REPEATS = flags.DEFINE_integer(
-    "repeats", 60, "Timed repetitions of every dense stage (after warm-up).")
-_ROUND_TRIPS = flags.DEFINE_integer(
-    "round_trips", 1500, "Timed sparse round trips of each kind.")
-_FULL_ROUNDS = flags.DEFINE_integer(
-    "full_rounds", 200, "Timed whole Verifier.round calls (information).")
-_TRANSPORTS = flags.DEFINE_list(
-    "transports", ["tcp", "ipc"], "ZeroMQ transports of the dense send.")
-_LINK_GBPS = flags.DEFINE_float(
-    "link_gbps", 40.0, "Link rate of the seed's serialization ideal.")
-_SEED = flags.DEFINE_integer("seed", 0, "Seed of the benchmark data.")
-_QUICK = flags.DEFINE_bool(
-    "quick", False, "Small preset for tests: V=2048 unless --vocab is given, "
-    "5 repeats, 50 round trips, 10 full rounds.")
-_JSON_OUT = flags.DEFINE_string(
-    "json_out", None, "Optional path for a JSON record of every figure.")
+# pylint: enable=g-import-not-at-top,g-bad-import-order
 
 _M = dj.M
 _WARMUP = 3
@@ -119,16 +144,6 @@ _MAX_X_FLOOR = 2.0
 _HEADLINE_PARTS = ("encode", "completion", "decode", "validate")
 _SECRET = bytes(range(32))
 _COMPLETION = FIXED_BYTES[Kind.COMPLETION]
-flags.register_validator("requests", lambda v: v >= 1, "must be >= 1")
-flags.register_validator("depth", lambda v: 1 <= v <= 255,
-                         "must be in [1, 255]")
-flags.register_validator("k", lambda v: v >= 1, "must be >= 1")
-flags.register_validator("repeats", lambda v: v >= 1, "must be >= 1")
-flags.register_validator("round_trips", lambda v: v >= 1, "must be >= 1")
-flags.register_validator("full_rounds", lambda v: v >= 1, "must be >= 1")
-flags.register_validator("link_gbps", lambda v: v > 0, "must be > 0")
-flags.register_validator("transports", lambda v: set(v) <= {"tcp", "ipc"},
-                         "tcp and/or ipc")
 
 
 # ---------------------------------------------------------------------------
@@ -166,24 +181,17 @@ def interleaved(stages, repeats, warmup=_WARMUP):
 # Benchmark data: valid dyadic rows whose tokens the PROPOSAL draws pick.
 
 
-def _pick(counts, draws):
-  """The index each draw selects (first cumulative count above it)."""
-  cum = np.cumsum(counts, axis=-1)
-  return np.array([np.searchsorted(c, u, "right") for c, u in
-                   zip(cum, draws)], np.int32)
-
-
-def proposals(rng, caps, depth, anchors):
-  """One Proposal per request whose tokens pass the sampling audit."""
+def proposals(rng, caps, depth, requests):
+  """One Proposal of q rows per request; its tokens are a round's
+  (`Rounds`), zero here."""
   out = []
-  for r, anchor in enumerate(anchors):
-    draws = audit.proposal_draws([r], [0], [1], [anchor], depth)[0]
+  for _ in range(requests):
+    tokens = np.zeros(depth, np.int32)
     if caps.representation == Representation.DENSE:
       v = caps.vocab
       w = rng.exponential(size=(depth, v)) ** 4
       counts = np.floor(w / w.sum(-1, keepdims=True) * _M).astype(np.int64)
       counts[np.arange(depth), counts.argmax(-1)] += _M - counts.sum(-1)
-      tokens = _pick(counts, draws)
       out.append(proposer_lib.Proposal(tokens, (counts / _M).astype(
           np.float32), None, np.full(depth, v, np.int32)))
     else:
@@ -194,95 +202,110 @@ def proposals(rng, caps, depth, anchors):
       counts = 1 + np.floor(w / w.sum(-1, keepdims=True) * (_M - k)).astype(
           np.int64)
       counts[np.arange(depth), counts.argmax(-1)] += _M - counts.sum(-1)
-      tokens = ids[np.arange(depth), _pick(counts, draws)]
       out.append(proposer_lib.Proposal(tokens, (counts / _M).astype(
           np.float32), ids, np.full(depth, k, np.int32)))
   return out
 
 
-def proposer_of(props):
-  """A proposer writing request `seed`'s precomputed rows into `out`."""
-  def propose(seed, generation, round_id, anchor, last_token, depth,
+class Rounds:
+  """The rows of `props` in every round of a run, passing the audit.
+
+  Request r (seed r, prompt [1]) keeps its q rows in every round; rounds
+  are begun and never committed, so round n is (generation 0, round n,
+  anchor 1), and its tokens are those its PROPOSAL draws pick from the
+  rows. Draws and tokens of rounds 1..`rounds` are computed here, so timed
+  code only looks them up (no JAX call in a timed stage).
+  """
+
+  def __init__(self, props, depth, rounds):
+    self.props = props
+    self.requests = r = len(props)
+    self.rounds = rounds
+    n = r * rounds
+    draws = audit.proposal_draws(
+        np.tile(np.arange(r), rounds), np.zeros(n, np.int64),
+        np.repeat(np.arange(1, rounds + 1), r), np.ones(n, np.int64), depth)
+    self.draws = np.asarray(draws).reshape(rounds, r, depth)
+    self.tokens = []              # per request: int32[rounds, depth]
+    for i, p in enumerate(props):
+      # q = c / M exactly: the counts back, then the first cumulative count
+      # above each draw.
+      cum = np.cumsum(np.rint(p.values.astype(np.float64) * _M).astype(
+          np.int64), axis=-1)
+      picks = np.stack([np.searchsorted(cum[d], self.draws[:, i, d], "right")
+                        for d in range(depth)], axis=1)
+      self.tokens.append((picks if p.ids is None else p.ids[
+          np.arange(depth), picks]).astype(np.int32))
+
+  def _round(self, round_id):
+    if not 1 <= round_id <= self.rounds:
+      raise RuntimeError(f"bench_bridge: round {round_id} was not "
+                         f"precomputed ({self.rounds} were)")
+    return round_id - 1
+
+  def proposal(self, seed, round_id):
+    """Request `seed`'s Proposal in round `round_id`."""
+    p = self.props[int(seed)]
+    return p._replace(tokens=self.tokens[int(seed)][self._round(round_id)])
+
+  def draws_of(self, seeds, generations, rounds, anchors, depth):
+    """`audit.proposal_draws` of one round's requests, looked up."""
+    del generations, anchors, depth
+    return self.draws[self._round(int(rounds[0]))][np.asarray(seeds,
+                                                              np.int64)]
+
+  def __call__(self, props):
+    """An in-memory pair's proposer: the rows of a fresh answer."""
+    for p in props:
+      proposer_lib.write(p.rows, self.proposal(p.seed, p.round))
+
+  def propose(self, seed, generation, round_id, anchor, last_token, depth,
               out=None):
-    del generation, round_id, anchor, last_token, depth
-    p = props[int(seed)]
+    """A `bridge.Worker` proposer writing the round's rows into `out`."""
+    del generation, anchor, last_token, depth
+    p = self.proposal(seed, round_id)
     if out is not None:
       proposer_lib.write(out, p)
     return p
-  return propose
 
 
 # ---------------------------------------------------------------------------
 # The real objects, without a socket.
 
 
-class HostPair:
-  """A WorkerSession and a VerifierSession in one session, in memory.
+def host_pair(caps, rounds):
+  """An open in-memory session pair (dyadic_jax.testing.session_pair) with
+  requests 0..R-1, serving `rounds`. Its session ids and nonces are
+  counters: two such pairs say the same bytes in the same round."""
+  pair = session_pair.SessionPair(
+      caps, secret=_SECRET, proposer=rounds, timeout_s=1e9,
+      worker_entropy=session_pair.CountingEntropy(1),
+      verifier_entropy=session_pair.CountingEntropy(2), record=False)
+  if not pair.open():
+    raise RuntimeError("bench_bridge: HELLO failed")
+  for rid in range(rounds.requests):
+    pair.verifier.add_request(rid, [1], seed=rid)
+  return pair
 
-  Every round reuses round 1 of generation 0 (the rows pass the audit for
-  exactly that tag): the verifier's tags are rewound between rounds and
-  the worker forgets its views, so each round is drawn and served anew.
-  """
 
-  def __init__(self, caps, props, secret=_SECRET):
-    self.caps = caps
-    self.props = props
-    self.worker = bridge.WorkerSession(caps, secret=secret,
-                                       counters=Counters(log=False))
-    self.verifier = bridge.VerifierSession(caps, secret=secret,
-                                           timeout_s=1e9,
-                                           counters=Counters(log=False))
-    hello = self.verifier.hello().message
-    for send in self.worker.finish(self.worker.receive(hello)):
-      self.verifier.receive(bytes(send.message))
-    assert self.verifier.is_open, "HELLO failed"
-    self.rids = list(range(len(props)))
-    for rid in self.rids:
-      self.verifier.add_request(rid, [1], seed=rid)
-    self.depth = caps.max_depth
-    self.draws = audit.proposal_draws(*self._inputs(), self.depth)
+def _accepted(plan):
+  if np.any(plan.codes):
+    raise RuntimeError(f"bench_bridge: refused {plan.codes}")
+  return plan
 
-  def _inputs(self):
-    n = len(self.rids)
-    return (np.arange(n), np.zeros(n), np.ones(n), np.ones(n))
 
-  def step(self):
-    """The STEP message of a fresh round (tags rewound to (0, 1))."""
-    for rid in self.rids:
-      req = self.verifier.requests[rid]
-      req.generation, req.round = 0, 0
-    self.verifier.exchange = None
-    self.worker.views.clear()
-    return bytes(self.verifier.begin(self.rids, self.depth, 0.0).message)
+def round_trip(pair, rounds):
+  """A whole round through the objects (STEP, rows, finish, receive,
+  validate on device with the audit, staged), blocked on; a new round
+  each call."""
+  rids = list(range(rounds.requests))
+  depth = pair.caps.max_depth
 
-  def worker_side(self, step):
-    """(answer, Sends): receive, rows written, finish (sealed)."""
-    answer = self.worker.receive(step)
-    for p in answer.propose:
-      proposer_lib.write(p.rows, self.props[p.seed])
-    sends = self.worker.finish(answer)
-    for s in sends:
-      if s.slot is not None:
-        self.worker.released(s.slot)
-    return sends
-
-  def verifier_side(self, message, audit_on=True):
-    effects = self.verifier.receive(message, 0.0)
-    stage = effects[0]
-    assert isinstance(stage, Stage), effects
-    # device=True: the staged batch's path, as `Verifier.validate` takes it.
-    verdict = self.caps.format.validate(
-        stage.rows, vocab=self.caps.vocab,
-        draws=self.draws if audit_on else None, device=True)
-    jax.block_until_ready(verdict.counts)
-    plan = self.verifier.staged(verdict).plan
-    if np.any(plan.codes):
-      raise RuntimeError(f"bench_bridge: refused {plan.codes}")
-    return plan
-
-  def round_trip(self):
-    message = self.worker_side(self.step())[-1].message
-    return self.verifier_side(message)
+  def run():
+    plan = pair.run_round(rids, depth, draws=rounds.draws_of, device=True)
+    jax.block_until_ready(plan.counts)
+    return _accepted(plan)
+  return run
 
 
 # ---------------------------------------------------------------------------
@@ -314,21 +337,24 @@ def dense_scale(requests, depth, vocab, rng, transports, tmpdir, repeats,
   caps = bridge.Capabilities(vocab=vocab, max_depth=depth,
                              max_requests=requests, max_slots=2,
                              representation=Representation.DENSE)
-  props = proposals(rng, caps, depth, [1] * requests)
-  pair = HostPair(caps, props)
+  props = proposals(rng, caps, depth, requests)
+  # Each repetition begins two rounds (`start`, `objects`); one more checks.
+  rounds = Rounds(props, depth, 2 * (_WARMUP + repeats) + 2)
+  pair = host_pair(caps, rounds)
   v, w = pair.verifier, pair.worker
+  rids = list(range(requests))
   keys_w = None
   state = {}
 
-  def start():     # a fresh round up to the worker's fresh answer
-    state["answer"] = w.receive(pair.step())
+  def start():     # untimed: a fresh round up to the worker's fresh answer
+    state["answer"] = w.receive(pair.begin(rids, depth), pair.now)
+    state["draws"] = rounds.draws_of(*v.draw_inputs(), depth)
 
   def encode():
     nonlocal keys_w
     answer = state["answer"]
     keys_w = w.established.keys.send
-    for p in answer.propose:
-      proposer_lib.write(p.rows, props[p.seed])
+    rounds(answer.propose)
     for e in answer.entries:
       bridge_auth.seal(e.reply, keys_w)
 
@@ -348,37 +374,39 @@ def dense_scale(requests, depth, vocab, rng, transports, tmpdir, repeats,
                        "reply_tag": bridge_auth.tag_of(e.reply)})
     state["message"] = bytes(buf[:offset + _COMPLETION])
 
-  start()
-  encode()
-  completion()
-  reference = pair.worker_side(pair.step())[-1].message
-  if bytes(reference) != state["message"]:
-    raise RuntimeError("bench_bridge: the staged encode differs from finish")
-  message = state["message"]
-
   def decode():
-    v.exchange = None
-    for rid in pair.rids:
-      v.requests[rid].generation, v.requests[rid].round = 0, 0
-    v.begin(pair.rids, depth, 0.0)
-    state["effects"] = v.receive(message, 0.0)
+    state["effects"] = v.receive(state["message"], pair.now)
 
   def validate(audit_on=True):
     def run():
       stage = state["effects"][0]
       verdict = caps.format.validate(
-          stage.rows, vocab=vocab, draws=pair.draws if audit_on else None,
-          device=True)
+          stage.rows, vocab=vocab,
+          draws=state["draws"] if audit_on else None, device=True)
       jax.block_until_ready(verdict.counts)
-      state["verdict"] = verdict
+      state["verdict", audit_on] = verdict
     return run
 
+  def settle():    # untimed: the audited verdicts staged, the round ends
+    _accepted(v.staged(state["verdict", True]).plan)
+
+  start()
+  encode()
+  completion()
+  # The same round served by `finish`, in a pair that says the same bytes.
+  twin = host_pair(caps, rounds)
+  reference = twin.to_worker(twin.begin(rids, depth))[-1]
+  if bytes(reference) != state["message"]:
+    raise RuntimeError("bench_bridge: the staged encode differs from finish")
+  message = state["message"]
+  draw_inputs = v.draw_inputs()
+
   def draws():
-    return audit.proposal_draws(*pair._inputs(), depth)  # pylint: disable=protected-access
+    return audit.proposal_draws(*draw_inputs, depth)
 
   decode()
   validate()()
-  if np.any(state["verdict"].codes):
+  if np.any(state["verdict", True].codes):
     raise RuntimeError("bench_bridge: benchmark rows must validate")
   rows = state["effects"][0].rows
 
@@ -388,8 +416,9 @@ def dense_scale(requests, depth, vocab, rng, transports, tmpdir, repeats,
             for r in range(requests) for i in range(depth)]
 
   want = np.stack(naive()).reshape(requests, depth, vocab)
-  if not np.array_equal(np.asarray(state["verdict"].counts), want):
+  if not np.array_equal(np.asarray(state["verdict", True].counts), want):
     raise RuntimeError("bench_bridge: validate != validate_q_row")
+  settle()
 
   q = np.stack([p.values for p in props])
   q_bytes = q.tobytes()
@@ -420,8 +449,9 @@ def dense_scale(requests, depth, vocab, rng, transports, tmpdir, repeats,
 
   stages = {"start": start, "encode": encode, "completion": completion,
             "decode": decode, "validate": validate(True),
-            "validate_no_audit": validate(False), "draws": draws,
-            "naive": naive, "objects": pair.round_trip,
+            "validate_no_audit": validate(False), "settle": settle,
+            "draws": draws, "naive": naive,
+            "objects": round_trip(pair, rounds),
             "memcpy": lambda: np.copyto(copy_dst, q),
             "read": lambda: read(slot_view).block_until_ready(),
             "blake3": lambda: blake3.blake3(q_bytes, key=mac_key).digest(16),
@@ -440,7 +470,7 @@ def dense_scale(requests, depth, vocab, rng, transports, tmpdir, repeats,
     for router, dealer, _ in links.values():
       dealer.close()
       router.close()
-  del samples["start"]
+  del samples["start"], samples["settle"]
 
   nbytes = q.nbytes
   ideal = _ideal_ms(nbytes)
@@ -494,9 +524,9 @@ class _Server:
     self.thread.join(5.0)
 
 
-def _exchange_setup(caps, props, secret, curve=None):
+def _exchange_setup(caps, rounds, secret, curve=None):
   """A real Worker loop (thread) and a verifier session on a DEALER."""
-  worker = bridge.Worker(caps, proposer_of(props), secret=secret,
+  worker = bridge.Worker(caps, rounds.propose, secret=secret,
                          counters=Counters(log=False))
   endpoint = bridge.Endpoint.bind(
       "tcp://127.0.0.1:0", max_message=worker.max_message,
@@ -512,17 +542,11 @@ def _exchange_setup(caps, props, secret, curve=None):
   if got is None:
     raise RuntimeError("bench_bridge: no HELLO answer")
   vs.receive(got[1])
-  rids = list(range(len(props)))
+  rids = list(range(rounds.requests))
   for rid in rids:
     vs.add_request(rid, [1], seed=rid)
-  draws = audit.proposal_draws(np.arange(len(rids)), np.zeros(len(rids)),
-                               np.ones(len(rids)), np.ones(len(rids)),
-                               caps.max_depth)
 
-  def exchange():
-    for rid in rids:
-      vs.requests[rid].generation, vs.requests[rid].round = 0, 0
-    vs.exchange = None
+  def exchange():   # a new round each call, its draws looked up
     client.send(vs.begin(rids, caps.max_depth, 0.0).message)
     while True:
       got = client.recv(10.0)
@@ -532,13 +556,10 @@ def _exchange_setup(caps, props, secret, curve=None):
       if effects:
         break
     stage = effects[0]
-    verdict = caps.format.validate(stage.rows, vocab=caps.vocab, draws=draws,
-                                   device=True)   # as Verifier.validate
-    plan = vs.staged(verdict).plan
-    if np.any(plan.codes):
-      raise RuntimeError(f"bench_bridge: sparse exchange refused {plan.codes}")
-    # The worker forgets the round, so the next one is drawn anew.
-    worker.session.views.clear()
+    verdict = caps.format.validate(
+        stage.rows, vocab=caps.vocab, device=True,   # as Verifier.validate
+        draws=rounds.draws_of(*vs.draw_inputs(), caps.max_depth))
+    _accepted(vs.staged(verdict).plan)
 
   def close():
     server.close()
@@ -554,11 +575,14 @@ def sparse_round_trips(requests, depth, vocab, k, rng, round_trips,
                              max_requests=requests, max_slots=2,
                              representation=Representation.SPARSE,
                              max_support=k)
-  props = proposals(rng, caps, depth, [1] * requests)
-  pair = HostPair(caps, props)
-  step_bytes = pair.step()
-  reply_bytes = bytes(pair.worker_side(step_bytes)[-1].message)
-  pair.verifier_side(reply_bytes)
+  props = proposals(rng, caps, depth, requests)
+  # Every exchange begins warm-up + timed rounds; the host pair one more.
+  rounds = Rounds(props, depth, 20 + round_trips + 2)
+  pair = host_pair(caps, rounds)
+  step_bytes = bytes(pair.begin(list(range(requests)), depth))
+  reply_bytes = bytes(pair.to_worker(step_bytes)[-1])
+  _accepted(pair.outcome(collections.deque([reply_bytes]),
+                         draws=rounds.draws_of, device=True))
   servers, closers = [], []
   try:
     # Raw pyzmq echo of the same bytes: STEP out, reply back.
@@ -585,20 +609,20 @@ def sparse_round_trips(requests, depth, vocab, k, rng, round_trips,
         raise RuntimeError("bench_bridge: pyzmq echo lost")
       dealer.recv()
 
-    exchange, close = _exchange_setup(caps, props, _SECRET)
+    exchange, close = _exchange_setup(caps, rounds, _SECRET)
     closers.append(close)
-    insecure, close = _exchange_setup(caps, props, None)
+    insecure, close = _exchange_setup(caps, rounds, None)
     closers.append(close)
-    curved, close = _exchange_setup(caps, props, _SECRET, curve_keys)
+    curved, close = _exchange_setup(caps, rounds, _SECRET, curve_keys)
     closers.append(close)
     samples = interleaved({"pyzmq_floor": floor, "exchange": exchange,
                            "exchange_insecure": insecure,
                            "exchange_curve": curved,
-                           "host": pair.round_trip},
+                           "host": round_trip(pair, rounds)},
                           round_trips, warmup=20)
 
     # Whole rounds (information): a real Verifier driver.
-    worker = bridge.Worker(caps, _AnyRound(props), secret=_SECRET,
+    worker = bridge.Worker(caps, _AnyRound(rounds), secret=_SECRET,
                            counters=Counters(log=False))
     endpoint = bridge.Endpoint.bind("tcp://127.0.0.1:0",
                                     max_message=worker.max_message)
@@ -643,17 +667,17 @@ def sparse_round_trips(requests, depth, vocab, k, rng, round_trips,
 
 
 class _AnyRound:
-  """A proposer for whole rounds (any tag): its rows' tokens are whatever
-  the precomputed q gives, not audited (the round benchmark runs with the
-  audit off and a constant verify_fn)."""
+  """A proposer for whole rounds (any tag): round 1's rows every time, not
+  audited (the round benchmark runs with the audit off and a constant
+  verify_fn)."""
 
-  def __init__(self, props):
-    self.props = props
+  def __init__(self, rounds):
+    self.rounds = rounds
 
   def __call__(self, seed, generation, round_id, anchor, last_token, depth,
                out=None):
     del generation, round_id, anchor, last_token, depth
-    p = self.props[int(seed) % len(self.props)]
+    p = self.rounds.proposal(int(seed) % self.rounds.requests, 1)
     if out is not None:
       proposer_lib.write(out, p)
     return p
@@ -698,8 +722,6 @@ def main(argv):
   full_rounds = 10 if quick and not flags.FLAGS["full_rounds"].present else (
       _FULL_ROUNDS.value)
   requests, depth, k = _REQUESTS.value, _DEPTH.value, _K.value
-  if not 2 <= vocab <= dj.MAX_VOCAB or k > vocab:
-    raise app.UsageError(f"need 2 <= V <= {dj.MAX_VOCAB} and k <= V")
   transports = [t.strip() for t in _TRANSPORTS.value if t.strip()]
   wall_start = time.perf_counter()
   print(f"bench_bridge: V={vocab} requests={requests} depth={depth} k={k} "
@@ -791,4 +813,4 @@ def _numbers(obj):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  cli.run(main)

@@ -4,9 +4,10 @@
     python -m experiments.bench_core --hf_python=/path/to/venv/bin/python
     python -m experiments.bench_core --exp_accuracy   # float32 exp, all args
 
-Expected runtime: 20-30 s on a 2-core CPU with the defaults (V = 129280,
-4 requests x depth 5 = 20 rows, --repeats=5); roughly a third of it is XLA
-compilation, most of the rest is the numpy baselines.
+Runtime with the defaults: X
+
+The defaults: V = 129280, 4 requests x depth 5 = 20 rows, --repeats=20
+timed calls per figure, each --ks value a workload of its own.
 
 Workloads, on toy-model logits (dyadic_jax/testing/toy_models.py):
 
@@ -52,36 +53,36 @@ import json
 import logging
 import os
 import re
+import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 
-from absl import app
 from absl import flags
-import jax
-import jax.numpy as jnp
-import numpy as np
 
-import dyadic_jax as dj
-from dyadic_jax.testing import toy_models
+from experiments import cli
 
 _VOCAB = flags.DEFINE_integer(
-    "vocab", dj.DEFAULT_VOCAB, "Vocabulary size V.")
+    "vocab", cli.DEFAULT_VOCAB, f"Vocabulary size V, 1..{cli.MAX_VOCAB}.")
 _REQUESTS = flags.DEFINE_integer(
-    "requests", 4, "Requests in the round (the verification vmap batch).")
+    "requests", 4, "Requests in the round (the verification vmap batch), "
+    "1..64.")
 _DEPTH = flags.DEFINE_integer(
-    "depth", 5, "Draft depth D per request; proposal rows = requests * D.")
+    "depth", 5, "Draft depth D per request, 1..64; proposal rows = "
+    "requests * D.")
 _KS = flags.DEFINE_list(
     "ks", ["16", "32", "64", "256"], "Sparse support sizes k to benchmark.")
 _VERIFY_K = flags.DEFINE_integer(
     "verify_k", 32, "Support size of the sparse q in the verification "
     "workload.")
 _REPEATS = flags.DEFINE_integer(
-    "repeats", 20, "Timed calls per figure; the median is reported.")
+    "repeats", 20, "Timed calls per figure, 1..1000; the median is "
+    "reported.")
 _SEED = flags.DEFINE_integer(
-    "seed", 0, "Seed of the request RNG keys (the toy models use their own).")
+    "seed", 0, "Seed of the request RNG keys, in [0, 2^64) (the toy models "
+    "use their own).")
 _JSON_OUT = flags.DEFINE_string(
     "json_out", None, "Optional path for a JSON record of every figure.")
 _HF = flags.DEFINE_boolean(
@@ -92,38 +93,54 @@ _HF_PYTHON = flags.DEFINE_string(
     "e.g. a separate venv with `pip install torch==2.13.0 transformers` "
     "(the CPU wheel).")
 _HF_THREADS = flags.DEFINE_integer(
-    "hf_threads", 2, "torch threads of the HF peer.")
+    "hf_threads", 2, "torch threads of the HF peer, 1..256.")
 _EXP_ACCURACY = flags.DEFINE_boolean(
     "exp_accuracy", False, "Only measure the float32 exp of the target rows "
     "(dyadic_jax.fastexp) against float64 exp over every float32 argument "
     "in [-87, 0] (1.1e9 values, about a minute), then exit.")
 
-flags.register_validator("vocab", lambda v: 1 <= v <= dj.MAX_VOCAB,
-                         f"--vocab must be in [1, {dj.MAX_VOCAB}]")
-flags.register_validator("requests", lambda v: 1 <= v <= 64,
-                         "--requests must be in [1, 64]")
-flags.register_validator("depth", lambda v: 1 <= v <= 64,
-                         "--depth must be in [1, 64]")
-flags.register_validator("repeats", lambda v: 1 <= v <= 1000,
-                         "--repeats must be in [1, 1000]")
-flags.register_validator("seed", lambda v: 0 <= v < 1 << 64,
-                         "--seed must be in [0, 2^64)")
-flags.register_validator("hf_threads", lambda v: 1 <= v <= 256,
-                         "--hf_threads must be in [1, 256]")
 
-
-def _ks_ok(values):
+def _ks_ok(ks, verify_k, vocab):
   try:
-    ks = [int(k) for k in values["ks"]] + [values["verify_k"]]
+    values = [int(k) for k in ks] + [verify_k]
   except ValueError:
     return False
-  return bool(values["ks"]) and all(1 <= k <= values["vocab"] for k in ks)
+  return bool(ks) and all(1 <= k <= vocab for k in values)
 
 
-flags.register_multi_flags_validator(
-    ["ks", "verify_k", "vocab"], _ks_ok,
-    "--ks (a non-empty list of integers) and --verify_k must be in [1, "
-    "--vocab]")
+def _runnable(path):
+  """The interpreter a path names (a file or a name on $PATH), or None."""
+  found = shutil.which(path)
+  return found if found and os.access(found, os.X_OK) else None
+
+
+cli.check("vocab", lambda v: 1 <= v <= cli.MAX_VOCAB,
+          f"--vocab must be in [1, {cli.MAX_VOCAB}]")
+cli.check("requests", lambda v: 1 <= v <= 64, "--requests must be in [1, 64]")
+cli.check("depth", lambda v: 1 <= v <= 64, "--depth must be in [1, 64]")
+cli.check("repeats", lambda v: 1 <= v <= 1000,
+          "--repeats must be in [1, 1000]")
+cli.check("seed", lambda v: 0 <= v < 1 << 64, "--seed must be in [0, 2^64)")
+cli.check("hf_threads", lambda v: 1 <= v <= 256,
+          "--hf_threads must be in [1, 256]")
+cli.check(["ks", "verify_k", "vocab"], _ks_ok,
+          "--ks (a non-empty list of integers) and --verify_k must be in "
+          "[1, --vocab]")
+cli.check_output_path("json_out")
+cli.check_problem(["hf_python", "hf"], lambda hf_python, hf: None if (
+    not hf or _runnable(hf_python)) else (
+        f"--hf_python={hf_python} is not an executable interpreter (--nohf "
+        "skips the HF peer)"))
+cli.parse_flags_early(__name__)   # a bad flag exits here, before JAX
+
+# pylint: disable=g-import-not-at-top,g-bad-import-order
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import dyadic_jax as dj
+from dyadic_jax.testing import toy_models
+# pylint: enable=g-import-not-at-top,g-bad-import-order
 
 _M = dj.M
 _TARGET_SCALE = float(2 ** dj.TARGET_BITS)
@@ -390,15 +407,24 @@ def exp_accuracy():
   return worst, at, time.perf_counter() - start
 
 
+def _hf_missing(python):
+  """Why `python` cannot run the HF peer (None: it can)."""
+  probe = subprocess.run(
+      [python, "-c", "import torch, transformers; print('hf peer ok')"],
+      capture_output=True, text=True, check=False)
+  if not probe.returncode and "hf peer ok" in probe.stdout:
+    return None
+  return (f"{python} cannot import torch and transformers (a venv with "
+          "`pip install torch==2.13.0 transformers`, then "
+          "--hf_python=<its python>)")
+
+
 def hf_peer_round(target, draft, chain, repeats):
   """(the HF peer's JSON record, or None; a note) for one round."""
   python = _HF_PYTHON.value
-  probe = subprocess.run([python, "-c", "import torch, transformers"],
-                         capture_output=True, text=True, check=False)
-  if probe.returncode:
-    return None, (f"HF peer skipped: {python} cannot import torch and "
-                  "transformers (a venv with `pip install torch==2.13.0 "
-                  "transformers`, then --hf_python=<its python>)")
+  missing = _hf_missing(python)
+  if missing:
+    return None, f"HF peer skipped: {missing}"
   peer = os.path.join(os.path.dirname(os.path.abspath(__file__)),
                       "hf_peer.py")
   with tempfile.TemporaryDirectory() as tmp:
@@ -423,6 +449,11 @@ def main(argv):
   # absl shows INFO records; JAX's backend probe logs "Unable to initialize
   # backend 'tpu'" at INFO on every machine without a TPU.
   logging.getLogger("jax._src.xla_bridge").setLevel(logging.WARNING)
+  if (_HF.value and flags.FLAGS["hf_python"].present
+      and not _EXP_ACCURACY.value and (missing := _hf_missing(
+          _HF_PYTHON.value))):
+    # Asked for by name: say so now, not after the whole benchmark.
+    cli.usage_error(f"--hf_python={_HF_PYTHON.value}: {missing}")
   vocab, requests, depth = _VOCAB.value, _REQUESTS.value, _DEPTH.value
   ks = [int(k) for k in _KS.value]
   repeats = _REPEATS.value
@@ -711,4 +742,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  cli.run(main)

@@ -28,9 +28,12 @@ Start-up takes a few seconds (JAX import and one compile); a bad flag
 exits at once with a one-line error.
 """
 
+import contextlib
+import errno
 import json
 import logging
 import signal
+import socket
 import sys
 
 from absl import flags
@@ -38,11 +41,59 @@ from absl import flags
 from experiments import cli
 from experiments import pipeline_config
 
+# --help lists the session flags too, not only under --helpfull.
+flags.adopt_module_key_flags(pipeline_config)
+
 _ADDRESS = flags.DEFINE_string(
     "address", "tcp://127.0.0.1:0", "ZeroMQ address to bind: "
-    "tcp://127.0.0.1:PORT (0: a free port) or ipc:///path.")
-cli.check("address", lambda a: a.startswith(("tcp://", "ipc://")),
-          "--address must be tcp://HOST:PORT or ipc://PATH")
+    "tcp://HOST:PORT (PORT in [0, 65535]; 0: a free port) or ipc:///path. "
+    "A port another process holds is refused at start.")
+
+
+def _tcp_host_port(address: str) -> tuple[str, int] | None:
+  """(host, port) of tcp://HOST:PORT (None: not that form)."""
+  host, _, port = address.removeprefix("tcp://").rpartition(":")
+  if not host or not port.isdigit():
+    return None
+  return host, int(port)
+
+
+def address_problem(address: str) -> str | None:
+  """Why --address cannot be bound as given (one line), or None.
+
+  A tcp port is probed here, before JAX starts, the way ZeroMQ binds it
+  (SO_REUSEADDR): one that a live socket holds is refused now rather than
+  after the compile. The actual bind can still lose a race; then the
+  worker says so in one line too.
+  """
+  if address.startswith("ipc://"):
+    return None if len(address) > len("ipc://") else (
+        f"--address={address}: ipc:// needs a path")
+  if not address.startswith("tcp://"):
+    return f"--address={address} must be tcp://HOST:PORT or ipc://PATH"
+  parsed = _tcp_host_port(address)
+  if parsed is None:
+    return f"--address={address} must be tcp://HOST:PORT with a numeric PORT"
+  host, port = parsed
+  if not 0 <= port <= 65535:
+    return f"--address={address}: port {port} is not in [0, 65535]"
+  if port == 0:
+    return None
+  host = "0.0.0.0" if host == "*" else host.strip("[]")
+  family = socket.AF_INET6 if ":" in host else socket.AF_INET
+  try:
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+      probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+      probe.bind((host, port))
+  except OSError as e:
+    if e.errno == errno.EADDRINUSE:
+      return f"--address={address}: port {port} is already in use"
+    return f"--address={address}: cannot bind it ({e.strerror or e})"
+  return None
+
+
+cli.check_problem("address", address_problem)
+pipeline_config.check_keys_dir(["worker"])
 _RANK = flags.DEFINE_integer(
     "rank", 0, "This process's rank of a --worker_ranks worker (0: the "
     "leader, which serves the session; s >= 1 sends block s on the rank "
@@ -98,8 +149,23 @@ def shard_mass(propose):
   return buggy
 
 
+@contextlib.contextmanager
+def _bind_errors():
+  """A bind that fails after all (the port taken since the flags were
+  checked): one line, exit status 1, no traceback."""
+  import zmq  # pylint: disable=g-import-not-at-top
+  try:
+    yield
+  except zmq.ZMQError as e:
+    if e.errno not in (zmq.EADDRINUSE, errno.EADDRINUSE, errno.EADDRNOTAVAIL,
+                       errno.EACCES):
+      raise
+    cli.fail(f"cannot bind --address={_ADDRESS.value}: {e}")
+
+
 def main(argv: list[str]) -> None:
   del argv
+  cli.exit_with_parent()     # started by the pipeline: never outlives it
   if pipeline_config.KEYS_DIR.value is None and not (
       pipeline_config.INSECURE.value):
     cli.usage_error("give --keys_dir (python -m dyadic_jax.bridge.keys DIR "
@@ -150,15 +216,17 @@ def main(argv: list[str]) -> None:
     print("STATS " + json.dumps(worker.counters.snapshot()), flush=True)
 
   if rank == 0:
-    bridge.serve_forever(caps, propose, _ADDRESS.value, secret=secret,
-                         curve=curve, ready=ready, on_exit=on_exit,
-                         worker_factory=rank_links.RankWorker if ranks > 1
-                         else None)
+    with _bind_errors():
+      bridge.serve_forever(caps, propose, _ADDRESS.value, secret=secret,
+                           curve=curve, ready=ready, on_exit=on_exit,
+                           worker_factory=rank_links.RankWorker if ranks > 1
+                           else None)
     return
   # A rank s >= 1: its block on its own link (dense), or only the draws.
-  sender = (rank_links.ShardSender(caps, _ADDRESS.value, secret=secret,
-                                   curve=curve) if config.rank_links
-            else None)
+  with _bind_errors():
+    sender = (rank_links.ShardSender(caps, _ADDRESS.value, secret=secret,
+                                     curve=curve) if config.rank_links
+              else None)
   ready(sender.address if sender else "none")
   try:
     sent = rank_links.follow_proposals(propose, sender)

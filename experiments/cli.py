@@ -24,7 +24,11 @@ The pattern, at the top of an experiment module:
 `parse_flags_early` parses only when the module runs as a program (tests
 and other modules that import it are unaffected); `run` is `app.run` with
 the same one-line errors and without a second parse. `usage_error` is the
-one-line exit for a problem found later (e.g. fewer devices than asked for).
+one-line exit for a problem found later (e.g. fewer devices than asked for),
+`fail` the one for a run that cannot go on (status 1), `progress` one line
+of progress on stderr. `check_problem` registers a validator whose message
+says what is wrong with the value (a keys folder, a port); --help and
+--helpfull exit 0.
 
 Constants of `dyadic_jax` that flag bounds need are mirrored here, because
 importing `dyadic_jax` starts JAX (tests/experiments/test_acceptance_fleet.py holds them
@@ -33,6 +37,7 @@ equal).
 
 import fractions
 import os
+import re
 import sys
 import typing
 
@@ -63,6 +68,50 @@ def usage_error(message: str) -> typing.NoReturn:
   sys.exit(2)
 
 
+def fail(message: str) -> typing.NoReturn:
+  """Prints `<program>: <message>` as one line on stderr and exits 1: a
+  failure of the run itself (not of its flags) that the user can act on."""
+  text = " ".join(str(message).split())
+  sys.stderr.write(f"{program()}: {text}\n")
+  sys.stderr.flush()
+  sys.exit(1)
+
+
+def progress(message: str) -> None:
+  """One progress line on stderr (where the progress bars go), so that a
+  run is never silent while it starts, compiles or waits."""
+  sys.stderr.write(f"{program()}: {message}\n")
+  sys.stderr.flush()
+
+
+_HELP_FLAGS = ("help", "helpshort", "helpfull", "helpxml")
+
+# Set by an experiment in the environment of the children it starts: its
+# process id (see `exit_with_parent`).
+PARENT_ENV = "DYADIC_JAX_PARENT_PID"
+
+
+def exit_with_parent() -> None:
+  """In a child an experiment started: SIGTERM it when that parent dies,
+  even by a signal or an abort, so no worker outlives its pipeline (Linux).
+
+  The child asks for it itself: the parent could only with a preexec_fn,
+  which forks the parent, a multi-threaded process once JAX runs (JAX
+  warns of the deadlock that risks).
+  """
+  parent = os.environ.pop(PARENT_ENV, None)
+  if not parent:
+    return
+  import ctypes  # pylint: disable=g-import-not-at-top
+  import signal  # pylint: disable=g-import-not-at-top
+  try:
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PDEATHSIG
+  except (OSError, AttributeError):
+    return
+  if os.getppid() != int(parent):    # it died before the prctl
+    sys.exit(1)
+
+
 def _parse(argv: list[str]) -> list[str]:
   """Parses argv into FLAGS (validators included); one-line errors."""
   global _parsed_argv
@@ -72,7 +121,19 @@ def _parse(argv: list[str]) -> list[str]:
   try:
     rest = FLAGS(argv)
   except flags.Error as e:
-    usage_error(str(e))
+    # absl prefixes a validator's message with the flags' values ("flags
+    # a=1, b=2: ", "flag --a=1: "): dropped when the message names the
+    # flags itself (and, for one flag, repeats its value).
+    usage_error(re.sub(r"^(flags .*?: (?=--)|flag .*?: (?=--\w+=))", "",
+                       str(e)))
+  except SystemExit as e:
+    # absl exits 1 after printing the help a user asked for: that is a
+    # success (only the help flags exit from inside the parse).
+    asked = any(a.lstrip("-").split("=", 1)[0] in (*_HELP_FLAGS, "?")
+                for a in argv[1:])
+    if asked and e.code == 1:
+      sys.exit(0)
+    raise
   if len(rest) > 1:
     usage_error(f"unexpected argument {rest[1]!r} (flags are --name=value)")
   _parsed_argv = rest
@@ -109,6 +170,18 @@ def check(names: str | typing.Sequence[str],
     names = list(names)
     flags.register_multi_flags_validator(
         names, lambda values: predicate(**values), message)
+
+
+def check_problem(names: str | typing.Sequence[str],
+                  problem: typing.Callable[..., str | None]) -> None:
+  """Registers a validator whose message depends on the value: `problem`
+  returns None when the value is fine, else what is wrong (one line)."""
+  def checker(*args: typing.Any, **kwargs: typing.Any) -> bool:
+    message = problem(*args, **kwargs)
+    if message:
+      raise flags.ValidationError(message)
+    return True
+  check(names, checker, "")
 
 
 def writable_path(path: str | None) -> bool:

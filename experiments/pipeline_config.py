@@ -9,7 +9,8 @@ worker process as flags (`PipelineConfig.to_flags`), so the two can never
 disagree about a default.
 
 Adding a shared setting: a field of `PipelineConfig`, its flag below (with
-its bounds), and its value in `from_flags`; `to_flags` forwards every field.
+its bounds), and its value in `from_flags`; `to_flags` forwards every field
+(k only with sparse q: --k is refused with any other --q).
 Settings of one side only (the pipeline's --tokens, the worker's --address)
 are that program's own flags.
 
@@ -18,6 +19,8 @@ the command line is parsed, before any heavy import.
 """
 
 import dataclasses
+import os
+import stat
 import typing
 
 from absl import flags
@@ -34,6 +37,11 @@ MAX_REQUESTS = 64     # requests per batch slot
 MAX_RANKS = 4         # processes of a tensor-parallel side, on loopback
 MAX_MODEL_SEED = (1 << 31) - 2    # jax.random.key(seed + 1) in int32
 Q_CHOICES = ("sparse", "dense", "greedy")
+# dyadic_jax.bridge.keys.SECRET and dyadic_jax.wire.auth.SECRET_BYTES,
+# mirrored: importing them starts JAX (tests/experiments/test_cli.py holds
+# them equal).
+KEYS_SECRET = "secret.key"
+SECRET_BYTES = 32
 
 VOCAB = flags.DEFINE_integer(
     "vocab", None, f"Vocabulary size V in [2, {cli.MAX_VOCAB}] (default "
@@ -50,7 +58,8 @@ Q = flags.DEFINE_enum(
     "top-k rows, dense V rows, or greedy (v1: token ids only, worker only).")
 K = flags.DEFINE_integer(
     "k", 32, "Support of sparse q rows, in [1, V] (when not given: "
-    "min(32, V / 2), e.g. for the distribution check's small vocabulary).",
+    "min(32, V / 2), e.g. for the distribution check's small vocabulary); "
+    "only with --q=sparse (a dense row has all V entries).",
     lower_bound=1)
 CLOSENESS = flags.DEFINE_float(
     "closeness", 0.9, "How closely the toy draft tracks the toy target, in "
@@ -103,10 +112,62 @@ cli.check(["worker_bug", "q", "worker_ranks"],
               q == "dense" and worker_ranks > 1),
           "--worker_bug=shard_mass corrupts one rank link's shard: it needs "
           "--q=dense and --worker_ranks > 1")
+cli.check(["k", "q"], lambda k, q: q == "sparse" or not flags.FLAGS["k"].present,
+          "--k is the support of sparse q rows: it does not apply to "
+          "--q=dense or --q=greedy (give one of --q=sparse, or no --k)")
 cli.check(["insecure", "keys_dir", "encrypt"],
           lambda insecure, keys_dir, encrypt: not (insecure and (
               keys_dir or encrypt)),
           "--insecure excludes --keys_dir and --encrypt")
+
+
+def keys_dir_problem(path: str | None, encrypt: bool,
+                     roles: typing.Sequence[str]) -> str | None:
+  """Why `dyadic_jax.bridge.keys.load(path, role, encrypt=)` would fail for
+  one of `roles` ("worker", "verifier"), in one line; None if it would not.
+
+  The same checks as the loader (files present, secret files private, the
+  secret's length), made before JAX starts.
+  """
+  if path is None:
+    return None
+  made = f"python -m dyadic_jax.bridge.keys {path} makes a key set"
+  if not os.path.isdir(path):
+    return (f"--keys_dir={path}: " + ("not a directory" if os.path.exists(
+        path) else "no such directory") + f" ({made})")
+  names = [KEYS_SECRET]
+  if encrypt:
+    names += [f"{role}.curve_secret" for role in roles]
+    names += ["worker.curve", "verifier.curve"]
+  missing = [n for n in names if not os.path.isfile(os.path.join(path, n))]
+  if missing:
+    return (f"--keys_dir={path} holds no {', '.join(missing)} ({made}"
+            + (", with the CURVE keys of --encrypt" if encrypt else "") + ")")
+  for name in names:
+    if name.endswith(("secret", ".key")):
+      mode = os.stat(os.path.join(path, name)).st_mode
+      if mode & (stat.S_IRWXG | stat.S_IRWXO):
+        return (f"--keys_dir={path}: {name} is accessible by other users "
+                f"(mode {stat.filemode(mode)}); chmod 600 it")
+  try:
+    with open(os.path.join(path, KEYS_SECRET)) as f:
+      secret = bytes.fromhex(f.read().strip())
+  except OSError as e:
+    return f"--keys_dir={path}: cannot read {KEYS_SECRET}: {e.strerror}"
+  except ValueError:
+    secret = b""
+  if len(secret) != SECRET_BYTES:
+    return (f"--keys_dir={path}: {KEYS_SECRET} must hold {SECRET_BYTES} "
+            f"bytes in hex ({made} --force)")
+  return None
+
+
+def check_keys_dir(roles: typing.Sequence[str]) -> None:
+  """Registers the parse-time check of --keys_dir for a program that loads
+  the keys of `roles` (the pipeline: both; the worker: its own)."""
+  cli.check_problem(["keys_dir", "encrypt"],
+                    lambda keys_dir, encrypt: keys_dir_problem(
+                        keys_dir, encrypt, roles))
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -160,8 +221,8 @@ class PipelineConfig:
     out = []
     for field in dataclasses.fields(self):
       value = getattr(self, field.name)
-      if value is None:
-        continue
+      if value is None or (field.name == "k" and self.q != "sparse"):
+        continue   # k is sparse rows' only (the other end derives it alike)
       if isinstance(value, bool):
         out.append(f"--{field.name}" if value else f"--no{field.name}")
       else:

@@ -2,10 +2,9 @@
 
     python -m experiments.pp1_pipeline
 
-Expected runtime: about 35 s on a 2-core CPU with the defaults (33 s
-measured with other jobs on the machine, 65-90 s while they kept both cores
-busy). Most of it is JAX start-up and compilation in the two processes; the
-28 rounds themselves take about 4 s, and --tokens scales only them. The
+Runtime with the defaults: X
+
+Most of it is JAX start-up and compilation in the two processes; the
 summary's time split says where a run's time went.
 
 What runs (docs/architecture.md, "One round"; one round per step of the
@@ -80,7 +79,14 @@ summary.
 
 Outputs: a summary table on stdout, --json_out (tokens, rounds,
 mean_accepted, acceptance_by_position, bytes_per_round, errors, the time
-split, distribution_check) and a PNG plot at --plot_out. The time split
+split, distribution_check) and a PNG plot at --plot_out; a file left by an
+earlier run is replaced, and the "wrote" line says so. Start-up, compile
+and the wait for the worker print a progress line each on stderr, before
+the progress bar of the rounds. Each exchange's deadline follows the
+measured round time (4x the median of the last 32 answered exchanges, a
+session's first at least 4x --timeout, within [--timeout, --timeout_max]);
+the summary says how many fallbacks were timeouts rather than refused q.
+The time split
 adds up to the wall time: start-up (the key set, worker spawn, JAX start,
 building the verifier), compile (the verifier's warm-up), worker start-up (waiting for
 the worker's READY and HELLO beyond that), then per round draft (the
@@ -100,8 +106,8 @@ link's --keys_dir, --insecure, --encrypt, --worker_bug) are shared with
 it: experiments/pipeline_config.py.
 """
 
+import collections
 import contextlib
-import ctypes
 import dataclasses
 import json
 import logging
@@ -109,7 +115,6 @@ import math
 import os
 import select
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -124,6 +129,9 @@ from experiments import cli
 from experiments import pipeline_config
 
 _START = time.perf_counter()   # the wall clock starts with the program
+
+# --help lists the session flags (--q, --k, --depth, --keys_dir ...) too.
+flags.adopt_module_key_flags(pipeline_config)
 
 _CHECK_RID0 = 1000             # request ids of the distribution check
 _MAX_RID = 0xFFFE              # wire: 0xFFFF means "every request"
@@ -173,8 +181,15 @@ _SEED = flags.DEFINE_integer(
     "seed", 0, f"Request seeds are seed * 1000003 + request id; seed in [0, "
     f"{_MAX_SEED}].", lower_bound=0, upper_bound=_MAX_SEED)
 _TIMEOUT = flags.DEFINE_float(
-    "timeout", 2.0, "Verifier deadline of one exchange, seconds, in (0, "
-    "3600].")
+    "timeout", 2.0, "Floor of the verifier's deadline of one exchange, "
+    "seconds, in (0, 3600]: each exchange gets 4x the median time of the "
+    "last 32 answered ones (a session's first: at least 4x --timeout), "
+    "within [--timeout, --timeout_max], so that a loaded machine does not "
+    "time out a healthy run (a fixed deadline: --timeout_max equal to it).")
+_TIMEOUT_MAX = flags.DEFINE_float(
+    "timeout_max", 30.0, "Ceiling of the verifier's deadline of one "
+    "exchange, seconds, in (0, 3600] (at least --timeout: the larger of the "
+    "two is used): the longest a lost exchange can cost.")
 _TRANSPORT = flags.DEFINE_enum(
     "transport", "tcp", ["tcp", "ipc"], "Loopback TCP or an ipc socket.")
 _CHECK = flags.DEFINE_bool(
@@ -200,10 +215,10 @@ _NO_AUDIT = flags.DEFINE_bool(
     "PROPOSAL key (for the --worker_bug drill).")
 _JSON_OUT = flags.DEFINE_string(
     "json_out", "pp1_pipeline.json", "Where to write the JSON record ('' "
-    "for none).")
+    "for none); an existing file is replaced, and the run says so.")
 _PLOT_OUT = flags.DEFINE_string(
     "plot_out", "pp1_pipeline.png", "Where to write the PNG plot ('' for "
-    "none).")
+    "none); an existing file is replaced, and the run says so.")
 _KILL_AT = flags.DEFINE_integer(
     "kill_worker_at", 0, "Fault drill: after this many rounds, kill the "
     "worker process (with --worker_ranks, its last rank) in the middle of "
@@ -238,6 +253,8 @@ cli.check("inject_faults", _finite_in(0.0, 1.0),
           "--inject_faults must be a fraction in [0, 1]")
 cli.check("timeout", _finite_in(0.0, 3600.0, open_lo=True),
           "--timeout must be a number of seconds in (0, 3600]")
+cli.check("timeout_max", _finite_in(0.0, 3600.0, open_lo=True),
+          "--timeout_max must be a number of seconds in (0, 3600]")
 cli.check("alpha", lambda a: math.isfinite(a) and 0.0 < a < 1.0,
           "--alpha must be in (0, 1)")
 cli.check("q", lambda q: q != "greedy", "--q=greedy is the worker's v1 "
@@ -300,6 +317,9 @@ cli.check(["rank", "coordinator"],
           "--rank is internal: it needs --coordinator")
 cli.check_output_path("json_out")
 cli.check_output_path("plot_out")
+# The leader loads the verifier's keys and starts the worker on the same
+# folder: both roles' files.
+pipeline_config.check_keys_dir(["verifier", "worker"])
 cli.parse_flags_early(__name__)
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -307,6 +327,21 @@ _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _SEED_BYTES = {"dense": lambda v, d, k: 4 * v * d,
                "sparse": lambda v, d, k: 8 * k * d}
 _READY_TIMEOUT_S = 600   # worker start-up: JAX import and one compile
+
+
+def _deadline():
+  """Each exchange's deadline (bridge.AdaptiveDeadline): --timeout to
+  --timeout_max, following the measured round time."""
+  from dyadic_jax import bridge  # pylint: disable=g-import-not-at-top
+  return bridge.AdaptiveDeadline(
+      _TIMEOUT.value, max(_TIMEOUT.value, _TIMEOUT_MAX.value))
+
+
+def _say(text):
+  """A progress line of the leader's start-up (stderr, with the progress
+  bar): the run is never silent while it starts, compiles or waits."""
+  if not _RANK.value:
+    cli.progress(f"{text} [{time.perf_counter() - _START:.1f} s]")
 
 
 def _config():
@@ -378,16 +413,10 @@ def _child_env(devices=None):
       if "force_host_platform_device_count" not in f)
   if devices:
     env["XLA_FLAGS"] += f" --xla_force_host_platform_device_count={devices}"
+  # The child asks to die with this process (`cli.exit_with_parent`): no
+  # preexec_fn, which would fork this multi-threaded process.
+  env[cli.PARENT_ENV] = str(os.getpid())
   return env
-
-
-def _die_with_parent():
-  """Runs in a child before exec: SIGTERM it when this process dies, even
-  by a signal or an abort, so no worker outlives its pipeline (Linux)."""
-  try:
-    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PDEATHSIG
-  except (OSError, AttributeError):
-    pass
 
 
 def _tail(path, lines=6):
@@ -431,8 +460,7 @@ class _Worker:
           [sys.executable, "-m", "experiments.bridge_worker",
            f"--address={address}", *ranked, *config.to_flags()], cwd=_ROOT,
           env=env,
-          stdout=subprocess.PIPE, stderr=log, text=True,
-          preexec_fn=_die_with_parent)
+          stdout=subprocess.PIPE, stderr=log, text=True)
     self.address = None
     # A worker that dies while this process compiles ends the run at once.
     _watch(self.proc, self.log, f"worker rank {rank}" if ranked else
@@ -609,6 +637,8 @@ def _build_verifier(jax: typing.Any, config: pipeline_config.PipelineConfig,
   executor = sharding.executor(mesh)
   assemble = functools.partial(sharding.from_blocks, mesh=mesh)
 
+  _say("compile: the verifier's programs (target rows, verification, "
+       "the target-only fallback)")
   with watch.phase("compile"):
     d, k = config.depth, caps.width
     prefix = np.asarray(_request_spec(0, config.vocab)[0], np.int32)
@@ -643,6 +673,7 @@ def _build_verifier(jax: typing.Any, config: pipeline_config.PipelineConfig,
                  np.full(caps.max_requests, len(prefix))))
     block(sample(logits[0], key))
 
+  _say("compile: done")
   # A follower rank never talks to the worker's session: it holds no
   # session keys (its rank link is opened with its own, `_follower`).
   secret, curve = ((None, None) if _RANK.value else
@@ -657,7 +688,8 @@ def _build_verifier(jax: typing.Any, config: pipeline_config.PipelineConfig,
       target_fn=watch.timed("verification", target.logits, block),
       verify_fn=watch.timed("verification", verify, block),
       sample_fn=watch.timed("verification", sample, block),
-      timeout_s=_TIMEOUT.value, share_fn=share_fn, secret=secret,
+      timeout_s=_TIMEOUT.value, deadline=_deadline(), share_fn=share_fn,
+      secret=secret,
       curve=curve, sampling_audit=not _NO_AUDIT.value,
       request_factory=lambda rid: _request_spec(rid, caps.vocab))
 
@@ -855,7 +887,9 @@ def _link_figures(verifier, request_rounds, tmp, ranks):
   rounds = max(len(verifier.seconds), 1)
   links = [{"rank": 0, "bytes_in": verifier.counters.events("bytes_in"),
             "request_rounds": request_rounds,
-            "round_seconds": list(verifier.seconds)}]
+            "round_seconds": list(verifier.seconds),
+            "deadline_s": (verifier.deadline.figures() if verifier.deadline
+                           else None)}]
   for rank in range(1, ranks):
     try:
       with open(os.path.join(tmp, f"rank{rank}.json")) as f:
@@ -877,8 +911,19 @@ def _link_figures(verifier, request_rounds, tmp, ranks):
                 "round_ms_p50": float(np.median(t) * 1e3),
                 "round_ms_mean": float(t.mean() * 1e3),
                 "rounds": len(link["round_seconds"]),
+                "deadline_s": link.get("deadline_s"),
                 "errors": link.get("counters", {}).get("errors", {})})
   return out, agree
+
+
+def _deadline_range(figures):
+  """One AdaptiveDeadline.figures() for every link's: the range of the
+  deadlines they used (None if none had one)."""
+  figures = [f for f in figures if f and f["min_s"] is not None]
+  if not figures:
+    return None
+  return dict(figures[0], min_s=min(f["min_s"] for f in figures),
+              max_s=max(f["max_s"] for f in figures))
 
 
 def _summarize(run, verifier, config, worker_stats, proxy, watch, check,
@@ -914,6 +959,7 @@ def _summarize(run, verifier, config, worker_stats, proxy, watch, check,
                                     // _REQUEST_GROUPS.value}),
                  "inject_faults": _FAULTS.value, "seed": _SEED.value,
                  "mutant": _MUTANT.value,
+                 "kill_worker_at": _KILL_AT.value,
                  "authentication": ("none (--insecure)" if config.insecure
                                     else "keyed BLAKE3"),
                  "encrypt": config.encrypt,
@@ -937,6 +983,12 @@ def _summarize(run, verifier, config, worker_stats, proxy, watch, check,
       "bytes_per_round": {"measured_in": bytes_in / batches,
                           "measured_out": bytes_out / batches},
       "errors": counters["errors"],
+      # Why each fallback fell back (TIMEOUT: the answer came after the
+      # deadline; the other codes: what was wrong with it).
+      "fallbacks_by_code": dict(collections.Counter(
+          getattr(r.code, "name", str(r.code)) for r in results
+          if r.fallback)),
+      "deadline_s": _deadline_range([x["deadline_s"] for x in links]),
       "events": counters["events"],
       "worker": worker_stats,
       "faults": ({f"{d}/{k}": n for (d, k), n in proxy.counts().items()}
@@ -991,7 +1043,10 @@ def _print_summary(record):
   rows = [("new tokens", new),
           ("rounds (batches)", record["rounds"]),
           ("request-rounds / fallbacks",
-           f"{record['request_rounds']} / {record['fallback_rounds']}"),
+           f"{record['request_rounds']} / {record['fallback_rounds']}"
+           + (" (" + ", ".join(f"{k} {n}" for k, n in sorted(
+               record["fallbacks_by_code"].items())) + ")"
+              if record["fallbacks_by_code"] else "")),
           ("mean accepted drafts", f"{record['mean_accepted']:.3f}"),
           ("tokens per request-round", f"{record['tokens_per_round']:.3f}")]
   for name, value in rows:
@@ -1024,6 +1079,20 @@ def _print_summary(record):
   if c["authentication"].startswith("none"):
     print("  " + pipeline_config.INSECURE_WARNING)
   print(f"  errors                       {record['errors'] or 'none'}")
+  timeouts = record["fallbacks_by_code"].get("TIMEOUT", 0)
+  deadline = record["deadline_s"]
+  if timeouts and deadline:
+    # Say what a TIMEOUT is: not a bad q, an answer later than the deadline.
+    late = record["errors"].get("STALE_GENERATION", 0)
+    lo, hi = deadline["min_s"], deadline["max_s"]
+    used = f"{lo:.2f}" if lo == hi else f"{lo:.2f}-{hi:.2f}"
+    print(f"  timeouts                     {timeouts} of the fallbacks: no "
+          f"answer within the deadline ({used} s; --timeout_max "
+          f"{deadline['ceiling_s']:g}), not a refused q"
+          + (f"; {late} late answer{'s' * (late != 1)} refused as "
+             "STALE_GENERATION" if late else "")
+          + ("" if record["faults"] or c["kill_worker_at"] else
+             " (a loaded machine, or a worker that died)"))
   if record["faults"]:
     print(f"  injected faults              {record['faults']}")
   if check:
@@ -1115,7 +1184,7 @@ def _follower():
   secret, curve = config.link_keys("verifier")
   receiver = rank_links.ShardReceiver(
       caps.link(_RANK.value), _SHARD_ADDRESS.value, secret=secret,
-      timeout_s=_TIMEOUT.value, curve=curve)
+      timeout_s=_TIMEOUT.value, deadline=_deadline(), curve=curve)
   # The worker rank may still be starting (JAX import, one compile).
   receiver.open(attempts=max(1, int(_READY_TIMEOUT_S / _TIMEOUT.value)))
   mesh = sharding.make_mesh(vocab=_verifier_ranks(), devices=jax.devices())
@@ -1126,6 +1195,7 @@ def _follower():
     with open(_STATS_OUT.value, "w") as f:
       json.dump({"rank": _RANK.value, "rounds": rounds,
                  **receiver.figures(),
+                 "deadline_s": receiver.deadline.figures(),
                  "counters": receiver.counters.snapshot(),
                  "committed": {str(rid): list(req.tokens)
                                for rid, req in verifier.requests.items()}},
@@ -1136,6 +1206,7 @@ def _follower():
 
 def main(argv: list[str]) -> int | None:
   del argv
+  cli.exit_with_parent()     # a follower rank: never outlives the leader
   _quiet_jax_logs()
   if _RANK.value:
     return _follower()
@@ -1152,6 +1223,10 @@ def _lead(tmp):
   watch = _Stopwatch(_START)
   with watch.phase("start-up"):   # importing the bridge imports JAX
     config = _config()
+    _say(f"start-up: V={config.vocab} q={config.q} requests="
+         f"{config.requests} depth={config.depth}; starting the worker "
+         f"({config.worker_ranks} process{'es' * (config.worker_ranks > 1)}"
+         f"), JAX and the verifier")
     if config.insecure:
       print(pipeline_config.INSECURE_WARNING, file=sys.stderr, flush=True)
     elif config.keys_dir is None:
@@ -1191,13 +1266,18 @@ def _lead(tmp):
                f"--stats_out={tmp}/rank{rank}.json"] + [
                    a for a in sys.argv[1:] if not a.startswith("--rank")],
               cwd=_ROOT, env=_child_env(), stdout=out,
-              stderr=subprocess.STDOUT, preexec_fn=_die_with_parent))
+              stderr=subprocess.STDOUT))
         # A follower that dies would leave the rendezvous waiting.
         _watch(followers[-1], log, f"verifier rank {rank}", on_death)
+      if multiprocess:
+        _say(f"start-up: {_verifier_ranks()} verifier ranks joining "
+             "(jax.distributed, gloo)")
       # gloo prints "[Gloo] Rank 0 is connected ..." on stdout.
       with (_stdout_to_devnull() if multiprocess
             else contextlib.nullcontext()):
         jax = _setup_jax(_verifier_ranks(), 0, coordinator)
+        _say(f"start-up: JAX on {jax.default_backend()}, "
+             f"{jax.device_count()} device(s); building the verifier")
         caps = config.capabilities()
         share = None
         if multiprocess:
@@ -1205,12 +1285,16 @@ def _lead(tmp):
           share = ranks.plan_broadcast(caps, counts=not config.rank_links)
         verifier = _build_verifier(jax, config, None, share, watch)
     with watch.phase("worker start-up"):
+      _say("worker start-up: waiting for the worker (its JAX start and "
+           "compile, then the HELLO)")
       address = workers[0].wait_ready()
       if _FAULTS.value > 0 and not _FAULT_LINK.value:
         proxy = _proxy(address)
         address = proxy.address
       verifier.address = address
       verifier.open()
+      _say(f"worker start-up: session open with the worker at {address}; "
+           "rounds")
     # Every exchange (STEP out to replies validated): the draft + the bridge.
     verifier._exchange = watch.timed(  # pylint: disable=protected-access
         "exchange", verifier._exchange)  # pylint: disable=protected-access
@@ -1252,13 +1336,18 @@ def _lead(tmp):
   record = _summarize(run, verifier, config, worker_stats, proxy, watch,
                       check, links, agree)
   _print_summary(record)
+  # An earlier run's outputs are replaced, and the run says so.
+  replaced = lambda path: (" (replaced the previous one)"
+                           if os.path.exists(path) else "")
   if _JSON_OUT.value:
+    note = replaced(_JSON_OUT.value)
     with open(_JSON_OUT.value, "w") as f:
       json.dump(record, f, indent=1)
-    print(f"\nwrote {_JSON_OUT.value}")
+    print(f"\nwrote {_JSON_OUT.value}{note}")
   if _PLOT_OUT.value:
+    note = replaced(_PLOT_OUT.value)
     _plot(record, _PLOT_OUT.value)
-    print(f"wrote {_PLOT_OUT.value}")
+    print(f"wrote {_PLOT_OUT.value}{note}")
   if check is not None and check["verdict"] != "pass":
     return 1
   return 0
@@ -1268,8 +1357,12 @@ def _proxy(address):
   """The --inject_faults proxy in front of the worker at `address`."""
   from dyadic_jax.testing import proxy as proxy_lib  # pylint: disable=g-import-not-at-top
   kinds = tuple(_FAULT_KINDS.value) or proxy_lib.KINDS
+  floor, ceiling = _TIMEOUT.value, max(_TIMEOUT.value, _TIMEOUT_MAX.value)
+  # deadline_s sets its jitter below the deadline's floor; a held reply is
+  # never released before the longest deadline could pass.
   return proxy_lib.Proxy("tcp://127.0.0.1:0", address, rate=_FAULTS.value,
-                         seed=_SEED.value, deadline_s=_TIMEOUT.value,
+                         seed=_SEED.value, deadline_s=floor,
+                         hold_max_s=max(10.0, 8 * floor, 2 * ceiling),
                          kinds=kinds).start()
 
 
@@ -1302,12 +1395,13 @@ def _drill(verifier, workers, config, tmp, watch, on_death):
       lost = verifier.round(live)
     finally:
       verifier.on_begin = begin
+    logging.info("fault drill: worker rank %d killed; restarting the "
+                 "worker (its JAX start and compile)", len(group.ranks) - 1)
     with watch.phase("worker restart"):
       group.kill()
       workers.append(_WorkerGroup(config, tmp, on_death, group.addresses))
       workers[-1].wait_ready()
-    logging.info("fault drill: worker rank %d killed, worker restarted",
-                 len(group.ranks) - 1)
+    logging.info("fault drill: worker restarted")
     return lost
   return drill
 

@@ -28,6 +28,8 @@ import pytest  # pylint: disable=g-import-not-at-top
 
 ROW_MODES = ("loop", "batched")
 
+pytest_plugins = ["tests.qualify_report"]  # -m qualify: --qualify-report
+
 hypothesis.settings.register_profile(
     "ci", derandomize=True, deadline=None, max_examples=60,
     print_blob=True)

@@ -48,8 +48,13 @@ def run(script, corpus_dirs=(), *, runs, seed, max_len, artifact_dir=None,
                         text=True, timeout=timeout, check=False)
 
 
-def check(result, artifacts, runs, script):
-  """Asserts that a campaign ran all its executions without a crash."""
+def check(result, artifacts, runs, script, corpus_files=None):
+  """Asserts that a campaign ran all its executions without a crash.
+
+  With `corpus_files`, also that libFuzzer read that many seed files
+  before its new executions (the replay is the default tier's regression
+  value, so a corpus that silently failed to load must fail).
+  """
   # Runs do not repeat bit for bit: the message carries the inputs.
   crashes = {p.name: p.read_bytes().hex()
              for p in pathlib.Path(artifacts).iterdir()}
@@ -59,3 +64,8 @@ def check(result, artifacts, runs, script):
   done = re.search(r"^Done (\d+) runs in (\d+) second", result.stdout,
                    re.MULTILINE)
   assert done and int(done.group(1)) == runs, result.stdout[-3000:]
+  if corpus_files is not None:
+    seeds = re.search(r"^INFO: seed corpus: files: (\d+)", result.stdout,
+                      re.MULTILINE)
+    assert seeds and int(seeds.group(1)) == corpus_files, (
+        result.stdout[:3000])

@@ -1,9 +1,10 @@
 """Atheris fuzz target: arbitrary frame SEQUENCES into both protocol sessions.
 
 Each input drives one `WorkerSession` and one `VerifierSession` (sans I/O,
-fixed secret, deterministic nonces, a fake proposer: no JAX), connected
-after a real HELLO, through a sequence of operations decoded from the
-input (atheris.FuzzedDataProvider):
+`dyadic_jax.testing.session_pair`: fixed secret, deterministic nonces, a
+fake proposer: no JAX), the verifier's session opened by a real HELLO and
+the worker then restarted (see `Pair`), through a sequence of operations
+decoded from the input (atheris.FuzzedDataProvider):
 
   rounds          the verifier begins a round; the worker answers it; the
                   answer is delivered intact, mutated (bytes flipped,
@@ -27,10 +28,10 @@ outcome: every round ends verified or with a code).
     python tests/fuzz_sessions.py /tmp/corpus -max_len=4096
 
 `run_fuzz` runs a fixed-seed, fixed-count campaign in a subprocess
-(tests/system/test_fuzz_sessions.py runs 200,000 executions in CI).
+(tests/system/test_fuzz_sessions.py: the saved corpus and a bounded run by
+default, the 200,000-execution campaign under --runslow).
 """
 
-import collections
 import contextlib
 import logging
 import pathlib
@@ -73,10 +74,8 @@ else:
 with _instrumented:
   # pylint: disable=g-import-not-at-top
   from dyadic_jax.bridge import hello
-  from dyadic_jax.bridge.counters import Counters
   from dyadic_jax.bridge.effects import Stage, Verify
-  from dyadic_jax.bridge.verifier_session import VerifierSession
-  from dyadic_jax.bridge.worker_session import WorkerSession
+  from dyadic_jax.testing import session_pair
   from dyadic_jax.wire import auth, layouts
   from dyadic_jax.wire.layouts import Mode, Representation
 
@@ -101,18 +100,7 @@ MAX_OPS = 6
 _U64 = (1 << 64) - 1
 
 
-class Entropy:
-  """Deterministic 'random' bytes (a counter), for reproducible runs."""
-
-  def __init__(self, seed):
-    self.n = seed
-
-  def __call__(self, size):
-    self.n += 1
-    return (self.n.to_bytes(8, "little") * (size // 8 + 1))[:size]
-
-
-def fake_propose(caps, fdp, p):
+def fake_propose(fdp, p):
   """Fills a Propose's rows: a valid dyadic draw, or fuzzed bytes."""
   rows = p.rows
   if fdp.ConsumeBool():           # valid rows, tokens drawn from them
@@ -140,6 +128,17 @@ def fake_propose(caps, fdp, p):
         a.reshape(-1).view(np.uint8)[:] = np.frombuffer(raw, np.uint8)
 
 
+def _proposer(fdp):
+  """The pair's proposer: rows drawn from the input, then some proposals
+  failed (PROPOSER_FAILED, as the worker driver reports a raising one)."""
+  def draw(proposals):
+    for p in proposals:
+      fake_propose(fdp, p)
+    return {p.entry: 31 for p in proposals
+            if fdp.ConsumeIntInRange(0, 15) == 0}
+  return draw
+
+
 def _forge(fdp, pair):
   """Arbitrary frames: fuzz bytes, framed, sealed with some key or none."""
   frames = []
@@ -156,13 +155,13 @@ def _forge(fdp, pair):
         buf, 0, layouts.MAGIC if fdp.ConsumeIntInRange(0, 9) else b"XQ24",
         layouts.WIRE_VERSION if fdp.ConsumeIntInRange(0, 9) else 2, kind,
         len(buf), 0,
-        pair.session_id() if fdp.ConsumeBool() else fdp.ConsumeIntInRange(
-            0, _U64),
+        (pair.verifier.session or 0) if fdp.ConsumeBool() else
+        fdp.ConsumeIntInRange(0, _U64),
         fdp.ConsumeIntInRange(0, 3) if fdp.ConsumeBool() else
         fdp.ConsumeIntInRange(0, (1 << 32) - 1),
         fdp.ConsumeIntInRange(0, 3) if fdp.ConsumeBool() else
         fdp.ConsumeIntInRange(0, (1 << 32) - 1), bytes(16))
-    tagger = pair.tagger(fdp.ConsumeIntInRange(0, 5))
+    tagger = pair.tagger(session_pair.TAGGERS[fdp.ConsumeIntInRange(0, 5)])
     if tagger is not None:
       auth.seal(buf, tagger)
     frames.append(bytes(buf))
@@ -187,9 +186,9 @@ def _mutate(fdp, message, pair, to_verifier):
       buf[at:at + 4] = fdp.ConsumeIntInRange(0, (1 << 32) - 1).to_bytes(
           4, "little")
   if fdp.ConsumeBool():       # reseal every frame that still parses
-    keys = pair.link_keys()
-    if keys is not None:
-      tagger = keys[1] if to_verifier else keys[0]
+    tagger = pair.tagger("session_to_verifier" if to_verifier
+                         else "session_to_worker")
+    if tagger is not None:
       offset = 0
       while offset + layouts.HEADER_BYTES <= len(buf):
         length = int.from_bytes(buf[offset + 8:offset + 12], "little")
@@ -202,95 +201,58 @@ def _mutate(fdp, message, pair, to_verifier):
   return bytes(buf)
 
 
-def _template(name):
-  """A worker and a verifier session after a real HELLO (built once)."""
-  caps = CAPS[name]
-  worker = WorkerSession(caps, secret=SECRET, entropy=Entropy(1),
-                         max_views=4, counters=Counters(log=False))
-  verifier = VerifierSession(caps, secret=SECRET, timeout_s=1.0,
-                             entropy=Entropy(2),
-                             counters=Counters(log=False))
-  for send in worker.finish(worker.receive(verifier.hello().message)):
-    verifier.receive(bytes(send.message))
-  assert verifier.is_open
-  return dict(vars(worker)), dict(vars(verifier))
+_ANSWERS = {}
 
 
-_TEMPLATES = {}
+def _hello_answer(name):
+  """A worker's answer to the HELLO that opens every input's verifier:
+  the same bytes each time (nonces are counters), so made once."""
+  if name not in _ANSWERS:
+    pair = session_pair.SessionPair(
+        CAPS[name], secret=SECRET, proposer=None,
+        worker_entropy=session_pair.CountingEntropy(1),
+        verifier_entropy=session_pair.CountingEntropy(2))
+    (_ANSWERS[name],) = pair.to_worker(pair.hello())
+  return _ANSWERS[name]
 
 
-def _fresh(cls, template, **fresh):
-  obj = object.__new__(cls)
-  vars(obj).update(template)
-  vars(obj).update(fresh)
-  return obj
+class Pair(session_pair.SessionPair):
+  """One input's two sessions (dyadic_jax.testing.session_pair), driven by
+  the input, and the invariants checked on what they do.
 
-
-class Pair:
-  """A worker session and a verifier session, and what they said.
-
-  Each input starts from the same freshly opened session (a copy of a
-  template's state: no HELLO, no allocation per input).
+  Every input starts from the same state, built anew through the sessions'
+  public methods: the verifier's session open (its HELLO answered by the
+  recorded `_hello_answer`), and a fresh worker that never saw that HELLO
+  (as after a worker restart: the first round meets UNKNOWN_SESSION and
+  the verifier opens another session). Session ids and nonces are
+  counters, so no input's run depends on another's: a crash file
+  reproduces on its own.
   """
 
-  def __init__(self, name):
-    if name not in _TEMPLATES:
-      _TEMPLATES[name] = _template(name)
-    w, v = _TEMPLATES[name]
-    self.caps = CAPS[name]
-    self.worker = _fresh(
-        WorkerSession, w, views=collections.OrderedDict(), pending=None,
-        counters=Counters(log=False), _epoch=list(w["_epoch"]),
-        _busy=[False] * len(w["_busy"]), _entropy=Entropy(3))
-    self.verifier = _fresh(
-        VerifierSession, v, requests={}, _retired={}, exchange=None,
-        counters=Counters(log=False), _entropy=Entropy(4))
-    self.now = 0.0
-    self.sent = []            # every message either side sent (replays)
+  def __init__(self, name, fdp):
+    super().__init__(CAPS[name], secret=SECRET, proposer=_proposer(fdp),
+                     timeout_s=1.0, max_views=4,
+                     worker_entropy=session_pair.CountingEntropy(3),
+                     verifier_entropy=session_pair.CountingEntropy(2))
+    self.fdp = fdp
+    self.hello()
+    self.to_verifier(_hello_answer(name))
+    assert self.verifier.is_open
+    self.sent.clear()         # replays are of what the input made happen
     self.tags = {}            # rid -> last (generation, round) committed
 
-  def session_id(self):
-    return self.verifier.session or 0
+  def deliver(self, message):
+    """`message` to the verifier; what it asks for is done."""
+    self.effects(self.to_verifier(message))
 
-  def link_keys(self):
-    keys = self.verifier.keys
-    return None if keys is None else (keys.send, keys.recv)
-
-  def tagger(self, which):
-    keys = self.verifier.keys
-    options = [None, _HELLO.send, _HELLO.recv,
-               None if keys is None else keys.send,
-               None if keys is None else keys.recv, _CRC]
-    return options[which]
-
-  def to_worker(self, message, fdp):
-    answer = self.worker.receive(message, self.now)
-    for p in answer.propose:
-      fake_propose(self.caps, fdp, p)
-    failed = {p.entry: 31 for p in answer.propose if fdp.ConsumeIntInRange(
-        0, 15) == 0}
-    out = []
-    for send in self.worker.finish(answer, failed):
-      data = bytes(send.message)
-      if send.slot is not None:
-        self.worker.released(send.slot)
-      out.append(data)
-      self.sent.append(data)
-    return out
-
-  def to_verifier(self, message, fdp):
-    effects = self.verifier.receive(message, self.now)
-    self.effects(effects, fdp)
-
-  def effects(self, effects, fdp):
+  def effects(self, effects):
+    fdp = self.fdp
     for effect in effects:
       if isinstance(effect, Stage):
         assert self.verifier.exchange is not None
         assert effect.pending.any()
-        verdict = self.caps.format.validate(
-            effect.rows, vocab=V, draws=None if not fdp.ConsumeBool() else
-            np.zeros(effect.rows.tokens.shape, np.uint32))
-        effect = self.verifier.staged(verdict)
+        effect = self.validate(effect, None if not fdp.ConsumeBool() else
+                               np.zeros(effect.rows.tokens.shape, np.uint32))
       assert isinstance(effect, Verify)
       plan = effect.plan
       outcomes = []
@@ -300,35 +262,20 @@ class Pair:
         outcomes.append((accepted, fdp.ConsumeIntInRange(0, V - 1)))
       before = {int(r): list(self.verifier.requests[int(r)].tokens)
                 for r in plan.rids}
-      results, send = self.verifier.commit(plan, outcomes)
+      results, commit = self.commit(plan, outcomes)
       for res in results:
         tokens = self.verifier.requests[res.rid].tokens
         assert tokens == before[res.rid] + list(res.committed)
         assert (res.generation, res.round) > self.tags.get(res.rid, (-1, -1))
         self.tags[res.rid] = (res.generation, res.round)
-      if send is not None:
-        self.sent.append(bytes(send.message))
-        if fdp.ConsumeBool():
-          self.to_worker(bytes(send.message), fdp)
-
-  def open(self, fdp):
-    for _ in range(2):
-      hello_message = bytes(self.verifier.hello(self.now).message)
-      self.sent.append(hello_message)
-      for answer in self.to_worker(hello_message, fdp):
-        self.verifier.receive(answer, self.now)
-      if self.verifier.is_open:
-        return
-
-
-_HELLO = auth.hello_keys(SECRET, auth.VERIFIER)
-_CRC = auth.Crc32cTag()
+      if commit is not None and fdp.ConsumeBool():
+        self.to_worker(commit)
 
 
 def _round(pair, fdp):
   v = pair.verifier
   if not v.is_open:
-    pair.open(fdp)
+    pair.open(attempts=2)
     if not v.is_open:
       return
   rids = sorted(v.requests)[:REQUESTS]
@@ -337,11 +284,10 @@ def _round(pair, fdp):
   if len(rids) > 1 and fdp.ConsumeBool():
     rids = rids[:1]
   depth = fdp.ConsumeIntInRange(1, DEPTH)
-  step = bytes(v.begin(rids, depth, pair.now).message)
-  pair.sent.append(step)
+  step = pair.begin(rids, depth)
   if fdp.ConsumeIntInRange(0, 3):
     step = step if fdp.ConsumeBool() else _mutate(fdp, step, pair, False)
-    answers = pair.to_worker(step, fdp)
+    answers = pair.to_worker(step)
   else:
     answers = []
   for answer in answers:
@@ -352,19 +298,19 @@ def _round(pair, fdp):
     for _ in range(2 if fate == 5 else 1):        # maybe duplicated
       if v.exchange is None:
         break
-      pair.to_verifier(message, fdp)
+      pair.deliver(message)
   while v.exchange is not None:   # time moves: the deadline comes
     pair.now += 0.5 + fdp.ConsumeIntInRange(0, 1) * 0.5
-    pair.effects(v.poll(pair.now), fdp)
+    pair.effects(pair.poll())
     if fdp.ConsumeIntInRange(0, 7) == 0 and v.exchange is not None:
-      pair.to_verifier(_forge(fdp, pair), fdp)
+      pair.deliver(_forge(fdp, pair))
 
 
 def run_ops(data):
   """Runs one input's operation sequence; raises on a crash."""
   import atheris  # pylint: disable=g-import-not-at-top
   fdp = atheris.FuzzedDataProvider(data)
-  pair = Pair(fdp.PickValueInList(sorted(CAPS)))
+  pair = Pair(fdp.PickValueInList(sorted(CAPS)), fdp)
   v, w = pair.verifier, pair.worker
   for rid in range(3):
     v.add_request(rid, [rid + 1], seed=rid)
@@ -372,36 +318,33 @@ def run_ops(data):
     op = fdp.ConsumeIntInRange(0, 9)
     if op <= 1:
       _round(pair, fdp)
-    elif op == 4:
-      pair.to_worker(_forge(fdp, pair), fdp)
+    elif op in (2, 3, 4):
+      pair.to_worker(_forge(fdp, pair))
     elif op == 5:
-      pair.to_verifier(_forge(fdp, pair), fdp)
-    elif op in (2, 3):
-      pair.to_worker(_forge(fdp, pair), fdp)
+      pair.deliver(_forge(fdp, pair))
     elif op == 6 and pair.sent:
       message = pair.sent[fdp.ConsumeIntInRange(0, len(pair.sent) - 1)]
       if fdp.ConsumeBool():
-        pair.to_worker(message, fdp)
+        pair.to_worker(message)
       else:
-        pair.to_verifier(message, fdp)
+        pair.deliver(message)
     elif op == 7:
       rid = fdp.ConsumeIntInRange(0, 3)
-      send = None
+      reset = None
       if rid in v.requests and fdp.ConsumeBool():
-        send = v.remove_request(rid)
+        reset = pair.remove(rid)
       elif rid not in v.requests:
         v.add_request(rid, [rid], seed=rid)
       elif v.exchange is None:
-        send = v.reset(rid)
-      if send is not None:
-        pair.sent.append(bytes(send.message))
-        pair.to_worker(bytes(send.message), fdp)
+        reset = pair.reset(rid)
+      if reset is not None:
+        pair.to_worker(reset)
     elif op == 8 and v.exchange is None:
       v.reconnect()
-      pair.open(fdp)
+      pair.open(attempts=2)
     elif op == 9:
       pair.now += 10.0
-      pair.effects(v.poll(pair.now), fdp)
+      pair.effects(pair.poll())
     assert len(w.views) <= w.max_views
     for rid, req in v.requests.items():
       assert 0 <= req.generation < 1 << 32 and 0 <= req.round < 1 << 32

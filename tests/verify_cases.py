@@ -1,7 +1,7 @@
 """Shared construction of (target logits, q) cases for verification tests.
 
-The constructors live in `dyadic_jax.testing.adversarial` (gpu_qualify runs
-the same cases); `target_fixed` adds the oracle check the tests rely on.
+The constructors live in `dyadic_jax.testing.adversarial` (users' tests can
+run the same cases); `target_fixed` adds the oracle check the tests rely on.
 """
 
 import jax

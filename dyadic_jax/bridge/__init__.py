@@ -14,6 +14,7 @@ verifier takes its verification function as an argument (single-device
 """
 
 from dyadic_jax.bridge.counters import Counters
+from dyadic_jax.bridge.deadline import AdaptiveDeadline
 from dyadic_jax.bridge.effects import Plan, Propose, Send, Stage, Verify
 from dyadic_jax.bridge.hello import Capabilities
 from dyadic_jax.bridge.proposer import Proposal, draft_proposer
@@ -25,7 +26,7 @@ from dyadic_jax.bridge.worker import Worker, serve_forever
 from dyadic_jax.bridge.worker_session import WorkerSession
 
 __all__ = [
-    "Capabilities", "Counters", "Curve", "Endpoint", "Outcome", "Plan",
+    "AdaptiveDeadline", "Capabilities", "Counters", "Curve", "Endpoint", "Outcome", "Plan",
     "Propose", "Proposal", "Request", "RoundResult", "Send", "Stage",
     "Verifier", "VerifierSession", "Verify", "Worker", "WorkerSession",
     "draft_proposer", "serve_forever",

@@ -2,29 +2,29 @@
 
 The worker leader draws x_i from its q row i with the 24-bit draw of the
 PROPOSAL key of (seed, generation, round, anchor + i) (`proposal_draw`,
-the same function the proposer calls). The verifier knows all four, so it
-recomputes the draws (`proposal_draws`, one jitted call per round, made
-while the worker is drafting) and the q format's audit checks, on the
-received counts, that each drafted token is the first index whose
-cumulative count exceeds its draw (`qformats.base.audit`). A mismatch is
-SAMPLING_MISMATCH: the whole proposal is discarded. This catches an honest
-but buggy worker (tokens not drawn from the q it sent); a worker that
-holds the key and knows the seed is trusted (docs/security.md).
+the same function the proposer calls: the core's `rng.proposal_draw`). The
+verifier knows all four, so it recomputes the draws (`proposal_draws`, one
+jitted call per round, made while the worker is drafting: the core's
+`rng.proposal_draws` of the requests' round keys) and the q format's audit
+checks, on the received counts, that each drafted token is the first index
+whose cumulative count exceeds its draw (`qformats.base.audit`). A
+mismatch is SAMPLING_MISMATCH: the whole proposal is discarded. This
+catches an honest but buggy worker (tokens not drawn from the q it sent);
+a worker that holds the key and knows the seed is trusted
+(docs/security.md).
 """
 
 import functools
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from numpy.typing import ArrayLike
 
 from dyadic_jax import rng
 
 
-def proposal_draw(key, position):
-  """The 24-bit draw of position `position` in a round of key `key`."""
-  return rng.draw24(rng.draw_key(key, position, rng.Domain.PROPOSAL))
+# The 24-bit draw of position `position` in a round of key `key`.
+proposal_draw = rng.proposal_draw
 
 
 def round_key(seed, generation, round_id):
@@ -34,11 +34,8 @@ def round_key(seed, generation, round_id):
 
 @functools.partial(jax.jit, static_argnums=4)
 def _draws(seeds, generations, rounds, anchors, depth):
-  def one(seed, generation, round_id, anchor):
-    key = round_key(seed, generation, round_id)
-    return jax.vmap(lambda i: proposal_draw(key, anchor + i))(
-        jnp.arange(depth, dtype=anchor.dtype))
-  return jax.vmap(one)(seeds, generations, rounds, anchors)
+  keys = jax.vmap(round_key)(seeds, generations, rounds)
+  return rng.proposal_draws(keys, depth, anchors)
 
 
 def proposal_draws(seeds: ArrayLike, generations: ArrayLike,

@@ -53,7 +53,13 @@ class Capabilities:
     max_slots: batch slots in flight, in [1, 16].
     representation: Representation of the q rows (DENSE or SPARSE; TOKEN
       on a greedy session).
-    max_support: k of sparse rows, in [1, V] (V when dense, 0 greedy).
+    max_support: k, the entries of a sparse row (its top-k support), in
+      [1, V]. Sparse q only: with DENSE it is ignored (any value, the
+      default 32 included) and replaced by the dense row width,
+      ceil(V / shards) (V on one link); greedy sets 0. So one setting
+      (a --k flag) serves every representation, and the attribute always
+      reads the row width HELLO carries (`width`). Not refused for dense:
+      the default could not be told from a deliberate value.
     draft_id, target_id: checkpoint identities (<= 32 bytes each).
     id_map_hash: hash of the global token id map (default: identity).
     shards, shard: a rank link of a tensor-parallel pair (dense q only):

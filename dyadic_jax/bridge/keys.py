@@ -12,7 +12,10 @@ writes, in DIR (created with mode 0700 if missing):
     verifier.curve        the verifier's CURVE pair, likewise.
     verifier.curve_secret
 
-It refuses to overwrite existing files (`--force` to replace them). A
+It refuses to overwrite existing files (`--force` to replace them); the
+command run again on a folder that already holds a complete, loadable set
+keeps it and says so (exit status 0), so a one-liner that makes the keys
+and then uses them can be run twice. A
 side refuses to load a secret file that other users can read or write
 (like ssh with its keys). The worker's host needs secret.key,
 worker.curve_secret, worker.curve and verifier.curve; the verifier's host
@@ -133,13 +136,29 @@ def main(argv=None):
     print("usage: python -m dyadic_jax.bridge.keys DIR [--force]",
           file=sys.stderr)
     return 2
+  if not force and _complete(args[0]):
+    print(f"keys: {args[0]} already holds a complete key set: kept it "
+          "(--force makes a new one)")
+    return 0
   try:
     path = make(args[0], force=force)
-  except (FileExistsError, OSError) as e:
-    print(f"keys: {e}", file=sys.stderr)
+  except OSError as e:
+    text = str(e)     # make's own errors already say "keys: "
+    print(text if text.startswith("keys: ") else f"keys: {text}",
+          file=sys.stderr)
     return 1
   print(f"wrote the bridge keys to {path} (secret.key: mode 0600)")
   return 0
+
+
+def _complete(directory: str) -> bool:
+  """True if `directory` holds every key file and both roles load."""
+  try:
+    for role in _CURVE:
+      load(directory, role, encrypt=True)
+  except (OSError, ValueError):
+    return False
+  return True
 
 
 if __name__ == "__main__":

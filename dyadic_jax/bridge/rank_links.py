@@ -229,12 +229,15 @@ class ShardReceiver:
   they are staged."""
 
   def __init__(self, caps, address, *, secret, timeout_s=2.0, curve=None,
-               counters=None, clock=time.monotonic):
+               counters=None, clock=time.monotonic, deadline=None):
+    """timeout_s: the deadline of a HELLO and, without `deadline` (an
+    `AdaptiveDeadline`: from the measured round time), of every round."""
     self.caps = caps
     self.counters = counters or Counters(f"verifier rank {caps.shard}")
     self.session = VerifierSession(caps, secret=secret, timeout_s=timeout_s,
                                    counters=self.counters)
     self.timeout_s = timeout_s
+    self.deadline = deadline
     self.clock = clock
     self.address = address
     self.curve = curve
@@ -262,6 +265,8 @@ class ShardReceiver:
           raise ProtocolError(self.session.refused, "shard link refused")
       if self.session.is_open:
         self._confirm()
+        if self.deadline is not None:
+          self.deadline.new_session()
         return self
     raise ProtocolError(Code.TIMEOUT, f"no worker rank at {self.address}")
 
@@ -275,7 +280,8 @@ class ShardReceiver:
     codes = np.full(r, int(Code.TIMEOUT), np.int32)
     index = {int(rid): i for i, rid in enumerate(rids)}
     start = self.clock()
-    deadline = start + self.timeout_s
+    deadline = start + (self.timeout_s if self.deadline is None
+                        else self.deadline.seconds())
     if self._silent:
       # A round without a single frame: the worker rank may be a new
       # process (restarted) that knows no session. A fresh HELLO costs one
@@ -291,6 +297,8 @@ class ShardReceiver:
         self.session.receive(got[1], self.clock())    # the HELLO answer
         if self.session.is_open:
           self._confirm()
+          if self.deadline is not None:
+            self.deadline.new_session()      # from the next round on
         continue
       keys = self.session.keys
       self.counters.event("bytes_in", len(got[1]))
@@ -319,6 +327,8 @@ class ShardReceiver:
         codes[i] = 0
     self._silent = bool((codes == Code.TIMEOUT).all())
     self.seconds.append(self.clock() - start)
+    if self.deadline is not None and not (codes == Code.TIMEOUT).any():
+      self.deadline.observe(self.seconds[-1])      # every frame in
     self.request_rounds += r
     for i in np.flatnonzero(codes):
       self.counters.reject(int(codes[i]), f"shard {self.caps.shard} request "

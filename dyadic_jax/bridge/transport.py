@@ -135,11 +135,20 @@ class Endpoint:
       socket.curve_secretkey = curve.secret_key
       socket.curve_publickey = curve.public_key
       socket.curve_server = True
+    if address.startswith("tcp://"):
+      port = address.rpartition(":")[2]
+      # libzmq takes a port past 65535 modulo 2^16: it would listen
+      # elsewhere than the address says.
+      if not (port.isdigit() and int(port) <= 65535):
+        socket.close()
+        raise ValueError(f"Endpoint.bind: {address}: the port must be an "
+                         "integer in [0, 65535]")
     if address.startswith("tcp://") and address.endswith(":0"):
-      port = socket.bind_to_random_port(address[:-2])
-      address = f"{address[:-2]}:{port}"
+      socket.bind_to_random_port(address[:-2])
     else:
       socket.bind(address)
+    # What it listens on, as libzmq resolved it (the port 0 picked).
+    address = socket.getsockopt_string(zmq.LAST_ENDPOINT)
     return cls(socket, address, True, counters, zap, context)
 
   @classmethod

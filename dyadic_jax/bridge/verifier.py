@@ -70,20 +70,24 @@ class Verifier:
                sample_fn=verification.sample_target, timeout_s=2.0,
                counters=None, clock=time.monotonic, share_fn=None,
                request_factory=None, sampling_audit=True, curve=None,
-               connect=None):
+               connect=None, deadline=None):
     """secret: the deployment secret (32 bytes; `bridge.keys`), or None
     (`--insecure`). sampling_audit: recompute every drafted token from its
     q and the PROPOSAL key (off: `--no_sampling_audit`). curve: CURVE keys
     (`--encrypt`). share_fn(plan) broadcasts a round's plan to the other
     ranks (`bridge.ranks.plan_broadcast`); request_factory(rid) -> (prompt,
     seed) lets a follower rank create the leader's requests. connect: the
-    endpoint factory `(address, max_message) -> Endpoint` (tests)."""
+    endpoint factory `(address, max_message) -> Endpoint` (tests).
+    timeout_s: the deadline of a HELLO and, without `deadline`, of every
+    exchange; deadline: an `AdaptiveDeadline` that sets each exchange's
+    deadline from the measured round time instead."""
     self.caps = caps
     self.address = address
     self.target_fn = target_fn
     self.verify_fn = verify_fn
     self.sample_fn = sample_fn
     self.timeout_s = timeout_s
+    self.deadline = deadline
     self.clock = clock
     self.share_fn = share_fn
     self.request_factory = request_factory
@@ -155,6 +159,8 @@ class Verifier:
           # ZMQ_MAXMSGSIZE when it connects).
           self._endpoint(session.max_message)
           self.warmup()
+          if self.deadline is not None:
+            self.deadline.new_session()
           return self
       self.counters.reject(Code.TIMEOUT, "no HELLO answer")
     raise ProtocolError(Code.TIMEOUT, f"no worker answered at {self.address}"
@@ -226,6 +232,8 @@ class Verifier:
     """STEP out, the answer in (or the deadline): (the session's first
     effect, the audit's PROPOSAL draws or None)."""
     session = self.session
+    if self.deadline is not None:
+      session.timeout_s = self.deadline.seconds()
     start = self.clock()
     send = session.begin(rids, depth, start)
     self.on_begin(session.exchange)
@@ -241,6 +249,8 @@ class Verifier:
       effects = (session.receive(got[1], self.clock()) if got is not None
                  else session.poll(self.clock()))
     self.seconds.append(self.clock() - start)
+    if self.deadline is not None and isinstance(effects[0], Stage):
+      self.deadline.observe(self.seconds[-1])     # answered in full
     return effects[0], draws
 
   def on_begin(self, exchange: typing.Any) -> None:

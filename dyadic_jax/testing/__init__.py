@@ -3,7 +3,9 @@
   toy_models  deterministic toy target/draft models (no downloads, any V)
   stats       chi-square helpers with a stated false-failure rate and power
   hlo         the collectives of a compiled program and the bytes they move
-  adversarial adversarial weight/target/q rows (the tests' and gpu_qualify's)
+  adversarial adversarial weight/target/q rows (the oracle, identity and
+              GPU qualification tests')
+  session_pair a WorkerSession and a VerifierSession wired in memory
 
 Import the submodule you need (`from dyadic_jax.testing import stats`):
 this package imports nothing eagerly, so tools with optional dependencies

@@ -1,4 +1,4 @@
-"""Adversarial inputs shared by the tests and `experiments.gpu_qualify`.
+"""Adversarial inputs shared by the oracle, identity and qualification tests.
 
 Each generator is deterministic (fixed seeds), so a failure found on one
 machine reproduces on another. The rows target the contract's corners:
@@ -180,9 +180,7 @@ def round_requests(v: int, requests: int = 6, depth: int = 3,
   counts, _ = allocation.allocate_dense(w)
   ids, scounts, n, _ = allocation.allocate_sparse(w, min(k, v))
   keys = jax.vmap(lambda r: rng.round_key(3, 0, r))(jnp.arange(requests))
-  u = rng.draw24(jax.vmap(jax.vmap(
-      lambda key, i: rng.draw_key(key, i, rng.Domain.PROPOSAL),
-      in_axes=(None, 0)), in_axes=(0, None))(keys, jnp.arange(depth)))
+  u = rng.proposal_draws(keys, depth)
   tokens = draws.sample_counts(counts, u)
   return Round(target, verification.DenseQ(counts),
                verification.SparseQ(ids, scounts, n), tokens, keys)

@@ -31,9 +31,16 @@ def test_one_command_makes_the_key_files(tmp_path):
   assert stat.S_IMODE(directory.stat().st_mode) == 0o700
   secret = keys.load_secret(directory)
   assert len(secret) == 32
-  # Never overwritten by accident; replaced on request.
+  # Never overwritten by accident: a complete set is kept (the command can
+  # be run again), a partial one refused; replaced on request.
   again = _run(str(directory))
-  assert again.returncode == 1 and "already holds" in again.stderr
+  assert again.returncode == 0 and "kept it" in again.stdout, again.stderr
+  assert keys.load_secret(directory) == secret
+  (directory / "worker.curve").unlink()
+  partial = _run(str(directory))
+  assert partial.returncode == 1 and "already holds" in partial.stderr
+  assert partial.stderr.startswith("keys: ") and "keys: keys:" not in (
+      partial.stderr)
   assert keys.load_secret(directory) == secret
   assert _run(str(directory), "--force").returncode == 0
   assert keys.load_secret(directory) != secret

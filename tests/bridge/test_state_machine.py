@@ -1,8 +1,9 @@
 """A stateful test of the protocol: the two sans-I/O sessions, directly.
 
-A `WorkerSession` and a `VerifierSession` (no sockets, no threads: an
-in-memory network this machine controls, and a fake clock, so a timeout
-costs nothing and every run is deterministic). The proposer draws real
+A `WorkerSession` and a `VerifierSession` (`dyadic_jax.testing.
+session_pair`: no sockets, no threads, an in-memory network this machine
+controls and a fake clock, so a timeout costs nothing and every run is
+deterministic). The proposer draws real
 dyadic rows and real PROPOSAL draws (`audit.proposal_draws`), and the
 verifier validates and audits every staged row, so a forged token is
 caught as it would be in production; verification itself is a
@@ -46,7 +47,7 @@ import numpy as np
 from dyadic_jax import bridge
 from dyadic_jax.bridge import audit, hello
 from dyadic_jax.bridge.counters import Counters
-from dyadic_jax.bridge.effects import Stage
+from dyadic_jax.testing import session_pair
 from dyadic_jax.wire import codec
 from dyadic_jax.wire.errors import Code
 from dyadic_jax.wire.layouts import Kind, Representation
@@ -80,7 +81,12 @@ class Recorder:
     self.keys = set()
     self.tokens = {}            # (seed, generation, round) -> tokens
 
-  def __call__(self, p):
+  def __call__(self, proposals):
+    """The pair's proposer: draws every proposal of one answer."""
+    for p in proposals:
+      self.draw(p)
+
+  def draw(self, p):
     for position in range(p.anchor, p.anchor + p.depth):
       key = (self.incarnation, p.seed, p.generation, p.round, position)
       assert key not in self.keys, f"PROPOSAL key drawn twice: {key}"
@@ -115,12 +121,12 @@ class RequestModel:
 
 
 class Network:
-  """Messages in flight towards the verifier (an inbox) and the worker."""
+  """Messages in flight towards the verifier (what reached the worker is
+  the pair's `worker_received`)."""
 
   def __init__(self):
     self.inbox = collections.deque()
     self.late = []               # replies held back, deliverable later
-    self.to_worker = []          # every message the verifier sent
 
 
 class ProtocolMachine(RuleBasedStateMachine):
@@ -128,13 +134,12 @@ class ProtocolMachine(RuleBasedStateMachine):
 
   def __init__(self):
     super().__init__()
-    self.now = 0.0
     self.recorder = Recorder()
     self.net = Network()
-    self.worker = self._new_worker()
-    self.verifier = bridge.VerifierSession(CAPS, secret=SECRET,
-                                           timeout_s=TIMEOUT_S,
-                                           counters=Counters(log=False))
+    self.pair = session_pair.SessionPair(CAPS, secret=SECRET,
+                                         proposer=self.recorder,
+                                         timeout_s=TIMEOUT_S, max_views=8)
+    self.verifier = self.pair.verifier
     self.model = {}
     for rid in RIDS:
       self._add(rid)
@@ -142,67 +147,25 @@ class ProtocolMachine(RuleBasedStateMachine):
     self.fallbacks = 0
     self.others = 0
 
-  def _new_worker(self):
-    return bridge.WorkerSession(CAPS, secret=SECRET, max_views=8,
-                                counters=Counters("worker", log=False))
-
   def _add(self, rid):
     seed = 100 + rid + 1000 * len(self.model)
     self.verifier.add_request(rid, [rid + 1], seed=seed)
     self.model[rid] = RequestModel(seed, [rid + 1])
 
-  # -- the network -------------------------------------------------------------
-
-  def _worker_handle(self, message):
-    """worker.receive + draws + finish; the answer's messages (bytes)."""
-    self.net.to_worker.append(bytes(message))
-    answer = self.worker.receive(message, self.now)
-    for p in answer.propose:
-      self.recorder(p)
-    out = []
-    for send in self.worker.finish(answer):
-      out.append(bytes(send.message))
-      if send.slot is not None:
-        self.worker.released(send.slot)
-    return out
-
-  def _verifier_read(self):
-    """Delivers the inbox to the verifier until its round ends."""
-    v = self.verifier
-    while v.exchange is not None:
-      if self.net.inbox:
-        effects = v.receive(self.net.inbox.popleft(), self.now)
-      else:
-        self.now += TIMEOUT_S     # the deadline passes
-        effects = v.poll(self.now)
-      if effects:
-        return effects[0]
-    raise AssertionError("a round ended without an outcome")
-
-  def _open(self, dup=False):
-    v = self.verifier
-    for _ in range(3):
-      for answer in self._worker_handle(v.hello(self.now).message):
-        for _ in range(2 if dup else 1):
-          v.receive(answer, self.now)
-      if v.is_open:
-        return True
-    return False
-
   # -- one round -----------------------------------------------------------------
 
   def _round(self, batch, depth, step_fault="deliver", commit="deliver",
              edit=None):
-    v = self.verifier
-    if not v.is_open and not self._open():
+    pair, v = self.pair, self.verifier
+    if not v.is_open and not pair.open():
       return
-    step = bytes(v.begin(list(batch), depth, self.now).message)
+    step = pair.begin(list(batch), depth)
     tags = {rid: v.exchange.tags[rid] for rid in batch}
     answers = []
     if step_fault != "drop_step":
-      answers = self._worker_handle(step)
+      answers = pair.to_worker(step)
       if step_fault == "dup_step":
-        again = self._worker_handle(step)
+        again = pair.to_worker(step)
         assert again == answers, "a retried STEP was not answered byte for byte"
         answers = answers + again
     if step_fault == "drop_reply":
@@ -213,12 +176,9 @@ class ProtocolMachine(RuleBasedStateMachine):
     if edit is not None:
       answers = [edit(a) for a in answers]
     self.net.inbox.extend(answers)
-    effect = self._verifier_read()
-    if isinstance(effect, Stage):
-      draws = audit.proposal_draws(*v.draw_inputs(), depth)
-      effect = v.staged(CAPS.format.validate(effect.rows, vocab=V,
-                                             draws=draws))
-    plan = effect.plan
+    # Read until the round ends (the deadline passes when the inbox runs
+    # dry); the staged rows are validated and audited.
+    plan = pair.outcome(self.net.inbox)
     outcomes = []
     for i, rid in enumerate(plan.rids):
       g, r = (int(x) for x in plan.tags[i])
@@ -228,13 +188,13 @@ class ProtocolMachine(RuleBasedStateMachine):
       else:
         accepted = _stand_in(m.seed, g, r, "accepted") % (depth + 1)
         outcomes.append((accepted, _stand_in(m.seed, g, r, "next") % V))
-    results, send = v.commit(plan, outcomes)
+    results, message = pair.commit(plan, outcomes)
     for res in results:
       self._check_result(res, tags[res.rid])
-    if send is not None:
+    if message is not None:
       copies = {"deliver": 1, "drop": 0, "dup": 2}[commit]
       for _ in range(copies):
-        self._worker_handle(send.message)
+        pair.to_worker(message)
     return results
 
   def _check_result(self, res, tag):
@@ -258,30 +218,36 @@ class ProtocolMachine(RuleBasedStateMachine):
 
   @initialize(dup=st.booleans())
   def open_session(self, dup):
-    assert self._open(dup)
+    assert self.pair.open(duplicate_answers=dup)
 
   def _worker_knows_us(self):
-    """The worker holds our session, with our keys (a replayed HELLO can
-    leave a pending session of our id with other keys)."""
-    v = self.verifier
-    if not v.is_open:
-      return False
-    probe = bytes(64)
-    return any(s is not None and s.id == v.session and s.keys.recv.tag(
-        probe) == v.keys.send.tag(probe)
-               for s in (self.worker.established, self.worker.pending))
+    return self.pair.worker_knows_verifier()
 
   @rule(batch=BATCH, depth=DEPTH)
   def step(self, batch, depth):
     """One round over a clean network: every request is verified (or, when
-    the worker lost the session, refused with UNKNOWN_SESSION)."""
+    the worker lost the session, refused with UNKNOWN_SESSION; or, when a
+    replayed HELLO left the worker a session of our id with other keys,
+    dropped there unauthenticated: the round times out)."""
     known = self._worker_knows_us() or not self.verifier.is_open
+    counters = self.pair.worker.counters
+    refused = {c: counters.errors(c)
+               for c in (Code.UNKNOWN_SESSION, Code.AUTH_FAILED)}
     results = self._round(batch, depth)
     assert results is not None
     if known:
       assert not any(r.fallback for r in results), results
+      return
+    # One STEP message: one fate for the whole batch, the one the worker
+    # counted.
+    codes = {r.code for r in results}
+    assert len(codes) == 1, results
+    code = codes.pop()
+    if code == Code.TIMEOUT:
+      assert counters.errors(Code.AUTH_FAILED) > refused[Code.AUTH_FAILED]
     else:
-      assert all(r.code == Code.UNKNOWN_SESSION for r in results), results
+      assert code == Code.UNKNOWN_SESSION, results
+      assert counters.errors(code) > refused[code]
 
   @rule(batch=BATCH, depth=DEPTH,
         lost=st.sampled_from(["drop_step", "drop_reply"]),
@@ -321,7 +287,7 @@ class ProtocolMachine(RuleBasedStateMachine):
     its q gives mass but its draw did not pick: the sampling audit."""
     def forge(message):
       # The worker's key now (the STEP just promoted a pending session).
-      tagger = self.worker.established.keys.send
+      tagger = self.pair.worker.established.keys.send
       frames = h.frames(message)
       for i, f in enumerate(frames):
         if codec.peek(f)[0] == Kind.REPLY:
@@ -349,60 +315,60 @@ class ProtocolMachine(RuleBasedStateMachine):
         self.net.late) - 1)))
     self.net.inbox.append(message)
 
-  @precondition(lambda self: self.net.to_worker)
+  @precondition(lambda self: self.pair.worker_received)
   @rule(data=st.data())
   def replay_to_worker(self, data):
     """An old STEP, COMMIT, RESET or HELLO reaches the worker again: refused,
     ignored or answered from the cache; no key is drawn twice."""
-    message = self.net.to_worker[data.draw(st.integers(
-        0, len(self.net.to_worker) - 1))]
-    for answer in self._worker_handle(message):
+    seen = self.pair.worker_received
+    message = seen[data.draw(st.integers(0, len(seen) - 1))]
+    for answer in self.pair.to_worker(message):
       self.net.inbox.append(answer)
 
   @rule(rid=st.sampled_from(RIDS))
   def remove_and_readd(self, rid):
-    send = self.verifier.remove_request(rid)
-    if send is not None:
-      self._worker_handle(send.message)
+    message = self.pair.remove(rid)
+    if message is not None:
+      self.pair.to_worker(message)
     del self.model[rid]
     self._add(rid)      # a new request on the same id: tags continue
 
   @rule(rid=st.sampled_from([0, 1, None]))
   def reset(self, rid):
-    send = self.verifier.reset(rid)
-    if send is not None:
-      assert self._worker_handle(send.message) == []
+    message = self.pair.reset(rid)
+    if message is not None:
+      assert self.pair.to_worker(message) == []
 
   @rule(dup=st.booleans())
   def reconnect(self, dup):
     self.verifier.reconnect()
     self.net.inbox.clear()           # the old socket's queue is gone
-    assert self._open(dup)
+    assert self.pair.open(duplicate_answers=dup)
 
   @rule()
   def another_verifier_takes_over(self):
     other = bridge.VerifierSession(CAPS, secret=SECRET,
                                    counters=Counters(log=False))
-    for answer in self._worker_handle(other.hello().message):
+    for answer in self.pair.to_worker(other.hello().message):
       other.receive(answer)
     self.others += 1      # each request its own seed, as in production
     other.add_request(9, [1], seed=10 ** 6 + self.others)
-    self._worker_handle(other.begin([9], 2, 0.0).message)
+    self.pair.to_worker(other.begin([9], 2, 0.0).message)
 
   @rule()
   def restart_worker(self):
     self.recorder.incarnation += 1
-    self.worker = self._new_worker()
+    self.pair.restart_worker()
 
   @rule(n=st.integers(1, 5))
   def hello_storm_without_the_key(self, n):
     stranger = bridge.VerifierSession(CAPS, secret=bytes(32),
                                       counters=Counters(log=False))
-    before = self.worker.established
+    before = self.pair.worker.established
     for _ in range(n):
-      assert self._worker_handle(stranger.hello().message) == []
-      stranger.state = "closed"
-    assert self.worker.established is before
+      assert self.pair.to_worker(stranger.hello().message) == []
+      stranger.close()               # its next HELLO opens a new session
+    assert self.pair.worker.established is before
 
   # -- invariants ----------------------------------------------------------------
 
@@ -422,7 +388,8 @@ class ProtocolMachine(RuleBasedStateMachine):
 
   @invariant()
   def worker_state_is_bounded(self):
-    assert len(self.worker.views) <= self.worker.max_views
+    worker = self.pair.worker
+    assert len(worker.views) <= worker.max_views
 
 
 TestProtocol = ProtocolMachine.TestCase

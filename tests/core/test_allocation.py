@@ -18,6 +18,7 @@ import dyadic_jax as dj
 from dyadic_jax import allocation
 from dyadic_jax import reducer
 from dyadic_jax import reference as ref
+from dyadic_jax import rowwise
 from dyadic_jax.testing import adversarial
 
 M = dj.M
@@ -76,6 +77,7 @@ def _sparse_adversarial(k, mode):
       _padded_batch(w for _, w in _ADVERSARIAL), k))
 
 
+@pytest.mark.qualify
 @pytest.mark.parametrize("row", range(len(_ADVERSARIAL)),
                          ids=[name for name, _ in _ADVERSARIAL])
 def test_dense_adversarial_matches_oracle(row, row_mode):
@@ -86,6 +88,34 @@ def test_dense_adversarial_matches_oracle(row, row_mode):
   assert counts[row].tolist() == want_counts
 
 
+def test_oracle_check_fails_a_moved_ticket(monkeypatch):
+  # Power of the qualification's oracle check: a batched allocate_dense
+  # that moves one ticket of row 0 to the next id fails it, and the loop
+  # mode (which the mutant leaves alone) still passes. The mutant works on
+  # the op's output, so no jit cache holds it after the test, and the
+  # check runs uncached so that it neither reads nor keeps a result.
+  exact = dj.allocate_dense
+
+  def moved_ticket(w, *args, **kwargs):
+    counts, status = exact(w, *args, **kwargs)
+    if rowwise.row_mode() != "batched" or np.ndim(w) < 2 or len(w) < 2:
+      return counts, status
+    counts = np.array(counts)
+    top = counts[0].argmax()
+    counts[0, top] -= 1
+    counts[0, (top + 1) % counts.shape[-1]] += 1
+    return counts, status
+
+  monkeypatch.setattr(dj, "allocate_dense", moved_ticket)
+  monkeypatch.setitem(globals(), "_dense_adversarial",
+                      _dense_adversarial.__wrapped__)
+  with rowwise.rows("batched") as mode:
+    with pytest.raises(AssertionError):
+      test_dense_adversarial_matches_oracle(0, mode)
+  with rowwise.rows("loop") as mode:
+    test_dense_adversarial_matches_oracle(0, mode)
+
+
 @functools.lru_cache(maxsize=None)
 def _random_rows(v, n, seed):
   rng = np.random.default_rng(seed)
@@ -94,6 +124,7 @@ def _random_rows(v, n, seed):
                    for _ in range(n)])
 
 
+@pytest.mark.qualify
 @pytest.mark.usefixtures("row_mode")
 def test_dense_random_matches_oracle():
   w = _random_rows(1999, 12, 0)
@@ -118,12 +149,14 @@ def test_dense_all_equal_full_vocab():
   assert counts == [base + 1] * extra + [base] * (v - extra)
 
 
+@pytest.mark.qualify
 def test_dense_large_random_matches_oracle():
   rng = np.random.default_rng(7)
   w = _normalized(np.exp(rng.normal(size=dj.DEFAULT_VOCAB) * 3))
   _assert_dense_matches_oracle(w)
 
 
+@pytest.mark.qualify
 @pytest.mark.usefixtures("row_mode")
 def test_dense_batch_equals_rows():
   rng = np.random.default_rng(3)
@@ -180,6 +213,7 @@ def test_dense_float32_input_is_widened_exactly():
   assert np.asarray(counts[0]).tolist() == want
 
 
+@pytest.mark.qualify
 @pytest.mark.parametrize("k", [1, 2, 5, 32])
 @pytest.mark.parametrize("row", range(len(_ADVERSARIAL)),
                          ids=[name for name, _ in _ADVERSARIAL])
@@ -191,6 +225,7 @@ def test_sparse_adversarial_matches_oracle(row, k, row_mode):
           int(status[row])) == (want[0], want[1], want[2], int(want[3]))
 
 
+@pytest.mark.qualify
 @pytest.mark.usefixtures("row_mode")
 @pytest.mark.parametrize("k", [37, 300])
 def test_sparse_random_matches_oracle(k):
@@ -248,6 +283,7 @@ def test_sparse_full_vocab_all_equal_uses_lowest_ids():
   assert ids == list(range(32)) and counts == [M // 32] * 32
 
 
+@pytest.mark.qualify
 def test_sparse_large_random_matches_oracle():
   rng = np.random.default_rng(11)
   w = _normalized(np.exp(rng.normal(size=dj.DEFAULT_VOCAB) * 2))
@@ -272,6 +308,7 @@ def test_sparse_unnormalized_weights_same_as_normalized_support():
   _assert_sparse_matches_oracle(w * 1e6, 16)
 
 
+@pytest.mark.qualify
 @pytest.mark.usefixtures("row_mode")
 def test_vmap_and_single_rows_equal_batched_call():
   # Batched calls run row by row in "loop" mode and at once in "batched"

@@ -63,6 +63,7 @@ def _assert_equal(a, b):
     np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
 
 
+@pytest.mark.qualify
 @pytest.mark.parametrize("v", [7, 1001, 4096])
 def test_dense_equals_the_three_ops(row_mode, v):
   del row_mode
@@ -75,6 +76,7 @@ def test_dense_equals_the_three_ops(row_mode, v):
   assert np.all(np.asarray(got[0])[status == 0].sum(-1) == M)
 
 
+@pytest.mark.qualify
 @pytest.mark.parametrize("v,k", [(7, 1), (7, 7), (1001, 3), (1001, 32),
                                  (4096, 8), (4096, 32)])
 def test_sparse_equals_the_three_ops(row_mode, v, k):

@@ -82,6 +82,7 @@ def test_scope_nests_and_restores():
   assert rowwise.setting() == outer
 
 
+@pytest.mark.qualify
 def test_jit_cache_is_keyed_on_the_mode():
   f, traced = _recording_jit()
   x = np.ones((3, 5), np.float32)
@@ -136,6 +137,7 @@ def test_modes_trace_different_programs():
 # Shapes on both sides of the batch size where XLA CPU hands a fused
 # elementwise pass to a library kernel (about 5,000 elements): a batch may
 # take that kernel while its rows do not.
+@pytest.mark.qualify
 @pytest.mark.parametrize("rows,v", [(3, 7), (8, 1000), (16, 1000),
                                     (2, dj.DEFAULT_VOCAB)])
 def test_modes_give_the_same_bits(rows, v):
@@ -191,6 +193,7 @@ def _chains(rng, batch, depth, v, spread):
   return target, np.array(counts), np.array(tokens), keys
 
 
+@pytest.mark.qualify
 @pytest.mark.parametrize("v", [7, 1001])
 def test_walked_chains_equal_the_batched_summaries(v):
   # Loop mode walks each chain and never normalizes rows past its first

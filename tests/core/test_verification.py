@@ -32,6 +32,7 @@ TV_BOUND = Fraction(1, 2 ** 20)
 _CASES = adversarial.verification_cases()
 
 
+@pytest.mark.qualify
 @pytest.mark.parametrize("name", sorted(_CASES))
 def test_exact_output_distribution_within_bound(name):
   p, q = _CASES[name]
@@ -96,6 +97,7 @@ def _oracle_rounds(representation, rounds=48, anchor=17):
   return logits, qobj, np.asarray(drafts, np.int32), keys, wants
 
 
+@pytest.mark.qualify
 @pytest.mark.usefixtures("row_mode")
 @pytest.mark.parametrize("representation", ["dense", "sparse"])
 def test_decisions_equal_oracle_replay(representation):
@@ -108,6 +110,7 @@ def test_decisions_equal_oracle_replay(representation):
   assert {w[0] for w in wants} == set(range(drafts.shape[1] + 1))
 
 
+@pytest.mark.qualify
 @pytest.mark.usefixtures("row_mode")
 @pytest.mark.parametrize("representation", ["dense", "sparse"])
 def test_verify_batch_equals_oracle_replay(representation):
@@ -268,6 +271,7 @@ def test_shape_errors():
                     np.array([0, 1]), key)
 
 
+@pytest.mark.qualify
 @pytest.mark.usefixtures("row_mode")
 def test_target_only_sampler_replay_and_distribution():
   rng = np.random.default_rng(3)

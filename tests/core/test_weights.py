@@ -179,6 +179,7 @@ def test_vocabulary_bounds():
     dj.draft_weights(np.zeros((1, 0), np.float32))
 
 
+@pytest.mark.qualify
 def test_x64_is_scoped_to_the_library():
   before = jax.config.jax_enable_x64
   w, _ = dj.draft_weights(np.zeros((1, 4), np.float32))
@@ -189,6 +190,7 @@ def test_x64_is_scoped_to_the_library():
     assert jnp.zeros(2, dtype=float).dtype == jnp.float32
 
 
+@pytest.mark.qualify
 def test_library_ops_inside_a_callers_jit():
   @jax.jit
   def propose(logits, draw):
@@ -239,6 +241,7 @@ def test_checked_wrapper_multi_output_and_batch_rank():
   assert np.asarray(n).tolist() == [[1]]
 
 
+@pytest.mark.qualify
 def test_fixed_point_limbs_are_exact_floors():
   with jax.enable_x64(True):
     e = jnp.asarray([1.0, 0.5, 2.0 ** -70, 0.1, 0.0, np.nextafter(1.0, 0)])

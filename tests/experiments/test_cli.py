@@ -6,11 +6,16 @@ name the flag, carry no traceback, and come before any heavy work: the
 process must not even import JAX (`python -X importtime` lists every module
 it imported), except bench_sharding, whose flags partly live in
 bench_core, which imports JAX; there the bound is "nothing compiled"
-(JAX_LOG_COMPILES=1 logs every compilation). No test here reads a clock.
+(JAX_LOG_COMPILES=1 logs every compilation). What only the machine can say
+is checked there too, before JAX: a keys folder that cannot be loaded, a
+port another process holds or that does not exist (issue 29: each was a
+traceback after JAX had started, or a READY line naming the wrong port).
+No test here reads a clock.
 """
 
 import os
 import re
+import socket
 import subprocess
 import sys
 
@@ -109,16 +114,47 @@ _BAD = [
     ("wire_sizes", ["--link_gbps=-40"], "link_gbps"),
     ("wire_sizes", ["--depth=0"], "depth"),
     ("bench_sharding", ["--shards=1,16"], "shards"),
+    # Issue 29: contradictions and outputs that used to run silently, and
+    # the benchmarks that used absl's two-line FATAL after importing JAX.
+    ("pp1_pipeline", ["--q=dense", "--k=32"], "k"),
+    ("pp1_pipeline", ["--timeout_max=0"], "timeout_max"),
+    ("bridge_worker", ["--address=tcp://127.0.0.1:abc", "--insecure"],
+     "address"),
+    ("bench_core", ["--vocab=0"], "vocab"),
+    ("bench_core", ["--repeats=0"], "repeats"),
+    ("bench_core", ["--ks=0"], "ks"),
+    ("bench_core", ["--json_out=/nonexistent/dir/x.json"], "json_out"),
+    ("bench_core", ["--hf_python=/nonexistent/bin/python"], "hf_python"),
+    ("bench_core", ["stray"], "stray"),
+    ("bench_bridge", ["--depth=0"], "depth"),
+    ("bench_bridge", ["--transports=udp"], "transports"),
+    ("bench_bridge", ["--link_gbps=0"], "link_gbps"),
+    ("bench_bridge", ["--vocab=64", "--k=65"], "k"),
+    ("bench_bridge", ["--json_out=/nonexistent/dir/x.json"], "json_out"),
+    ("bench_sharding", ["--json_out=/nonexistent/dir/x.json"], "json_out"),
+    ("record_figures", ["--commands=pp1_pipeline,round_demo"], "commands"),
+    ("record_figures", ["--commands="], "commands"),
+    ("record_figures", ["--norecord"], "norecord"),
+    ("record_figures", ["--figures_json=/nonexistent/dir/x.json"],
+     "figures_json"),
+    ("record_figures", ["--plot_out=/nonexistent/dir/x.png"], "plot_out"),
 ]
 
 
-def _run(module, args, **env):
+def _command(module, args):
+  return [sys.executable, "-X", "importtime", "-m", f"experiments.{module}",
+          *args]
+
+
+def _env(**env):
   environ = dict(os.environ, PYTHONPATH=_ROOT, **env)
   environ.pop("XLA_FLAGS", None)
-  return subprocess.run(
-      [sys.executable, "-X", "importtime", "-m", f"experiments.{module}",
-       *args], cwd=_ROOT, env=environ, capture_output=True, text=True,
-      timeout=300)
+  return environ
+
+
+def _run(module, args, **env):
+  return subprocess.run(_command(module, args), cwd=_ROOT, env=_env(**env),
+                        capture_output=True, text=True, timeout=300)
 
 
 def _split(stderr):
@@ -148,13 +184,103 @@ def test_bad_flag_is_one_line_at_parse_time(module, args, flag):
     assert "jax" not in modules, f"{module} imported JAX before failing"
 
 
+def _assert_one_line_before_jax(run, module, flag):
+  modules, lines = _split(run.stderr)
+  assert run.returncode == 2, run.stdout + run.stderr
+  assert len(lines) == 1, lines
+  assert lines[0].startswith(f"{module}: "), lines[0]
+  assert f"--{flag}" in lines[0], lines[0]
+  assert "Traceback" not in run.stderr and not run.stdout
+  assert "jax" not in modules, f"{module} imported JAX before failing"
+
+
+@pytest.fixture(name="keys_dirs")
+def _keys_dirs(tmp_path):
+  """(missing, empty, secret only) key folders."""
+  empty, partial = tmp_path / "empty", tmp_path / "partial"
+  empty.mkdir()
+  partial.mkdir(mode=0o700)
+  (partial / "secret.key").write_text("00" * 32 + "\n")
+  os.chmod(partial / "secret.key", 0o600)
+  return tmp_path / "missing", empty, partial
+
+
+@pytest.mark.parametrize("module", ["pp1_pipeline", "bridge_worker"])
+@pytest.mark.parametrize("which", ["missing", "empty", "partial_encrypt"])
+def test_an_unusable_keys_dir_is_refused_at_parse_time(keys_dirs, module,
+                                                       which):
+  """Issue 29: a missing or empty --keys_dir (or one without the CURVE
+  keys of --encrypt) was a FileNotFoundError traceback after JAX started
+  and compiled (the pipeline: once its worker had started and died)."""
+  folder = dict(zip(["missing", "empty", "partial_encrypt"], keys_dirs))[
+      which]
+  args = [f"--keys_dir={folder}"] + (
+      ["--encrypt"] if which == "partial_encrypt" else [])
+  run = _run(module, args)
+  _assert_one_line_before_jax(run, module, "keys_dir")
+  assert str(folder) in run.stderr
+  assert "dyadic_jax.bridge.keys" in run.stderr     # how to make them
+
+
+def test_a_port_in_use_is_refused_at_parse_time():
+  """Issue 29: the worker bound its port only after JAX had started and
+  compiled, and a port another process holds was a ZMQError traceback."""
+  with socket.socket() as held:
+    held.bind(("127.0.0.1", 0))
+    held.listen(1)
+    port = held.getsockname()[1]
+    run = _run("bridge_worker", [f"--address=tcp://127.0.0.1:{port}",
+                                 "--insecure"])
+  _assert_one_line_before_jax(run, "bridge_worker", "address")
+  assert "in use" in run.stderr
+
+
+def test_the_worker_never_announces_an_address_it_did_not_bind():
+  """Issue 29: --address=tcp://127.0.0.1:99999 printed READY with that
+  address while libzmq listened on port 99999 - 65536. A port out of range
+  is refused at parse time; READY names the endpoint actually bound."""
+  proc = subprocess.Popen(
+      _command("bridge_worker", ["--address=tcp://127.0.0.1:99999",
+                                 "--insecure", "--vocab=64", "--k=8",
+                                 "--depth=2", "--requests=1"]),
+      cwd=_ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+      text=True)
+  try:
+    first = proc.stdout.readline()   # READY, or "" once the process ends
+  finally:
+    if proc.poll() is None:
+      proc.kill()
+    _, stderr = proc.communicate(timeout=300)
+  assert not first.startswith("READY"), (
+      f"announced {first.strip()!r} for a port it cannot bind")
+  run = subprocess.CompletedProcess(proc.args, proc.returncode, "", stderr)
+  _assert_one_line_before_jax(run, "bridge_worker", "address")
+  assert "65535" in stderr
+
+
+def test_help_exits_0_and_shows_the_main_flags():
+  """Issue 29: --help exited 1 and hid the pipeline's session flags
+  (defined in experiments/pipeline_config.py) behind --helpfull."""
+  for module in ("pp1_pipeline", "bridge_worker"):
+    run = _run(module, ["--help"])
+    modules, _ = _split(run.stderr)
+    assert run.returncode == 0, run.stderr
+    assert "jax" not in modules, module
+    for flag in ("q", "k", "depth", "requests", "vocab", "keys_dir",
+                 "encrypt", "worker_ranks"):
+      assert f"  --{flag}:" in run.stdout or f"  --[no]{flag}:" in (
+          run.stdout), (module, flag)
+
+
 def test_good_flags_pass_the_same_gate():
   """--help parses every flag's default (no validator rejects a default),
   prints the docstring and exits before JAX."""
   for module in ("pp1_pipeline", "bridge_worker", "round_demo", "acceptance",
-                 "selection_bias", "wire_sizes"):
+                 "selection_bias", "wire_sizes", "bench_core",
+                 "bench_bridge", "record_figures"):
     run = _run(module, ["--helpfull"])
     modules, _ = _split(run.stderr)
+    assert run.returncode == 0, (module, run.stderr)
     assert "jax" not in modules, module
     assert f"experiments.{module}" in run.stdout, module
     assert "%%" not in run.stdout, module  # absl prints help text verbatim
@@ -162,9 +288,16 @@ def test_good_flags_pass_the_same_gate():
 
 
 def test_constants_mirror_the_library():
-  from experiments import cli  # pylint: disable=g-import-not-at-top
+  # pylint: disable=g-import-not-at-top
+  from dyadic_jax.bridge import keys
+  from dyadic_jax.wire import auth
+  from experiments import cli
+  from experiments import pipeline_config
+  # pylint: enable=g-import-not-at-top
   assert cli.DEFAULT_VOCAB == dj.DEFAULT_VOCAB
   assert cli.MAX_VOCAB == dj.MAX_VOCAB
+  assert pipeline_config.KEYS_SECRET == keys.SECRET
+  assert pipeline_config.SECRET_BYTES == auth.SECRET_BYTES
 
 
 def test_worker_config_round_trips_through_its_flags():
@@ -173,12 +306,17 @@ def test_worker_config_round_trips_through_its_flags():
   code = (
       "from absl import flags\n"
       "from experiments import pipeline_config as pc\n"
-      "c = pc.PipelineConfig(vocab=77, depth=3, requests=5, q='dense', k=7,\n"
+      "c = pc.PipelineConfig(vocab=77, depth=3, requests=5, q='sparse', k=7,\n"
       "                      closeness=0.25, model_seed=9, backbone=False)\n"
       "flags.FLAGS(['worker', *c.to_flags()])\n"
-      "print(pc.from_flags() == c, pc.from_flags(default_vocab=5) == c)\n")
+      "print(pc.from_flags() == c, pc.from_flags(default_vocab=5) == c)\n"
+      "# Dense: no --k (it is refused with --q=dense); both ends derive it.\n"
+      "d = pc.PipelineConfig(vocab=77, q='dense', worker_ranks=2)\n"
+      "flags.FLAGS.unparse_flags()\n"
+      "flags.FLAGS(['worker', *d.to_flags()])\n"
+      "print('--k' not in ' '.join(d.to_flags()), pc.from_flags() == d)\n")
   run = subprocess.run([sys.executable, "-c", code], cwd=_ROOT,
                        env=dict(os.environ, PYTHONPATH=_ROOT),
                        capture_output=True, text=True, timeout=120)
   assert run.returncode == 0, run.stderr
-  assert run.stdout.split() == ["True", "True"]
+  assert run.stdout.split() == ["True", "True", "True", "True"]

@@ -10,6 +10,13 @@ verifier that verifies against a uniform q instead of the sampled one)
 moves the first-token distribution far enough that 2,000 samples reject it
 at any reasonable alpha (chi2 ~ 130 on 5 degrees of freedom, p ~ 1e-26,
 measured), so the same harness demonstrably has power.
+
+The default tier runs the pipeline once per mode (one process, gloo
+ranks, a requests x vocab verifier mesh, TP-2 x TP-2), the distribution
+check with its mutant, one rank-link drill and a worker that cannot start;
+--runslow adds the check under injected faults, a killed worker, the
+rank-link equality at an uneven vocabulary with CURVE, and the other two
+rank-link drills.
 """
 
 import json
@@ -156,7 +163,7 @@ def test_distribution_check_passes(tmp_path):
   _time_split_adds_up(record)
 
 
-@pytest.mark.long
+@pytest.mark.slow   # faults at this layer: the soak's, by default
 def test_distribution_check_passes_with_faults(tmp_path):
   record, _, stderr = _run(tmp_path, "--check_distribution",
                            f"--alpha={_ALPHA}", "--inject_faults=0.05",
@@ -180,7 +187,7 @@ def test_distribution_check_rejects_the_mutant(tmp_path):
   assert "p=0.0000" not in stdout
 
 
-@pytest.mark.long
+@pytest.mark.slow   # a killed worker process: test_worker_process, by default
 def test_worker_killed_mid_run(tmp_path):
   record, _, _ = _run(tmp_path, "--tokens=16", "--vocab=4096",
                       "--kill_worker_at=2", "--timeout=1.0")
@@ -195,7 +202,7 @@ _RANKS = ("--tokens=6", "--vocab=1001", "--q=dense")   # blocks 501 + 500
 _LINKS = ("--worker_ranks=2", "--verifier_ranks=2")
 
 
-@pytest.mark.long
+@pytest.mark.slow   # the TP-2 x TP-2 equality: the multiprocess test's
 @pytest.mark.multidevice
 def test_rank_links_commit_what_one_process_commits(tmp_path):
   """A TP-2 worker and a TP-2 verifier, 4 processes, each verifier rank
@@ -225,8 +232,13 @@ def test_rank_links_commit_what_one_process_commits(tmp_path):
 
 @pytest.mark.long
 @pytest.mark.multidevice
-@pytest.mark.parametrize("drill", ["kill_worker_rank", "drop_link_1",
-                                   "corrupt_shard_1"])
+@pytest.mark.parametrize("drill", [
+    # An authentic shard with a wrong global mass, by default (a bad q is
+    # discarded on every rank); the lost link and the killed worker rank
+    # under --runslow.
+    pytest.param("kill_worker_rank", marks=pytest.mark.slow),
+    pytest.param("drop_link_1", marks=pytest.mark.slow),
+    "corrupt_shard_1"])
 def test_rank_link_faults_discard_everywhere(tmp_path, drill):
   """A worker rank killed mid-round, every message of rank 1's link
   dropped, rank 1's shard corrupted (authentic, but its row's global mass

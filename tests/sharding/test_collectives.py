@@ -54,6 +54,7 @@ def _gathered(impl, x, mesh):
   return np.asarray(jax.jit(fn)(x))
 
 
+@pytest.mark.qualify
 @pytest.mark.parametrize("n", [1, 2, 4, 8])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int32,
                                    np.int64, np.bool_])
@@ -69,6 +70,7 @@ def test_gather_implementations_are_bit_identical(n, dtype):
   np.testing.assert_array_equal(b.view(np.uint8), x.view(np.uint8))
 
 
+@pytest.mark.qualify
 def test_this_jax_has_the_modern_spelling():
   assert collectives.GATHER == "all_gather"
   mesh = _mesh(2)

@@ -4,9 +4,12 @@ Mesh sizes 1, 2, 4, 8 (and 3, which divides none of the vocabularies),
 vocabularies that do not divide evenly (7 over 8 shards leaves one shard
 all padding), random and adversarial rows (dyadic_jax/testing/
 adversarial.py), in the "loop" row mode and, on a subset of the cases, the
-"batched" one (the accelerators' path). Runs on emulated CPU devices
-(tests/conftest.py asks for 8) and unchanged on GPUs; skips when the
-machine has fewer devices than a case needs.
+"batched" one (the accelerators' path). The default tier runs the
+corners of the grid (every op once per mesh size, uneven and all-padding
+splits, the full vocabulary on the largest mesh); --runslow the whole
+grid. Runs on emulated CPU devices (tests/conftest.py asks for 8) and
+unchanged on GPUs; skips when the machine has fewer devices than a case
+needs.
 """
 
 import functools
@@ -51,35 +54,43 @@ _rows = functools.lru_cache(maxsize=None)(
 _logits = adversarial.logit_rows
 
 
-# Every op on every mesh size, each size with a small and a mid vocabulary
-# (7 over 8 shards leaves a shard of padding only; 1001 divides by none of
-# them), and the full vocabulary once.
-CASES = [(n, v) for n in (1, 2, 4, 8) for v in (7, 1001)] + [
-    (3, 1001), (8, dj.DEFAULT_VOCAB)]
-# The batched row mode (the accelerators' path) on a subset that keeps its
-# corners: one shard, an even split, an all-padding shard, the full
-# vocabulary.
-BATCHED_CASES = [(1, 1001), (2, 7), (8, 7), (8, dj.DEFAULT_VOCAB)]
-# verify_chain composes the ops above; its own cost is compile time, so it
-# runs on one vocabulary per mesh size in loop mode, and on an uneven split
-# and the full vocabulary in batched mode.
-VERIFY_CASES = [(1, 1001), (2, 7), (3, 1001), (4, 1001), (8, 7),
-                (8, dj.DEFAULT_VOCAB)]
-VERIFY_BATCHED_CASES = [(2, 1001), (8, dj.DEFAULT_VOCAB)]
+# Every op on every mesh size (3 divides none of the vocabularies, 7 over 8
+# shards leaves a shard of padding only, 1001 divides by none of them), in
+# the loop row mode (CPU's); the batched mode (the accelerators') on one
+# uneven split and the full vocabulary on the largest mesh. These corners
+# run by default; the rest of the grid (each size with both a small and a
+# mid vocabulary, the full vocabulary in both modes) under --runslow.
+CASES = [(1, 1001), (2, 7), (3, 1001), (4, 1001), (8, 7)]
+SLOW_CASES = [(1, 7), (2, 1001), (4, 7), (8, 1001), (8, dj.DEFAULT_VOCAB)]
+BATCHED_CASES = [(2, 7), (8, dj.DEFAULT_VOCAB)]
+SLOW_BATCHED_CASES = [(1, 1001), (8, 7)]
+# verify_chain composes the ops above; its own cost is compile time, so its
+# grid is the same corners plus, under --runslow, an even split in batched
+# mode and the full vocabulary in loop mode.
+VERIFY_CASES = CASES
+SLOW_VERIFY_CASES = [(8, dj.DEFAULT_VOCAB)]
+VERIFY_BATCHED_CASES = [(8, dj.DEFAULT_VOCAB)]
+SLOW_VERIFY_BATCHED_CASES = [(2, 1001)]
 
 
-def _mode_cases(loop, batched):
+def _mode_cases(loop, batched, slow_loop=(), slow_batched=()):
+  slow = pytest.mark.slow
   return pytest.mark.parametrize(
       "row_mode,n,v",
-      [pytest.param(mode, n, v, id=f"{mode}-{n}-{v}")
-       for mode, cases in (("loop", loop), ("batched", batched))
+      [pytest.param(mode, n, v, id=f"{mode}-{n}-{v}",
+                    marks=[slow] if is_slow else [])
+       for mode, cases, is_slow in (("loop", loop, False),
+                                    ("loop", slow_loop, True),
+                                    ("batched", batched, False),
+                                    ("batched", slow_batched, True))
        for n, v in cases],
       indirect=["row_mode"])
 
 
-_MODES = _mode_cases(CASES, BATCHED_CASES)
+_MODES = _mode_cases(CASES, BATCHED_CASES, SLOW_CASES, SLOW_BATCHED_CASES)
 
 
+@pytest.mark.qualify
 @_MODES
 def test_weights_equal(row_mode, n, v):
   del row_mode
@@ -93,6 +104,7 @@ def test_weights_equal(row_mode, n, v):
                               sharding.target_probs(logits, mesh=mesh))
 
 
+@pytest.mark.qualify
 @_MODES
 def test_dense_allocation_equal(row_mode, n, v):
   del row_mode
@@ -101,6 +113,7 @@ def test_dense_allocation_equal(row_mode, n, v):
                               sharding.allocate_dense(w, mesh=_mesh(n)))
 
 
+@pytest.mark.qualify
 @_MODES
 @pytest.mark.parametrize("k", [1, 32])  # k = 1, k < V and (V = 7) k >= V
 def test_sparse_allocation_equal(row_mode, n, v, k):
@@ -111,6 +124,7 @@ def test_sparse_allocation_equal(row_mode, n, v, k):
                               sharding.allocate_sparse(w, k, mesh=_mesh(n)))
 
 
+@pytest.mark.qualify
 @_MODES
 def test_proposal_rows_equal(row_mode, n, v):
   del row_mode
@@ -127,6 +141,7 @@ def test_proposal_rows_equal(row_mode, n, v):
                sharding.propose_sparse(logits, u, k, mesh=mesh))
 
 
+@pytest.mark.qualify
 @_MODES
 def test_draws_equal(row_mode, n, v):
   del row_mode
@@ -142,6 +157,7 @@ def test_draws_equal(row_mode, n, v):
         sharding.sample_counts(counts, u, mesh=_mesh(n)))
 
 
+@pytest.mark.qualify
 @_MODES
 def test_target_only_sampler_equal(row_mode, n, v):
   del row_mode
@@ -153,7 +169,9 @@ def test_target_only_sampler_equal(row_mode, n, v):
       sharding.sample_target(logits, keys, mesh=_mesh(n)))
 
 
-@_mode_cases(VERIFY_CASES, VERIFY_BATCHED_CASES)
+@pytest.mark.qualify
+@_mode_cases(VERIFY_CASES, VERIFY_BATCHED_CASES, SLOW_VERIFY_CASES,
+             SLOW_VERIFY_BATCHED_CASES)
 @pytest.mark.parametrize("representation", ["dense", "sparse"])
 def test_verify_chain_equal(row_mode, n, v, representation):
   del row_mode

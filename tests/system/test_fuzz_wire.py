@@ -2,9 +2,12 @@
 
 The corpus (tests/fuzz_corpus/wire/) holds one frame per rejection class
 `decode` can produce, named by that class, plus valid frames; it must be
-exactly what tests/fuzz_corpus/make_wire_corpus.py writes. The fuzz run
-(tests/fuzz_wire.py under atheris) does 200,000 executions from that
-corpus with a fixed seed; it skips only where atheris is not installed.
+exactly what tests/fuzz_corpus/make_wire_corpus.py writes. The fuzz runs
+(tests/fuzz_wire.py under atheris, a fixed seed, from a copy of that
+corpus) replay the corpus and make 20,000 executions in all by default;
+the 200,000-execution campaign is in the --runslow tier (a fixed-seed
+campaign finds the same inputs on every run: the corpus is where its
+regression value lives). Both skip only where atheris is not installed.
 """
 
 import shutil
@@ -17,7 +20,8 @@ from tests import fuzz_wire
 from tests.fuzz_corpus import make_wire_corpus
 
 CORPUS = make_wire_corpus.DIRECTORY
-RUNS = 200_000
+RUNS = 20_000            # the default tier: the corpus and new inputs
+CAMPAIGN_RUNS = 200_000  # --runslow
 
 
 def _corpus_files():
@@ -50,13 +54,22 @@ def test_corpus_covers_every_code_decode_can_raise():
     assert code.name in make_wire_corpus.__doc__, code
 
 
-@pytest.mark.long
-def test_fuzz_run_fixed_seed(tmp_path):
+def _campaign(tmp_path, runs):
   pytest.importorskip("atheris", reason="atheris is not installed")
   corpus = tmp_path / "corpus"  # libFuzzer adds new inputs to this copy
   shutil.copytree(CORPUS, corpus)
   artifacts = tmp_path / "artifacts"
   artifacts.mkdir()
-  result = fuzz_wire.run_fuzz([corpus], runs=RUNS, seed=1,
-                              artifact_dir=artifacts, timeout=600)
-  fuzz_run.check(result, artifacts, RUNS, "tests/fuzz_wire.py")
+  result = fuzz_wire.run_fuzz([corpus], runs=runs, seed=1,
+                              artifact_dir=artifacts, timeout=1800)
+  fuzz_run.check(result, artifacts, runs, "tests/fuzz_wire.py",
+                 corpus_files=len(_corpus_files()))
+
+
+def test_fuzz_corpus_replay_and_bounded_run(tmp_path):
+  _campaign(tmp_path, RUNS)
+
+
+@pytest.mark.slow
+def test_fuzz_campaign_fixed_seed(tmp_path):
+  _campaign(tmp_path, CAMPAIGN_RUNS)

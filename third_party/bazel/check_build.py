@@ -71,10 +71,16 @@ KNOWN_THIRD_PARTY = {
 EXTRA_TAGS = {name: ["slow"] for name in (
     "experiments_test_pp1_pipeline", "system_test_soak", "system_test_fuzz_wire", "experiments_test_acceptance_fleet",
     "experiments_test_bench_bridge", "system_test_fuzz_sessions", "system_test_audit_drill",
-    "bridge_test_hardening", "experiments_test_gpu_qualify",
+    "bridge_test_hardening", "system_test_qualify",
     # mypy reads the whole source tree, which a Bazel sandbox holding only
     # the target's runfiles does not have; the README's pytest command runs it.
     "test_typecheck")}
+
+# The smoke set CI runs under Bazel after building every target (the README's
+# pytest command runs every test; Bazel's own value is that each target
+# builds and its declared deps suffice): one quick file per layer.
+SMOKE = ("core_test_codec", "core_test_rng", "wire_test_validate",
+         "bridge_test_keys", "sharding_test_mesh")
 
 # Bazel shards of the heaviest files (third_party/bazel/pytest_main.py deals
 # their tests out round-robin): one process per file would otherwise run
@@ -104,12 +110,20 @@ EXTRA_DEPS = {"test_readme": ["dyadic_jax", "sharding", "dyadic_jax_bridge",
                            "experiments_selection_bias",
                            "experiments_wire_sizes",
                            "experiments_bench_sharding",
-                           "experiments_pipeline_config"],
-              "experiments_test_gpu_qualify": ["experiments_gpu_qualify",
-                                   "experiments_bench_core"],
+                           "experiments_pipeline_config",
+                           "experiments_record_figures"],
+              # test_figures reads the docstrings the figures are quoted in.
+              "test_figures": ["experiments_pp1_pipeline",
+                               "experiments_acceptance",
+                               "experiments_bench_core"],
+              # The benchmark runs bench_core as a subprocess.
+              "system_test_qualify": ["experiments_bench_core"],
+              # conftest.py loads the report plugin through pytest_plugins.
+              "tests_conftest": ["tests_qualify_report"],
               "system_test_fuzz_wire": ["tests_fuzz_wire"]}
 _CORPUS = "tests/fuzz_corpus/wire"
 EXTRA_DATA = {"test_readme": ["README.md"],
+              "test_figures": ["README.md", "docs/figures.json"],
               "system_test_fuzz_wire": sorted(
                   f"{_CORPUS}/{f}" for f in os.listdir(os.path.join(
                       ROOT, _CORPUS)) if f.endswith(".bin")),
@@ -290,6 +304,8 @@ class Project:
         entry["deps"] |= {target_of(f) for f in support_files
                           if here.startswith(os.path.dirname(f) + "/")}
         tags = set(EXTRA_TAGS.get(name, ()))
+        if name in SMOKE:
+          tags.add("smoke")
         if _module_level_slow(source):
           tags.add("slow")
         if name not in NOT_MULTIDEVICE and (
@@ -323,7 +339,7 @@ def _module_level_slow(source):
 HEADER = '''\
 # Bazel build of dyadic-jax (Bazel 4.2.x, e.g. Debian's bazel-bootstrap).
 #
-# Run:    bash .ci/bazel_test.sh /path/to/venv/bin/python [//:fast | //...]
+# Run:    bash .ci/bazel_test.sh /path/to/venv/bin/python [//:smoke | //:fast]
 # Check:  python3 third_party/bazel/check_build.py   (--write regenerates this
 #         file from the sources' imports; tags: see EXTRA_TAGS there)
 #
@@ -357,18 +373,22 @@ HEADER = '''\
 #     __init__.py and everything it imports is in its runfiles.
 # The same rule applies to sharding/ and experiments/.
 #
-# Tests: one py_test per tests/test_*.py, run through pytest by
+# Tests: one py_test per tests/**/test_*.py, run through pytest by
 # third_party/bazel/pytest_main.py (which gets the file via $(rootpath)).
 # legacy_create_init = False stops Bazel from adding empty __init__.py files
 # to the runfiles (one would turn tests/ into a package, or could stand in
 # for a missing dyadic_jax/__init__.py). The runfiles root is on sys.path
 # (Bazel's Python stub does that), so "import dyadic_jax" works; the
 # workspace must not be named "dyadic_jax" (see WORKSPACE). Non-test files in
-# tests/ are libraries too: every test depends on tests/conftest.py (and
-# tests/__init__.py), helpers only where imported.
+# tests/ are libraries too: every test depends on tests/conftest.py and the
+# __init__.py files of its directory and those above it, helpers only where
+# imported.
 # Tags: "slow" (module-level pytestmark = pytest.mark.slow, or EXTRA_TAGS in
-# check_build.py) and "multidevice" (uses several devices).
-# //:fast = every test not tagged slow; //:slow; //:multidevice.
+# check_build.py), "multidevice" (uses several devices) and "smoke" (SMOKE in
+# check_build.py: one quick file per layer).
+# //:fast = every test not tagged slow; //:slow; //:multidevice; //:smoke.
+# CI builds //... (every target analyzes and builds) and runs //:smoke; the
+# README's pytest command is what runs every test.
 '''
 
 PRELUDE = '''\
@@ -400,6 +420,11 @@ test_suite(
 test_suite(
     name = "multidevice",
     tags = ["multidevice"],
+)
+
+test_suite(
+    name = "smoke",
+    tags = ["smoke"],
 )
 '''
 
@@ -595,6 +620,9 @@ def check(project, targets):
   suites = {n: r for n, r in rules.items() if r["kind"] == "test_suite"}
   if "fast" not in suites or "-slow" not in suites["fast"].get("tags", []):
     errors.append("//:fast test_suite (tags = [\"-slow\"]) is missing")
+  for name in SMOKE:
+    if name not in rules or rules[name]["kind"] != "py_test":
+      errors.append(f"SMOKE names //:{name}, which is not a test target")
   return errors
 
 

@@ -21,6 +21,7 @@ A new representation is one module with a `QFormat` subclass and one line
 in `dyadic_jax/wire/qformats/__init__.py`.
 """
 
+import math
 import typing
 
 import numpy as np
@@ -51,9 +52,12 @@ def aligned_empty(shape, dtype, alignment=64):
   64-byte alignment lets JAX on CPU read it without a copy (dlpack).
   """
   dtype = np.dtype(dtype)
-  nbytes = int(np.prod(shape)) * dtype.itemsize
+  shape = tuple(shape) if np.iterable(shape) else (shape,)
+  nbytes = math.prod(shape) * dtype.itemsize
   raw = np.empty(nbytes + alignment, np.uint8)
-  start = (-raw.ctypes.data) % alignment
+  # The address without ctypes (np.prod and .ctypes cost ~100 us a call;
+  # the sessions fuzz target makes several arrays per input).
+  start = (-raw.__array_interface__["data"][0]) % alignment
   return raw[start:start + nbytes].view(dtype).reshape(shape)
 
 

@@ -1,7 +1,9 @@
 """Sparse q rows: top-k supports, int32 ids[D, k] then float32 q[D, k].
 
 Row i holds n[i] live entries (1 <= n <= k), ids strictly ascending in
-[0, V); entries past n are padding and never read. Validation is
+[0, V), q = 0 allowed; entries past n are padding and never read.
+`to_q` hands verification the canonical form (zero entries dropped,
+padding (-1, 0)). Validation is
 `dyadic_jax.qrows.sparse` on the bit patterns: with numpy for one row or
 a loose batch, or (`device=True`, the verifier's staged batch) the same
 kernel under one jitted call with the sampling audit: a k = 32 batch is a
@@ -73,10 +75,18 @@ class SparseFormat(base.QFormat):
     return base.Verdict(counts, codes)
 
   def to_q(self, counts, rows):
+    # The core takes the canonical form (`verification.SparseQ`): the
+    # positive counts first, in the wire's ascending id order, then (-1,
+    # 0). A wire row may list ids with q = 0; dropping them changes no
+    # probability, and the core would refuse them (MISSING_Q).
+    counts = np.asarray(counts, np.int32)
     live = np.arange(rows.ids.shape[-1]) < np.asarray(rows.n)[..., None]
-    ids = np.where(live, rows.ids, -1).astype(np.int32)
-    return verification.SparseQ(ids, np.asarray(counts, np.int32),
-                                np.asarray(rows.n, np.int32))
+    held = live & (counts > 0)
+    order = np.argsort(~held, axis=-1, kind="stable")
+    pick = lambda a, fill: np.take_along_axis(np.where(held, a, fill), order,
+                                              -1).astype(np.int32)
+    return verification.SparseQ(pick(rows.ids, -1), pick(counts, 0),
+                                held.sum(-1, dtype=np.int32))
 
 
 FORMAT = SparseFormat()
