@@ -13,6 +13,7 @@ Stdlib only, no flags: the test imports it without absl or JAX.
 """
 
 import dataclasses
+import difflib
 import json
 import os
 import textwrap
@@ -70,10 +71,11 @@ def _runtime_paragraph(command: str) -> typing.Callable[[Figures], str]:
 
 def _main_job_docstring(entry: Figures) -> str:
   start, rounds = rounds_seconds(entry)
-  return (_runtime_paragraph(MAIN_JOB)(entry) + f" Of its summary's wall "
-          f"time, start-up, compile and worker start-up took {start:.1f} s "
-          f"and the {entry['figures']['rounds']} rounds {rounds:.1f} s; "
-          "--tokens scales only the rounds.")
+  return (_runtime_paragraph(MAIN_JOB)(entry) + " Of the "
+          f"{entry['figures']['time_s']['wall']:.1f} s its summary counts, "
+          f"start-up, compile and worker start-up took {start:.1f} s and the "
+          f"{entry['figures']['rounds']} rounds {rounds:.1f} s; --tokens "
+          "scales only the rounds.")
 
 
 def _main_job_comment(entry: Figures) -> str:
@@ -189,16 +191,15 @@ def problem(text: str, slot: Slot, figures: Figures) -> str | None:
   except SlotError as e:
     return str(e)
   found = lines[start:end]
+  where = f"{slot.path}:{start + 1}: disagrees with docs/figures.json"
   if slot.fenced:
-    same = found == want.split("\n")
-    shown_want, shown_found = want, "\n".join(found)
-  else:
-    shown_want, shown_found = " ".join(want.split()), _words(slot, found)
-    same = shown_want == shown_found
-  if same:
+    diff = list(difflib.unified_diff(want.split("\n"), found, "recorded",
+                                     "found", n=0, lineterm=""))
+    return "\n".join([where, *diff]) if diff else None
+  want, found_words = " ".join(want.split()), _words(slot, found)
+  if want == found_words:
     return None
-  return (f"{slot.path}:{start + 1}: disagrees with docs/figures.json\n"
-          f"  recorded: {shown_want}\n  found:    {shown_found}")
+  return f"{where}\n  recorded: {want}\n  found:    {found_words}"
 
 
 def rewrite(text: str, slot: Slot, figures: Figures) -> str:
