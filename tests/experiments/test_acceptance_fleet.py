@@ -158,7 +158,7 @@ def test_wire_sizes_fleet(tmp_path):
   assert dense["estimate_sustained"] == 14  # 37.5e6 // 2,585,600
 
 
-@pytest.mark.long
+@pytest.mark.slow   # 4 processes, ~3 minutes on 2 cores: --runslow
 @pytest.mark.multidevice
 def test_bench_rank_links(tmp_path):
   """One link vs rank links, one run: each rank link carries half of the
