@@ -133,7 +133,7 @@ from dyadic_jax.bridge import audit, keys, proposer as proposer_lib
 from dyadic_jax.bridge.counters import Counters
 from dyadic_jax.testing import session_pair
 from dyadic_jax.wire import auth as bridge_auth
-from dyadic_jax.wire import codec, validate_q_row
+from dyadic_jax.wire import codec, qformats, validate_q_row
 from dyadic_jax.wire.layouts import FIXED_BYTES, Kind, Representation
 # pylint: enable=g-import-not-at-top,g-bad-import-order
 
@@ -182,28 +182,24 @@ def interleaved(stages, repeats, warmup=_WARMUP):
 
 
 def proposals(rng, caps, depth, requests):
-  """One Proposal of q rows per request; its tokens are a round's
+  """One Proposal of q rows per request, in the session's q format
+  (`QFormat.put`): positive counts on a random support of the row width
+  (all of the vocabulary for dense rows). Its tokens are a round's
   (`Rounds`), zero here."""
+  fmt, w = caps.format, caps.width
   out = []
   for _ in range(requests):
-    tokens = np.zeros(depth, np.int32)
-    if caps.representation == Representation.DENSE:
-      v = caps.vocab
-      w = rng.exponential(size=(depth, v)) ** 4
-      counts = np.floor(w / w.sum(-1, keepdims=True) * _M).astype(np.int64)
-      counts[np.arange(depth), counts.argmax(-1)] += _M - counts.sum(-1)
-      out.append(proposer_lib.Proposal(tokens, (counts / _M).astype(
-          np.float32), None, np.full(depth, v, np.int32)))
-    else:
-      k = caps.max_support
-      ids = np.sort(np.stack([rng.choice(caps.vocab, k, replace=False)
-                              for _ in range(depth)]), -1).astype(np.int32)
-      w = rng.exponential(size=(depth, k))
-      counts = 1 + np.floor(w / w.sum(-1, keepdims=True) * (_M - k)).astype(
-          np.int64)
-      counts[np.arange(depth), counts.argmax(-1)] += _M - counts.sum(-1)
-      out.append(proposer_lib.Proposal(tokens, (counts / _M).astype(
-          np.float32), ids, np.full(depth, k, np.int32)))
+    ids = np.sort(np.stack([rng.choice(caps.vocab, w, replace=False)
+                            for _ in range(depth)]), -1).astype(np.int32)
+    weights = rng.exponential(size=(depth, w))
+    counts = 1 + np.floor(weights / weights.sum(-1, keepdims=True)
+                          * (_M - w)).astype(np.int64)
+    counts[np.arange(depth), counts.argmax(-1)] += _M - counts.sum(-1)
+    rows = fmt.staging(1, depth, w)
+    rows = qformats.Rows(*(None if a is None else a[0] for a in rows))
+    fmt.put(rows, ids, counts)
+    out.append(proposer_lib.Proposal(np.zeros(depth, np.int32), rows.values,
+                                     rows.ids, rows.n))
   return out
 
 

@@ -10,7 +10,7 @@ disagree about a default.
 
 Adding a shared setting: a field of `PipelineConfig`, its flag below (with
 its bounds), and its value in `from_flags`; `to_flags` forwards every field
-(k only with sparse q: --k is refused with any other --q).
+(k only with a q format that uses it: --k is refused with any other --q).
 Settings of one side only (the pipeline's --tokens, the worker's --address)
 are that program's own flags.
 
@@ -36,7 +36,22 @@ MAX_DEPTH = 32        # drafted positions per round (the toy's backbone is
 MAX_REQUESTS = 64     # requests per batch slot
 MAX_RANKS = 4         # processes of a tensor-parallel side, on loopback
 MAX_MODEL_SEED = (1 << 31) - 2    # jax.random.key(seed + 1) in int32
-Q_CHOICES = ("sparse", "dense", "greedy")
+
+
+class QChoice(typing.NamedTuple):
+  """What the flags' checks need of a q format (`dyadic_jax.wire.qformats`:
+  `uses_support`, `shardable`, `sampled`), before JAX starts."""
+  uses_support: bool     # --k is its row width
+  shardable: bool        # rank links may split its rows (--worker_ranks)
+  sampled: bool          # its rows carry q (else the greedy mode)
+
+
+# The q formats by --q name, mirrored from `qformats.BY_NAME` (importing
+# dyadic_jax starts JAX; tests/experiments/test_cli.py holds them equal).
+Q_FORMATS = {"sparse": QChoice(True, False, True),
+             "dense": QChoice(False, True, True),
+             "greedy": QChoice(False, False, False)}
+Q_CHOICES = tuple(Q_FORMATS)
 # dyadic_jax.bridge.keys.SECRET and dyadic_jax.wire.auth.SECRET_BYTES,
 # mirrored: importing them starts JAX (tests/experiments/test_cli.py holds
 # them equal).
@@ -54,8 +69,9 @@ REQUESTS = flags.DEFINE_integer(
     "requests", 4, f"Requests verified together in one batch slot "
     f"(1..{MAX_REQUESTS}).", lower_bound=1, upper_bound=MAX_REQUESTS)
 Q = flags.DEFINE_enum(
-    "q", "sparse", list(Q_CHOICES), "Wire representation of q: sparse "
-    "top-k rows, dense V rows, or greedy (v1: token ids only, worker only).")
+    "q", "sparse", list(Q_CHOICES), "Wire representation of q (a "
+    "dyadic_jax.wire.qformats name): sparse top-k rows, dense V rows, or "
+    "greedy (v1: token ids only, worker only).")
 K = flags.DEFINE_integer(
     "k", 32, "Support of sparse q rows, in [1, V] (when not given: "
     "min(32, V / 2), e.g. for the distribution check's small vocabulary); "
@@ -109,12 +125,18 @@ cli.check(["k", "vocab"], lambda k, vocab: vocab is None or k <= vocab,
           "--k must be <= --vocab")
 cli.check(["worker_bug", "q", "worker_ranks"],
           lambda worker_bug, q, worker_ranks: worker_bug != "shard_mass" or (
-              q == "dense" and worker_ranks > 1),
+              Q_FORMATS[q].shardable and worker_ranks > 1),
           "--worker_bug=shard_mass corrupts one rank link's shard: it needs "
           "--q=dense and --worker_ranks > 1")
-cli.check(["k", "q"], lambda k, q: q == "sparse" or not flags.FLAGS["k"].present,
+cli.check(["k", "q"],
+          lambda k, q: Q_FORMATS[q].uses_support
+          or not flags.FLAGS["k"].present,
           "--k is the support of sparse q rows: it does not apply to "
-          "--q=dense or --q=greedy (give one of --q=sparse, or no --k)")
+          + " or ".join(f"--q={n}" for n, f in Q_FORMATS.items()
+                        if not f.uses_support)
+          + " (give one of --q=" + ", --q=".join(
+              n for n, f in Q_FORMATS.items() if f.uses_support)
+          + ", or no --k)")
 cli.check(["insecure", "keys_dir", "encrypt"],
           lambda insecure, keys_dir, encrypt: not (insecure and (
               keys_dir or encrypt)),
@@ -178,8 +200,9 @@ class PipelineConfig:
     vocab: V.
     depth: D, drafted positions per request and round.
     requests: requests per batch slot.
-    q: "sparse", "dense" or "greedy" (v1, token ids only).
-    k: support of sparse rows (ignored otherwise).
+    q: a q format's name (`Q_FORMATS`): "sparse", "dense" or "greedy"
+      (v1, token ids only).
+    k: support of sparse rows (ignored by a format that does not use it).
     closeness: the toy draft's closeness to the target, in [0, 1].
     model_seed: seed of the toy models.
     backbone: the draft's parallel backbone on or off.
@@ -187,8 +210,8 @@ class PipelineConfig:
     insecure: no authentication on the link.
     encrypt: ZeroMQ CURVE on the link.
     worker_bug: "none", or the "token_not_from_q" or "shard_mass" drill.
-    worker_ranks: tensor-parallel ranks of the worker (dense q: one rank
-      link per rank, `Capabilities.shards`).
+    worker_ranks: tensor-parallel ranks of the worker (shardable, i.e.
+      dense, q: one rank link per rank, `Capabilities.shards`).
   """
   vocab: int = cli.DEFAULT_VOCAB
   depth: int = 5
@@ -213,7 +236,7 @@ class PipelineConfig:
             and 0 <= self.model_seed <= MAX_MODEL_SEED
             and 1 <= self.worker_ranks <= MAX_RANKS):
       raise ValueError(f"PipelineConfig: a value out of bounds: {self}")
-    if self.q == "sparse" and not 1 <= self.k <= self.vocab:
+    if Q_FORMATS[self.q].uses_support and not 1 <= self.k <= self.vocab:
       raise ValueError(f"PipelineConfig: k={self.k} not in [1, V={self.vocab}]")
 
   def to_flags(self) -> list[str]:
@@ -221,7 +244,8 @@ class PipelineConfig:
     out = []
     for field in dataclasses.fields(self):
       value = getattr(self, field.name)
-      if value is None or (field.name == "k" and self.q != "sparse"):
+      if value is None or (field.name == "k"
+                           and not Q_FORMATS[self.q].uses_support):
         continue   # k is sparse rows' only (the other end derives it alike)
       if isinstance(value, bool):
         out.append(f"--{field.name}" if value else f"--no{field.name}")
@@ -231,23 +255,20 @@ class PipelineConfig:
 
   @property
   def rank_links(self) -> bool:
-    """Dense q from a tensor-parallel worker: one link per rank."""
-    return self.q == "dense" and self.worker_ranks > 1
+    """Shardable (dense) q from a tensor-parallel worker: one link per
+    rank."""
+    return Q_FORMATS[self.q].shardable and self.worker_ranks > 1
 
   def capabilities(self) -> "bridge.Capabilities":
     """The bridge Capabilities (HELLO) of this config (of rank 0's link
     with rank links: `Capabilities.link(s)` is rank s's); imports the
     bridge."""
     from dyadic_jax import bridge  # pylint: disable=g-import-not-at-top
-    from dyadic_jax.wire import layouts  # pylint: disable=g-import-not-at-top
-    representation = {"sparse": layouts.Representation.SPARSE,
-                      "dense": layouts.Representation.DENSE,
-                      "greedy": layouts.Representation.TOKEN}[self.q]
-    mode = (layouts.Mode.GREEDY if self.q == "greedy"
-            else layouts.Mode.SAMPLED)
+    from dyadic_jax.wire import qformats  # pylint: disable=g-import-not-at-top
+    fmt = qformats.BY_NAME[self.q]
     return bridge.Capabilities(
-        mode=mode, vocab=self.vocab, max_depth=self.depth,
-        max_requests=self.requests, representation=representation,
+        mode=fmt.mode, vocab=self.vocab, max_depth=self.depth,
+        max_requests=self.requests, representation=fmt.representation,
         max_support=self.k,
         shards=self.worker_ranks if self.rank_links else 1)
 

@@ -260,13 +260,15 @@ cli.check("timeout_max", _finite_in(0.0, 3600.0, open_lo=True),
           "--timeout_max must be a number of seconds in (0, 3600]")
 cli.check("alpha", lambda a: math.isfinite(a) and 0.0 < a < 1.0,
           "--alpha must be in (0, 1)")
-cli.check("q", lambda q: q != "greedy", "--q=greedy is the worker's v1 "
-          "mode (no q on the wire); the pipeline verifies sparse or dense q")
+_Q = pipeline_config.Q_FORMATS
+cli.check("q", lambda q: _Q[q].sampled, "--q=greedy is the worker's v1 "
+          "mode (no q on the wire); the pipeline verifies q rows (--q="
+          + " or --q=".join(n for n, f in _Q.items() if f.sampled) + ")")
 cli.check(["check_samples", "requests"], lambda check_samples, requests:
           check_samples >= requests, "--check_samples must be >= --requests")
 cli.check(["k", "vocab", "check_distribution", "check_vocab", "q"],
           lambda k, vocab, check_distribution, check_vocab, q: (
-              q != "sparse" or vocab is not None
+              not _Q[q].uses_support or vocab is not None
               or not flags.FLAGS["k"].present
               or k <= (check_vocab if check_distribution
                        else cli.DEFAULT_VOCAB)),
@@ -292,7 +294,7 @@ cli.check(["multiprocess", "verifier_ranks", "verifier_devices"],
           "(and --multiprocess) run ranks of one device each")
 cli.check(["q", "worker_ranks", "verifier_ranks", "multiprocess"],
           lambda q, worker_ranks, verifier_ranks, multiprocess: (
-              q != "dense" or worker_ranks == 1
+              not _Q[q].shardable or worker_ranks == 1
               or worker_ranks == (2 if multiprocess else verifier_ranks)),
           "--q=dense with --worker_ranks > 1 pairs each worker rank with a "
           "verifier rank: --verifier_ranks must equal --worker_ranks")
@@ -308,7 +310,7 @@ cli.check(["verifier_requests", "verifier_devices", "multiprocess",
           "vocabulary only)")
 cli.check(["fault_link", "q", "worker_ranks"],
           lambda fault_link, q, worker_ranks: fault_link == 0 or (
-              q == "dense" and fault_link < worker_ranks),
+              _Q[q].shardable and fault_link < worker_ranks),
           "--fault_link names a rank link: it needs --q=dense and "
           "--worker_ranks > it")
 cli.check("fault_kinds", lambda kinds: set(kinds) <= {
@@ -326,9 +328,6 @@ pipeline_config.check_keys_dir(["verifier", "worker"])
 cli.parse_flags_early(__name__)
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-# The seed's size table: q bytes per request and round (exact arithmetic).
-_SEED_BYTES = {"dense": lambda v, d, k: 4 * v * d,
-               "sparse": lambda v, d, k: 8 * k * d}
 _READY_TIMEOUT_S = 600   # worker start-up: JAX import and one compile
 
 
@@ -643,32 +642,24 @@ def _build_verifier(jax: typing.Any, config: pipeline_config.PipelineConfig,
   _say("compile: the verifier's programs (target rows, verification, "
        "the target-only fallback)")
   with watch.phase("compile"):
-    d, k = config.depth, caps.width
+    d = config.depth
     prefix = np.asarray(_request_spec(0, config.vocab)[0], np.int32)
     draft = np.zeros(d, np.int32)
     logits = target.logits(prefix, draft)
     target.logits(prefix, draft[:0])           # the fallback's single row
-    # A valid q of the run's shapes: M split evenly over the row.
-    width = config.vocab if config.q == "dense" else k
-    counts = np.full((d, width), dj.M // width, np.int32)
-    counts[:, 0] += dj.M - counts[0].sum()
-    q: dj.DenseQ | dj.SparseQ
+    # A valid q of the run's shapes, from the session's q format.
+    q = caps.format.example_q(d, config.vocab, config.k)
     if config.rank_links:
       # As the rounds hold q: each rank's block of every request's rows.
       lo, hi = caps.link(_RANK.value).shard_range
       blocks = np.zeros((caps.max_requests, d, caps.width), np.int32)
-      blocks[..., :hi - lo] = counts[:, lo:hi]
+      blocks[..., :hi - lo] = q.counts[:, lo:hi]
       q = dj.DenseQ(assemble(blocks))
       r = caps.max_requests
       block(dj.qcheck.check_dense(
           assemble(np.zeros((r, d, caps.width), np.float32)),
           np.zeros((r, d), np.int32), np.zeros((r, d), np.uint32),
           vocab=config.vocab, executor=executor))
-    elif config.q == "dense":
-      q = dj.DenseQ(jnp.asarray(counts))
-    else:
-      q = dj.SparseQ(jnp.tile(jnp.arange(k, dtype=jnp.int32), (d, 1)),
-                     jnp.asarray(counts), jnp.full(d, k, jnp.int32))
     key = dj.round_key(0, 0, 0)
     batch = lambda x: jnp.stack([x] * caps.max_requests)
     block(verify(batch(logits), q if config.rank_links else jax.tree.map(
@@ -944,7 +935,8 @@ def _summarize(run, verifier, config, worker_stats, proxy, watch, check,
   generated = int(sum(len(r.committed) for r in results))
   kept = int(sum(len(t) for t in run.outputs.values()))
   batches = max(run.rounds, 1)
-  seed_q = _SEED_BYTES[config.q](caps.vocab, depth, caps.max_support)
+  # The seed's size table: q bytes per request and round (exact arithmetic).
+  seed_q = caps.format.seed_bytes(depth, caps.vocab, config.k)
   bytes_in = verifier.counters.events("bytes_in")
   bytes_out = verifier.counters.events("bytes_out")
   record = {
@@ -1024,7 +1016,7 @@ def _print_summary(record):
   c = record["config"]
   print(f"\nPP1 pipeline: V={c['vocab']} requests={c['requests']} "
         f"depth={c['depth']} q={c['q']}"
-        + (f" k={c['k']}" if c["q"] == "sparse" else "")
+        + (f" k={c['k']}" if _Q[c["q"]].uses_support else "")
         + (f" verifier ranks {c['verifier_ranks']}" if c["multiprocess"]
            else "")
         + (f" worker ranks {c['worker_ranks']}" if c["worker_ranks"] > 1

@@ -87,7 +87,7 @@ import numpy as np
 
 import dyadic_jax as dj
 from dyadic_jax.bridge import hello
-from dyadic_jax.wire import codec, layouts
+from dyadic_jax.wire import codec, layouts, qformats
 # pylint: enable=g-import-not-at-top,g-bad-import-order,wrong-import-position
 
 # The seed's table (V=129280, depth 5, four requests), bytes.
@@ -98,25 +98,30 @@ _SEED_TWO_SLOTS = 20_684_800
 _SEED_DENSE_MS = (0.517, 2.068)
 
 
-def _bounds(vocab, k, depth):
-  rep = (layouts.Representation.DENSE if k is None
-         else layouts.Representation.SPARSE)
-  return codec.Bounds(vocab=vocab, depth=depth,
-                      width=vocab if k is None else k, representation=rep)
+_DENSE, _SPARSE = qformats.BY_NAME["dense"], qformats.BY_NAME["sparse"]
 
 
-def _reply_frame(vocab, k, depth):
-  """One encoded REPLY frame of a request's D valid rows (dense, or sparse
-  with k ids), and its Bounds."""
-  bounds = _bounds(vocab, k, depth)
+def _layouts(vocab, ks):
+  """(name, q format, V, k) of the seed table's layouts: dense, one TP2
+  vocabulary shard (a dense row of ceil(V / 2)), sparse for each k."""
+  return ([("dense", _DENSE, vocab, 0),
+           ("tp2_shard", _DENSE, -(-vocab // 2), 0)]
+          + [(f"k{k}", _SPARSE, vocab, k) for k in ks])
+
+
+def _reply_frame(fmt, vocab, k, depth):
+  """One encoded REPLY frame of a request's D valid rows in format `fmt`
+  (all the mass on the first entry of rows of ids 0..w-1), and its
+  Bounds."""
+  bounds = codec.Bounds(vocab=vocab, depth=depth, width=fmt.width(vocab, k),
+                        representation=fmt.representation)
   buf = bytearray(bounds.reply_bytes(depth))
   _, rows = codec.begin_reply(buf, bounds=bounds, session=1, generation=0,
                               round_id=0, request=0, depth=depth)
-  rows.values[:] = 0
-  rows.values[:, 0] = 1.0
-  rows.n[:] = bounds.width
-  if rows.ids is not None:
-    rows.ids[:] = np.arange(k, dtype=np.int32)
+  counts = np.zeros((depth, bounds.width), np.int64)
+  counts[:, 0] = dj.M
+  fmt.put(rows, np.broadcast_to(np.arange(bounds.width, dtype=np.int32),
+                                counts.shape), counts)
   return bytes(buf), bounds
 
 
@@ -124,7 +129,7 @@ def _rank_link_frame(vocab, depth, ranks, rank):
   """One REPLY frame of a rank link (block `rank` of `ranks`), encoded with
   that link's capabilities."""
   caps = hello.Capabilities(vocab=vocab, max_depth=depth,
-                            representation=layouts.Representation.DENSE,
+                            representation=_DENSE.representation,
                             shards=ranks, shard=rank)
   bounds = caps.bounds
   buf = bytearray(bounds.reply_bytes(depth))
@@ -213,8 +218,6 @@ def main(argv: list[str]) -> int:
   del argv
   vocab, depth, requests = _VOCAB.value, _DEPTH.value, _REQUESTS.value
   ks = [int(k) for k in _KS.value]
-  rows = {"dense": 4 * vocab, "tp2_shard": 4 * (-(-vocab // 2))}
-  rows.update({f"k{k}": 8 * k for k in ks})
   link_bytes_per_ms = _LINK_GBPS.value * 1e9 / 8 / 1e3
 
   print(f"q sizes: V={vocab} depth={depth} requests={requests} "
@@ -234,18 +237,16 @@ def main(argv: list[str]) -> int:
                            "framing_request": measured - per_request,
                            "ideal_ms_request": ideal_ms, **extra})
 
-  for name, row_bytes in rows.items():
-    k = int(name[1:]) if name.startswith("k") else None
-    frame, bounds = _reply_frame(-(-vocab // 2) if name == "tp2_shard"
-                                 else vocab, k, depth)
+  for name, fmt, v, k in _layouts(vocab, ks):
+    frame, bounds = _reply_frame(fmt, v, k, depth)
     codec.decode(frame, bounds, validate_rows=True)   # a valid frame
-    add(name, row_bytes * depth, len(frame))
+    add(name, fmt.seed_bytes(depth, v, k), len(frame))
   for n in sorted({int(x) for x in _LINK_RANKS.value}):
     for rank, name in ((0, f"tp{n}_link0"), (1, f"tp{n}_link")):
-      add(name, 4 * -(-vocab // n) * depth,
+      add(name, _DENSE.seed_bytes(depth, -(-vocab // n), 0),
           len(_rank_link_frame(vocab, depth, n, rank)),
           completion=rank == 0)
-  two_slots = 2 * rows["dense"] * depth * requests
+  two_slots = 2 * _DENSE.seed_bytes(depth, vocab, 0) * requests
   print(f"two in-flight dense batch slots: {two_slots:,} bytes "
         f"({two_slots / 2 ** 20:.2f} MiB)")
   print(f"framing: header {layouts.HEADER_BYTES} B + REPLY body "

@@ -63,7 +63,7 @@ with _instrumented:
   # pylint: disable=g-import-not-at-top
   from dyadic_jax.wire import auth, codec, layouts
   from dyadic_jax.wire.errors import ProtocolError
-  from dyadic_jax.wire.layouts import FIXED_BYTES, Kind, Representation
+  from dyadic_jax.wire.layouts import FIXED_BYTES, Kind
   from tests.fuzz_corpus.make_wire_corpus import (BOUNDS, DENSE_BOUNDS,
                                                   GREEDY_BOUNDS, KEY,
                                                   NEVER_FROM_DECODE)
@@ -90,11 +90,12 @@ def _check_reply(frame, bounds):
   assert len(frame.raw) == bounds.reply_bytes(body.depth)
   d = body.depth
   assert rows.tokens.shape == (d,) and rows.n.shape == (d,)
-  if bounds.representation == Representation.TOKEN:
-    assert body.mass == 0 and rows.values is None and frame.counts is None
+  fmt = bounds.format
+  assert body.mass == fmt.mass
+  if not fmt.sampled:
+    assert rows.values is None and frame.counts is None
     assert np.all((rows.tokens >= 0) & (rows.tokens < bounds.vocab))
     return
-  assert body.mass == M
   counts = np.asarray(frame.counts)
   assert counts.dtype == np.int32 and counts.shape == (d, bounds.width)
   assert np.all(counts >= 0)
@@ -104,7 +105,7 @@ def _check_reply(frame, bounds):
     assert 1 <= n <= bounds.width
     assert np.array_equal(counts[i, :n], values[i, :n] * M)
     assert int(counts[i].sum(dtype=np.uint64)) == M
-    if rows.ids is None:
+    if not fmt.has_ids:     # a vocabulary-long row
       assert n == bounds.vocab
       at = counts[i, rows.tokens[i]]
     else:

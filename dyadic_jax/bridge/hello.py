@@ -17,7 +17,7 @@ import hashlib
 import numpy as np
 
 from dyadic_jax.constants import DEFAULT_VOCAB, MAX_VOCAB, SEMANTIC_ID
-from dyadic_jax.wire import codec
+from dyadic_jax.wire import codec, qformats
 from dyadic_jax.wire.layouts import Kind, Mode, Representation
 
 RNG_ABI = 1      # dyadic_jax.rng: seed -> generation -> round -> position ...
@@ -52,17 +52,20 @@ class Capabilities:
     max_requests: requests per batch slot, in [1, 1024].
     max_slots: batch slots in flight, in [1, 16].
     representation: Representation of the q rows (DENSE or SPARSE; TOKEN
-      on a greedy session).
+      on a greedy session, whatever is asked). Its `qformats` format
+      (`format`) decides the rest.
     max_support: k, the entries of a sparse row (its top-k support), in
-      [1, V]. Sparse q only: with DENSE it is ignored (any value, the
-      default 32 included) and replaced by the dense row width,
-      ceil(V / shards) (V on one link); greedy sets 0. So one setting
-      (a --k flag) serves every representation, and the attribute always
-      reads the row width HELLO carries (`width`). Not refused for dense:
-      the default could not be told from a deliberate value.
+      [1, V]; replaced by the format's row width (`QFormat.width`). With
+      a format that does not use k (`uses_support` false) it is ignored
+      (any value, the default 32 included): dense rows hold
+      ceil(V / shards) entries (V on one link), greedy rows 0. So one setting (a --k flag)
+      serves every representation, and the attribute always reads the row
+      width HELLO carries (`width`). Not refused for dense: the default
+      could not be told from a deliberate value.
     draft_id, target_id: checkpoint identities (<= 32 bytes each).
     id_map_hash: hash of the global token id map (default: identity).
-    shards, shard: a rank link of a tensor-parallel pair (dense q only):
+    shards, shard: a rank link of a tensor-parallel pair (a `shardable`
+      format only: dense q):
       the vocabulary is split into `shards` contiguous blocks of
       ceil(V / shards) ids and this link carries block `shard`
       (`shard_range`); its rows are that block's counts (`width`), the
@@ -103,25 +106,19 @@ class Capabilities:
       raise ValueError(f"Capabilities: shard {self.shard} of {self.shards} "
                        f"not in [0, shards), shards in [1, {MAX_SHARDS}] "
                        "and <= vocab")
-    if self.shards > 1 and self.representation != Representation.DENSE:
-      raise ValueError("Capabilities: rank links (shards > 1) carry dense "
-                       "q only (sparse q keeps the leader's single link)")
     set_ = functools.partial(object.__setattr__, self)
     set_("mode", Mode(self.mode))
-    if self.mode == Mode.GREEDY:
-      set_("representation", Representation.TOKEN)
-      set_("max_support", 0)
-    elif self.representation == Representation.DENSE:
-      set_("representation", Representation.DENSE)
-      set_("max_support", -(-self.vocab // self.shards))
-    elif self.representation == Representation.SPARSE:
-      set_("representation", Representation.SPARSE)
-      if not 1 <= self.max_support <= self.vocab:
-        raise ValueError(f"Capabilities: max_support {self.max_support} not "
-                         f"in [1, {self.vocab}]")
-    else:
-      raise ValueError(f"Capabilities: representation {self.representation} "
-                       "on a sampled session")
+    try:
+      fmt = qformats.negotiated(self.mode, self.representation)
+      if self.shards > 1 and not fmt.shardable:
+        raise ValueError(f"rank links (shards > 1) split rows by "
+                         f"vocabulary block; {fmt.name} rows do not (its q "
+                         "keeps the leader's single link)")
+      width = fmt.width(self.vocab, self.max_support, self.shards)
+    except ValueError as e:
+      raise ValueError(f"Capabilities: {e}") from None
+    set_("representation", Representation(fmt.representation))
+    set_("max_support", width)
     if not self.id_map_hash:
       set_("id_map_hash", identity_map_hash(self.vocab))
     for name in _TEXT:
@@ -134,8 +131,8 @@ class Capabilities:
 
   @property
   def width(self):
-    """Entries per q row: V (dense; its block on a rank link), k (sparse)
-    or 0 (greedy)."""
+    """Entries per q row (`QFormat.width`): V (dense; its block on a rank
+    link), k (sparse) or 0 (greedy)."""
     return self.max_support
 
   @property

@@ -2,10 +2,12 @@
 
 `draft_proposer(logits_fn, caps)` builds the default proposer from the core
 ops: for i = 0..D-1, logits of the position after x_{i-1} (x_{-1} is the
-committed token before the anchor), `draft_weights`, `allocate_sparse`
-(top-k) or `allocate_dense`, and x_i drawn from the counts with the
+committed token before the anchor), then the session's q format's row
+(`QFormat.propose`: `propose_sparse` (top-k) or `propose_dense`, i.e.
+`draft_weights`, the allocation, and x_i drawn from the counts with the
 PROPOSAL key of (seed, generation, round, anchor + i) (`audit.
-proposal_draw`, what the verifier's sampling audit recomputes). The worker
+proposal_draw`, what the verifier's sampling audit recomputes); greedy:
+the argmax). The worker
 leader is the only owner of these keys; a retry resends the cached bytes
 instead of drawing again. Any callable with the same signature can replace
 it (a model-specific draft, e.g. a parallel backbone with a Markov head).
@@ -23,11 +25,10 @@ import jax.numpy as jnp
 from jax.experimental import multihost_utils
 import numpy as np
 
-from dyadic_jax import codec, proposal, rowops
+from dyadic_jax import rowops
 from dyadic_jax.bridge import audit
 from dyadic_jax.bridge.hello import MAX_POSITION
 from dyadic_jax.errors import raise_for_status
-from dyadic_jax.wire.layouts import Representation
 
 _U32, _U64 = (1 << 32) - 1, (1 << 64) - 1
 
@@ -101,7 +102,7 @@ def draft_proposer(logits_fn, caps, *, backbone_fn=None,
   Raises ValueError on inputs out of bounds (`check_step`) and DyadicError
   when a draft row is refused (e.g. NaN draft logits).
   """
-  k = caps.max_support
+  fmt = caps.format
 
   @functools.partial(jax.jit, static_argnums=(5,))
   def chain(seed, generation, round_id, anchor, last_token, depth):
@@ -114,22 +115,12 @@ def draft_proposer(logits_fn, caps, *, backbone_fn=None,
       logits = logits_fn(prev)
       if base is not None:
         logits = logits + base[i]
-      if caps.greedy:
-        prev = jnp.argmax(logits).astype(jnp.int32)
-        out.append((prev, jnp.int32(0)))
-        continue
-      draw = audit.proposal_draw(key, anchor + i)
-      if caps.representation == Representation.SPARSE:
-        ids, counts, n, prev, status = proposal.propose_sparse(
-            logits, draw, k, executor=executor)
-      else:
-        counts, prev, status = proposal.propose_dense(logits, draw,
-                                                      executor=executor)
-        ids, n = None, jnp.int32(caps.width)
-      out.append((prev, status, codec.counts_to_q(counts), ids, n))
-    stacked = [jnp.stack(parts) if parts[0] is not None else None
-               for parts in zip(*out)]
-    return tuple(stacked)
+      draw = audit.proposal_draw(key, anchor + i) if fmt.sampled else None
+      prev, *row = fmt.propose(logits, draw, caps.width, executor)
+      out.append((prev, *row))
+    # (tokens, status, values, ids, n), each stacked over the depth.
+    return tuple(jnp.stack(parts) if parts[0] is not None else None
+                 for parts in zip(*out))
 
   def propose(seed, generation, round_id, anchor, last_token, depth,
               out=None):
@@ -139,17 +130,13 @@ def draft_proposer(logits_fn, caps, *, backbone_fn=None,
       parts = chain(np.uint64(seed).view(np.int64), np.uint32(generation),
                     np.uint32(round_id), np.int64(anchor),
                     np.int32(last_token), int(depth))
-    dense = caps.representation == Representation.DENSE
-    parts = [None if p is None else _host(p, block=dense and i == 2)
-             for i, p in enumerate(parts)]
-    if caps.greedy:
-      proposal = Proposal(parts[0].astype(np.int32), None, None,
-                          np.zeros(depth, np.int32))
-    else:
-      tokens, status, values, ids, n = parts
-      raise_for_status("draft_proposer", status)
-      proposal = Proposal(tokens.astype(np.int32), values, ids,
-                          np.asarray(n, np.int32))
+    # Under a mesh a shardable format's values are this rank's block.
+    tokens, status, values, ids, n = [
+        None if p is None else _host(p, block=fmt.shardable and i == 2)
+        for i, p in enumerate(parts)]
+    raise_for_status("draft_proposer", status)
+    proposal = Proposal(tokens.astype(np.int32), values, ids,
+                        np.asarray(n, np.int32))
     if out is not None:
       write(out, proposal)
     return proposal

@@ -24,7 +24,6 @@ import typing
 
 import numpy as np
 
-from dyadic_jax.constants import M
 from dyadic_jax.wire import auth, layouts, qformats
 from dyadic_jax.wire.errors import Code, ProtocolError
 from dyadic_jax.wire.layouts import (FIXED_BYTES, HEADER_BYTES, Kind, Mode,
@@ -51,8 +50,7 @@ class Bounds(typing.NamedTuple):
 
   @property
   def mode(self):
-    return (Mode.GREEDY if self.representation == Representation.TOKEN
-            else Mode.SAMPLED)
+    return Mode(self.format.mode)
 
   @property
   def format(self):
@@ -194,8 +192,7 @@ def decode(frame: typing.Any, bounds: Bounds, recv: auth.Tagger | None = None,
   if h.length != fixed + fmt.payload_bytes(body.depth, body.width):
     raise ProtocolError(Code.UNEXPECTED_SIZE, f"REPLY of {body.depth} x "
                         f"{body.width} in {h.length} bytes")
-  mass = 0 if fmt.representation == Representation.TOKEN else M
-  if body.mass != mass:
+  if body.mass != fmt.mass:
     raise ProtocolError(Code.WRONG_MASS, f"declared mass {body.mass}")
   rows = fmt.rows(frame, fixed, body.depth, body.width)
   counts = None
@@ -218,16 +215,17 @@ def _reply_format(body, bounds):
   if rep is None or qformats.get(rep) is None:
     raise ProtocolError(Code.UNKNOWN_KIND, f"representation "
                         f"{body.representation}")
+  fmt = qformats.get(rep)
   if rep != bounds.representation:
-    if bounds.representation == Representation.TOKEN:
+    if not bounds.format.sampled:
       raise ProtocolError(Code.SAMPLED_ON_GREEDY, "q rows on a greedy "
                           "session")
-    if rep == Representation.TOKEN:
+    if not fmt.sampled:
       raise ProtocolError(Code.MISSING_Q, "tokens without their q")
     raise ProtocolError(Code.UNKNOWN_KIND, f"{rep.name} rows on a "
                         f"{Representation(bounds.representation).name} "
                         "session")
-  return qformats.get(rep)
+  return fmt
 
 
 def _write_header(buf, kind, length, session, generation, round_id):
@@ -292,10 +290,9 @@ def begin_reply(out: typing.Any, *, bounds: Bounds, session: int,
                      f"{length}")
   buf = buf[:length]
   _write_header(buf, Kind.REPLY, length, session, generation, round_id)
-  mass = 0 if fmt.representation == Representation.TOKEN else M
   layouts.BODY_STRUCTS[Kind.REPLY].pack_into(
       buf, HEADER_BYTES, int(request), int(depth), int(fmt.representation),
-      0, int(bounds.width), mass)
+      0, int(bounds.width), fmt.mass)
   return buf, fmt.rows(buf, FIXED_BYTES[Kind.REPLY], depth, bounds.width)
 
 

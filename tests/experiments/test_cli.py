@@ -290,7 +290,7 @@ def test_good_flags_pass_the_same_gate():
 def test_constants_mirror_the_library():
   # pylint: disable=g-import-not-at-top
   from dyadic_jax.bridge import keys
-  from dyadic_jax.wire import auth
+  from dyadic_jax.wire import auth, qformats
   from experiments import cli
   from experiments import pipeline_config
   # pylint: enable=g-import-not-at-top
@@ -298,6 +298,10 @@ def test_constants_mirror_the_library():
   assert cli.MAX_VOCAB == dj.MAX_VOCAB
   assert pipeline_config.KEYS_SECRET == keys.SECRET
   assert pipeline_config.SECRET_BYTES == auth.SECRET_BYTES
+  # The q formats the flags offer: every registered one, as it says.
+  assert pipeline_config.Q_FORMATS == {
+      name: pipeline_config.QChoice(f.uses_support, f.shardable, f.sampled)
+      for name, f in qformats.BY_NAME.items()}
 
 
 def test_worker_config_round_trips_through_its_flags():

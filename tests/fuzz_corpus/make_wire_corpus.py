@@ -73,6 +73,9 @@ VALID_PREFIX = "valid_"
 _BODY = HEADER_BYTES
 _SPARSE_IDS = np.array([2, 5, 9, 30, 63], np.int32)
 _SPARSE_COUNTS = np.array([1, 3 << 21, 1 << 23, (1 << 20) - 1, 1 << 20])
+# The drafted token of the sparse (9), dense and greedy frames: the
+# committed corpus was written with these.
+_DENSE_TOKEN, _GREEDY_TOKEN = 30, 17
 
 
 def _seal(buf):
@@ -84,27 +87,17 @@ def _set(buf, offset, value, nbytes, seal=True):
                               KEY if seal else None)
 
 
-def _reply(bounds=BOUNDS, edit=None, depth=2):
-  """A valid REPLY of `depth` rows, then edit(rows) (and resealed)."""
+def _reply(bounds=BOUNDS, edit=None, depth=2, token=9):
+  """A valid REPLY of `depth` rows drafting `token` (q on the support
+  _SPARSE_IDS, laid out by the session's q format), then edit(rows) (and
+  resealed)."""
   buf = bytearray(bounds.reply_bytes(depth))
   frame, rows = codec.begin_reply(buf, bounds=bounds, session=0x0123456789AB,
                                   generation=3, round_id=11, request=2,
                                   depth=depth)
-  if bounds.representation == Representation.SPARSE:
-    n = len(_SPARSE_IDS)
-    rows.n[:] = n
-    rows.ids[:] = -1
-    rows.ids[:, :n] = _SPARSE_IDS
-    rows.values[:] = 0
-    rows.values[:, :n] = _SPARSE_COUNTS / M
-    rows.tokens[:] = 9
-  elif bounds.representation == Representation.DENSE:
-    rows.n[:] = bounds.vocab
-    rows.values[:] = 0
-    rows.values[:, _SPARSE_IDS] = _SPARSE_COUNTS / M
-    rows.tokens[:] = 30
-  else:
-    rows.tokens[:] = 17
+  bounds.format.put(rows, np.broadcast_to(_SPARSE_IDS, (depth, 5)),
+                    np.broadcast_to(_SPARSE_COUNTS, (depth, 5)))
+  rows.tokens[:] = token
   if edit is not None:
     edit(rows)
   del frame
@@ -144,11 +137,11 @@ def _valid():
       "valid_HELLO": _encode(Kind.HELLO, **hello),
       "valid_STEP": _encode(Kind.STEP, **step),
       "valid_REPLY_sparse": _reply(),
-      "dense.valid_REPLY_dense": _reply(DENSE_BOUNDS),
+      "dense.valid_REPLY_dense": _reply(DENSE_BOUNDS, token=_DENSE_TOKEN),
       "valid_COMPLETION": _encode(Kind.COMPLETION, **completion),
       "valid_COMMIT": _encode(Kind.COMMIT, **commit),
       "valid_RESET": _encode(Kind.RESET, request=0xFFFF, reason=1),
-      "greedy.valid_REPLY_token": _reply(GREEDY_BOUNDS),
+      "greedy.valid_REPLY_token": _reply(GREEDY_BOUNDS, token=_GREEDY_TOKEN),
   }
 
 
@@ -203,17 +196,17 @@ def _refused():
       "ZERO_Q_AT_TOKEN.zero_at_id": _reply(edit=lambda r: (
           r.values[1].__setitem__(1, r.values[1, 1] + r.values[1, 2]),
           r.values[1].__setitem__(2, 0))),
-      "dense.ZERO_Q_AT_TOKEN": _reply(DENSE_BOUNDS,
+      "dense.ZERO_Q_AT_TOKEN": _reply(DENSE_BOUNDS, token=_DENSE_TOKEN,
                                       edit=_rows(tokens=(1, 4))),
-      "dense.LENGTH_MISMATCH": _reply(DENSE_BOUNDS,
+      "dense.LENGTH_MISMATCH": _reply(DENSE_BOUNDS, token=_DENSE_TOKEN,
                                       edit=_rows(n=(0, 63))),
-      "dense.NON_FINITE": _reply(DENSE_BOUNDS,
+      "dense.NON_FINITE": _reply(DENSE_BOUNDS, token=_DENSE_TOKEN,
                                  edit=_rows(values=((0, 0), np.nan))),
       # A greedy session: the tokens alone, never a q row.
       "greedy.SAMPLED_ON_GREEDY": good,
-      "greedy.SAMPLED_ON_GREEDY.n": _reply(GREEDY_BOUNDS,
+      "greedy.SAMPLED_ON_GREEDY.n": _reply(GREEDY_BOUNDS, token=_GREEDY_TOKEN,
                                            edit=_rows(n=(0, 1))),
-      "greedy.TOKEN_OUT_OF_RANGE": _reply(GREEDY_BOUNDS,
+      "greedy.TOKEN_OUT_OF_RANGE": _reply(GREEDY_BOUNDS, token=_GREEDY_TOKEN,
                                           edit=_rows(tokens=(0, 64))),
   }
 

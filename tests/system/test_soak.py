@@ -289,12 +289,7 @@ def _warm_verifier(caps, verify_fn):
   stall the loop for a compile (a delayed message waits for the COMMIT)."""
   key = dj.round_key(0, 0, 0)
   dj.sample_target(TARGET[0], dj.draw_key(key, 1, dj.Domain.TARGET_ONLY))
-  if caps.representation == Representation.DENSE:
-    q = dj.DenseQ(np.full((DEPTH, V), M // V, np.int32))
-  else:
-    q = dj.SparseQ(np.tile(np.arange(K, dtype=np.int32), (DEPTH, 1)),
-                   np.full((DEPTH, K), M // K, np.int32),
-                   np.full(DEPTH, K, np.int32))
+  q = caps.format.example_q(DEPTH, V, caps.width)
   r = caps.max_requests       # the driver pads every round to this batch
   batch = lambda x: jnp.stack([x] * r)
   verify_fn(batch(TARGET[:DEPTH + 1]), jax.tree.map(batch, q),

@@ -236,3 +236,109 @@ def test_audit_draws_are_the_proposers():
         want = audit.proposal_draw(key, np.int64(anchors[r] + i))
         assert int(want) == int(got[r, i])
         assert int(got[r, i]) < M
+
+
+# ---------------------------------------------------------------------------
+# What each format owns beyond its layout: the rest of the library asks
+# these instead of branching on the format.
+
+
+@pytest.mark.parametrize("fmt", list(qformats.FORMATS.values()),
+                         ids=lambda f: f.name)
+def test_a_format_is_found_by_its_name_and_its_session(fmt):
+  assert qformats.BY_NAME[fmt.name] is fmt
+  assert qformats.negotiated(fmt.mode, fmt.representation) is fmt
+  assert fmt.mass == (M if fmt.sampled else 0)
+  assert fmt.has_values == fmt.sampled
+
+
+def test_a_greedy_session_has_one_format_and_a_sampled_one_needs_q():
+  token = qformats.get(Representation.TOKEN)
+  for rep in Representation:   # whatever a greedy session asks for
+    assert qformats.negotiated(wire.layouts.Mode.GREEDY, rep) is token
+  with pytest.raises(ValueError, match="on a sampled session"):
+    qformats.negotiated(wire.layouts.Mode.SAMPLED, Representation.TOKEN)
+  with pytest.raises(ValueError, match="on a sampled session"):
+    qformats.negotiated(wire.layouts.Mode.SAMPLED, 99)
+
+
+def test_widths_are_what_hello_carries():
+  v = 1001
+  assert DENSE.width(v, 32) == v and DENSE.width(v, 32, shards=4) == 251
+  assert SPARSE.width(v, 32, shards=4) == 32
+  for bad in (0, v + 1):
+    with pytest.raises(ValueError, match=f"max_support {bad} not in"):
+      SPARSE.width(v, bad)
+  assert qformats.get(Representation.TOKEN).width(v, 32) == 0
+  assert DENSE.shardable and not SPARSE.shardable
+  assert SPARSE.uses_support and not DENSE.uses_support
+
+
+def test_seed_bytes_reproduce_the_seed_table():
+  v, d = dj.DEFAULT_VOCAB, 5
+  assert DENSE.seed_bytes(d, v, 32) == 2_585_600
+  assert SPARSE.seed_bytes(d, v, 32) == 1_280
+  assert SPARSE.seed_bytes(d, v, 256) == 10_240
+  assert qformats.get(Representation.TOKEN).seed_bytes(d, v, 32) == 0
+
+
+@pytest.mark.parametrize("fmt", [DENSE, SPARSE], ids=lambda f: f.name)
+def test_put_lays_out_rows_that_validate_to_their_counts(fmt):
+  v, d = 64, 3
+  ids = np.array([[2, 5, 9, 30], [0, 1, 2, 63], [7, 8, 40, 41]], np.int32)
+  counts = np.array([[1, M // 2, M // 4, M // 4 - 1]] * d, np.int64)
+  counts[1] = [M // 2, 0, M // 2, 0]           # zeros are allowed
+  rows = fmt.staging(1, d, fmt.width(v, 4))
+  rows = qformats.Rows(*(None if a is None else a[0] for a in rows))
+  fmt.put(rows, ids, counts)
+  rows.tokens[:] = ids[:, 2]
+  verdict = fmt.validate(rows, vocab=v)
+  assert not verdict.codes.any()
+  dense = np.zeros((d, v), np.int64)
+  np.put_along_axis(dense, ids, counts, -1)
+  q = fmt.to_q(verdict.counts, rows)
+  if isinstance(q, dj.SparseQ):
+    got = np.zeros((d, v), np.int64)
+    for i in range(d):
+      got[i, q.ids[i, :q.n[i]]] = q.counts[i, :q.n[i]]
+  else:
+    got = np.asarray(q.counts)
+  np.testing.assert_array_equal(got, dense)
+
+
+@pytest.mark.parametrize("fmt", list(qformats.FORMATS.values()),
+                         ids=lambda f: f.name)
+def test_example_q_is_a_valid_q_of_the_session_shapes(fmt):
+  v, d, k = 1000, 4, 7
+  q = fmt.example_q(d, v, k)
+  if not fmt.sampled:
+    assert q is None
+    return
+  counts = np.asarray(q.counts)
+  assert counts.shape == (d, fmt.width(v, k)) and counts.dtype == np.int32
+  assert (counts.sum(-1) == M).all() and (counts > 0).all()
+
+
+@pytest.mark.parametrize("fmt", [DENSE, SPARSE, qformats.BY_NAME["greedy"]],
+                         ids=lambda f: f.name)
+def test_propose_is_the_core_row(fmt):
+  v = 50
+  logits = np.random.default_rng(3).normal(size=v).astype(np.float32)
+  draw = np.uint32(1234567)
+  token, status, values, ids, n = fmt.propose(
+      logits, draw if fmt.sampled else None, fmt.width(v, 8),
+      dj.rowops.LOCAL)
+  assert int(status) == 0
+  if fmt is DENSE:
+    counts, want, _ = dj.propose_dense(logits, draw)
+    assert ids is None and int(n) == v
+  elif fmt is SPARSE:
+    want_ids, counts, want_n, want, _ = dj.propose_sparse(logits, draw, 8)
+    np.testing.assert_array_equal(ids, want_ids)
+    assert int(n) == int(want_n)
+  else:
+    assert values is None and ids is None and int(n) == 0
+    assert int(token) == int(np.argmax(logits))
+    return
+  assert int(token) == int(want)
+  np.testing.assert_array_equal(values, dj.counts_to_q(counts))

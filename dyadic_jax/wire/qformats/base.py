@@ -15,10 +15,19 @@ wire (dense, sparse, greedy tokens). It owns, in one place:
   `dyadic_jax.wire.status`, plus the sampling audit when draws are given;
 * the staging buffers of a batch (`staging`);
 * the conversion of validated counts to what verification takes
-  (`to_q`: `DenseQ` or `SparseQ`).
+  (`to_q`: `DenseQ` or `SparseQ`);
+* what a session negotiates about it (`name`, `mode`, `width`: the row
+  width HELLO carries, `shardable`: whether rank links may split its rows
+  by vocabulary block, `uses_support`: whether k means anything to it);
+* the worker's row (`propose`: one drafted position's q row and token,
+  from the core's `propose_dense` / `propose_sparse`);
+* rows from a support and counts (`put`), a valid q of a session's shapes
+  for compile warm-up (`example_q`), and the seed's size estimate
+  (`seed_bytes`).
 
-A new representation is one module with a `QFormat` subclass and one line
-in `dyadic_jax/wire/qformats/__init__.py`.
+Nothing outside this package branches on which format a session uses: it
+asks the session's format. A new representation is one module with a
+`QFormat` subclass and one line in `dyadic_jax/wire/qformats/__init__.py`.
 """
 
 import math
@@ -26,7 +35,9 @@ import typing
 
 import numpy as np
 
+from dyadic_jax.constants import M
 from dyadic_jax.wire.errors import Code
+from dyadic_jax.wire.layouts import Mode
 
 
 class Rows(typing.NamedTuple):
@@ -97,18 +108,39 @@ def with_audit(codes, audit_ok):
 
 class QFormat:
   """One representation of q rows (see the module docstring)."""
+  name: str                  # the pipeline's --q value
   representation: int        # layouts.Representation
+  mode: int = Mode.SAMPLED   # layouts.Mode of a session that carries it
   entry_bytes: int           # bytes per entry on the wire
   has_ids = False
   has_values = True
+  uses_support = False       # the width is the configured k
+  shardable = False          # rows are vocabulary-aligned: rank links split
+                             # them into contiguous blocks, one per rank
 
-  def width(self, vocab: int, support: int) -> int:
-    """Entries per row for a session of vocabulary V and sparse support k."""
+  @property
+  def sampled(self) -> bool:
+    """Rows carry q (a SAMPLED session) rather than tokens alone."""
+    return self.mode == Mode.SAMPLED
+
+  @property
+  def mass(self) -> int:
+    """The REPLY's declared mass: 2^24, or 0 without q."""
+    return M if self.sampled else 0
+
+  def width(self, vocab: int, support: int, shards: int = 1) -> int:
+    """Entries per row for a session of vocabulary V, configured sparse
+    support k and `shards` rank links (what HELLO carries as
+    `max_support`). Raises ValueError for a k the format cannot use."""
     raise NotImplementedError
 
   def payload_bytes(self, depth, width):
     return 8 * depth + self.entry_bytes * depth * width
 
+  def seed_bytes(self, depth: int, vocab: int, support: int) -> int:
+    """The seed's size estimate of one request's q: entries x bytes, no
+    tokens, n or framing (dense 4 V D, sparse 8 k D)."""
+    return self.entry_bytes * depth * self.width(vocab, support)
   def rows(self, buf: typing.Any, offset: int, depth: int,
            width: int) -> Rows:
     """Views of the payload of one REPLY at `offset` of `buf`."""
@@ -150,3 +182,42 @@ class QFormat:
   def to_q(self, counts: typing.Any, rows: typing.Any) -> typing.Any:
     """What verification takes for one request's validated rows [D, ...]."""
     raise NotImplementedError
+
+  def put(self, rows: Rows, ids: typing.Any, counts: typing.Any) -> None:
+    """Writes q rows given by their support into `rows` (the views of a
+    REPLY, `codec.begin_reply`, or of a staging buffer), n included.
+
+    ids: int[..., s] ascending global ids; counts: int[..., s] their counts
+    (summing to 2^24 per row; zeros allowed). Tokens are not touched.
+    """
+    raise NotImplementedError
+
+  def propose(self, logits: typing.Any, draw: typing.Any, width: int,
+              executor: typing.Any) -> tuple[typing.Any, ...]:
+    """One drafted position, jax-traceable: (token, status, values, ids, n).
+
+    logits: float32[V] draft logits (this rank's block under a mesh
+    `executor`); draw: the position's 24-bit PROPOSAL draw (None unless
+    `sampled`); width: the session's row width. values: float32[w] q row
+    (None without q), ids: int32[w] (None without ids), n: live entries.
+    """
+    raise NotImplementedError
+
+  def example_q(self, depth: int, vocab: int, support: int) -> typing.Any:
+    """A valid q of a session's shapes, as verification takes it (host
+    arrays), for compile warm-up: M split evenly over ids 0..w-1 of each
+    row (the remainder on id 0), laid out, validated and converted as a
+    received REPLY is. None without q."""
+    if not self.sampled:
+      return None
+    w = self.width(vocab, support)
+    counts = np.full((depth, w), M // w, np.int64)
+    counts[:, 0] += M - counts[0].sum()
+    batch = self.staging(1, depth, w)
+    rows = Rows(batch.tokens[0], batch.n[0],
+                None if batch.ids is None else batch.ids[0],
+                None if batch.values is None else batch.values[0])
+    self.put(rows, np.broadcast_to(np.arange(w, dtype=np.int32), counts.shape),
+             counts)
+    verdict = self.validate(rows, vocab=vocab)
+    return self.to_q(verdict.counts, rows)

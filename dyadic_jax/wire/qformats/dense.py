@@ -22,7 +22,7 @@ from jax import lax
 import jax.numpy as jnp
 import numpy as np
 
-from dyadic_jax import qrows, verification, x64
+from dyadic_jax import codec, proposal, qrows, verification, x64
 from dyadic_jax.constants import M, Status
 from dyadic_jax.wire import layouts, status
 from dyadic_jax.wire.errors import Code
@@ -68,12 +68,26 @@ def _device_verdict(values, tokens, draws):
 
 class DenseFormat(base.QFormat):
   """float32 q over the whole vocabulary."""
+  name = "dense"
   representation = layouts.Representation.DENSE
   entry_bytes = 4
+  shardable = True
 
-  def width(self, vocab, support):
-    del support
-    return int(vocab)
+  def width(self, vocab, support, shards=1):
+    del support   # any k (the default 32 included): a dense row holds V
+    return -(-int(vocab) // int(shards))
+
+  def put(self, rows, ids, counts):
+    rows.values[:] = 0
+    np.put_along_axis(rows.values, np.asarray(ids),
+                      (np.asarray(counts) / M).astype(np.float32), -1)
+    rows.n[:] = rows.values.shape[-1]
+
+  def propose(self, logits, draw, width, executor):
+    counts, token, status = proposal.propose_dense(logits, draw,
+                                                   executor=executor)
+    return (token, status, codec.counts_to_q(counts), None,
+            jnp.int32(width))
 
   def validate(self, rows, *, vocab, draws=None, device=False):
     tokens = np.asarray(rows.tokens)

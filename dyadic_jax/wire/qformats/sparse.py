@@ -18,7 +18,8 @@ from jax import lax
 import jax.numpy as jnp
 import numpy as np
 
-from dyadic_jax import qrows, verification, x64
+from dyadic_jax import codec, proposal, qrows, verification, x64
+from dyadic_jax.constants import M
 from dyadic_jax.wire import layouts, status
 from dyadic_jax.wire.qformats import base
 
@@ -51,12 +52,31 @@ def _device_verdict(rows, draws, vocab):
 
 class SparseFormat(base.QFormat):
   """int32 global ids and float32 q on a support of at most k."""
+  name = "sparse"
   representation = layouts.Representation.SPARSE
   entry_bytes = 8
   has_ids = True
+  uses_support = True
 
-  def width(self, vocab, support):
-    return int(min(support, vocab))
+  def width(self, vocab, support, shards=1):
+    del shards    # one link: the global top-k (the leader's)
+    if not 1 <= support <= vocab:
+      raise ValueError(f"max_support {support} not in [1, {vocab}]")
+    return int(support)
+
+  def put(self, rows, ids, counts):
+    ids, counts = np.asarray(ids), np.asarray(counts)
+    s = ids.shape[-1]
+    rows.ids[:] = -1
+    rows.ids[..., :s] = ids
+    rows.values[:] = 0
+    rows.values[..., :s] = counts / M
+    rows.n[:] = s
+
+  def propose(self, logits, draw, width, executor):
+    ids, counts, n, token, status = proposal.propose_sparse(
+        logits, draw, width, executor=executor)
+    return token, status, codec.counts_to_q(counts), ids, n
 
   def validate(self, rows, *, vocab, draws=None, device=False):
     if device:
