@@ -210,17 +210,19 @@ def main(argv: list[str]) -> None:
   def ready(address):
     print(f"READY {address}", flush=True)
 
+  # The leader tells its other ranks each proposal's inputs.
+  others = rank_links.ProposalBroadcast() if ranks > 1 else None
+
   def on_exit(worker):
-    if ranks > 1:
-      worker.stop_ranks()
+    if others is not None:
+      others.stop()
     print("STATS " + json.dumps(worker.counters.snapshot()), flush=True)
 
   if rank == 0:
     with _bind_errors():
       bridge.serve_forever(caps, propose, _ADDRESS.value, secret=secret,
                            curve=curve, ready=ready, on_exit=on_exit,
-                           worker_factory=rank_links.RankWorker if ranks > 1
-                           else None)
+                           draw_hook=others)
     return
   # A rank s >= 1: its block on its own link (dense), or only the draws.
   with _bind_errors():

@@ -602,7 +602,7 @@ def _setup_jax(ranks, rank, coordinator):
 
 def _build_verifier(jax: typing.Any, config: pipeline_config.PipelineConfig,
                     address: str | None,
-                    share_fn: typing.Callable[..., typing.Any] | None,
+                    sharer: typing.Any,
                     watch: _Stopwatch) -> typing.Any:
   """A Verifier over a vocabulary mesh with the toy target, compiled.
 
@@ -672,20 +672,41 @@ def _build_verifier(jax: typing.Any, config: pipeline_config.PipelineConfig,
   # session keys (its rank link is opened with its own, `_follower`).
   secret, curve = ((None, None) if _RANK.value else
                    config.link_keys("verifier"))
-  kind: typing.Any = bridge.Verifier
-  extra = {}
+  validator = None
+  hooks: list[typing.Any] = [_RoundHook(watch)]
   if config.rank_links and not _RANK.value:
-    kind = rank_links.RankVerifier
-    extra = {"executor": executor, "assemble": assemble}
-  return kind(
-      caps, address, **extra,
+    # The leader's agreement with the other ranks: validator, plan sharer
+    # and the first round hook.
+    validator = sharer = rank_links.RankRound(
+        caps, executor=executor, assemble=assemble, broadcast=sharer)
+    hooks.insert(0, validator)     # the other ranks learn the round first
+  return bridge.Verifier(
+      caps, address, validator=validator, hooks=hooks,
       target_fn=watch.timed("verification", target.logits, block),
       verify_fn=watch.timed("verification", verify, block),
       sample_fn=watch.timed("verification", sample, block),
-      timeout_s=_TIMEOUT.value, deadline=_deadline(), share_fn=share_fn,
+      timeout_s=_TIMEOUT.value, deadline=_deadline(), sharer=sharer,
       secret=secret,
       curve=curve, sampling_audit=not _NO_AUDIT.value,
       request_factory=lambda rid: _request_spec(rid, caps.vocab))
+
+
+class _RoundHook:
+  """The run's round hook (`bridge.RoundHook`): every exchange (STEP out
+  to replies validated: the draft + the bridge) is timed as "exchange";
+  `on_begin(exchange)`, when set, runs once a round's STEP is made (the
+  --kill_worker_at drill)."""
+
+  def __init__(self, watch):
+    self.watch = watch
+    self.on_begin = None
+
+  def begin(self, exchange):
+    if exchange is not None and self.on_begin is not None:
+      self.on_begin(exchange)
+
+  def exchange(self):
+    return self.watch.phase("exchange")
 
 
 def _model_config(config):
@@ -1290,9 +1311,6 @@ def _lead(tmp):
       verifier.open()
       _say(f"worker start-up: session open with the worker at {address}; "
            "rounds")
-    # Every exchange (STEP out to replies validated): the draft + the bridge.
-    verifier._exchange = watch.timed(  # pylint: disable=protected-access
-        "exchange", verifier._exchange)  # pylint: disable=protected-access
     check = None
     with watch.phase("rounds"):
       if _CHECK.value:
@@ -1379,17 +1397,12 @@ def _drill(verifier, workers, config, tmp, watch, on_death):
     # goes out. Then the supervisor restarts the worker: every rank (the
     # survivors' collective group is broken).
     group = workers[-1]
-    begin = verifier.on_begin
-
-    def kill_mid_round(exchange):
-      begin(exchange)
-      group.kill(len(group.ranks) - 1)
-
-    verifier.on_begin = kill_mid_round
+    hook = next(h for h in verifier.hooks if isinstance(h, _RoundHook))
+    hook.on_begin = lambda exchange: group.kill(len(group.ranks) - 1)
     try:
       lost = verifier.round(live)
     finally:
-      verifier.on_begin = begin
+      hook.on_begin = None
     logging.info("fault drill: worker rank %d killed; restarting the "
                  "worker (its JAX start and compile)", len(group.ranks) - 1)
     with watch.phase("worker restart"):

@@ -258,7 +258,7 @@ class Pair(session_pair.SessionPair):
       outcomes = []
       for i in range(len(plan.rids)):
         accepted = 0 if plan.codes[i] else fdp.ConsumeIntInRange(
-            0, plan.draft.shape[1])
+            0, plan.rows.tokens.shape[1])
         outcomes.append((accepted, fdp.ConsumeIntInRange(0, V - 1)))
       before = {int(r): list(self.verifier.requests[int(r)].tokens)
                 for r in plan.rids}

@@ -9,6 +9,11 @@ these records; a driver performs them and reports back.
     Propose  the worker must draw one request's proposal into `rows`
     Stage    the verifier must validate (and audit) the staged rows
     Verify   the verifier must run a round's `Plan` (verify or fall back)
+
+One round's data keeps one shape from the staging slot to `QFormat.to_q`:
+`qformats.Rows` (tokens, n, ids, values), staged in a `Stage`, copied into
+the `Plan` (its `rows`, without the float q) next to the validated
+`counts`, a JAX array (`Counts`).
 """
 
 import typing
@@ -17,12 +22,21 @@ import numpy as np
 
 from dyadic_jax.wire import qformats
 
+if typing.TYPE_CHECKING:      # the sessions run without JAX
+  import jax
+
+# Validated q of a batch: int32[R, D, w], a JAX array (one device's, or split
+# over a vocabulary mesh); None where a round has none (a fallback, greedy).
+Counts = typing.Union["jax.Array", None]
+# One message's bytes: a frame built here, or a view of a worker slot.
+Message = bytes | bytearray | memoryview
+
 
 class Send(typing.NamedTuple):
   """One message to send. slot: the worker slot buffer it lives in (the
   driver calls `WorkerSession.released(slot)` once the transport let go of
   it), or None."""
-  message: typing.Any
+  message: Message
   slot: int | None = None
 
 
@@ -51,15 +65,26 @@ class Plan(typing.NamedTuple):
   another falls back). codes[r] is 0 for a request whose q validated, else
   the `Code` that discarded its proposal; only the rows of requests whose
   code is 0 are meaningful (the others are never read).
+
+  rows: the staged rows of those requests, copied out of the slot (tokens
+  int32[R, D] drafted, n int32[R, D] live entries, ids int32[R, D, k] for
+  sparse q, else None; values None: q travels as `counts`).
   """
   rids: np.ndarray       # int32[R]
   tags: np.ndarray       # int64[R, 2]  (generation, round)
   codes: np.ndarray      # int32[R]
-  draft: np.ndarray      # int32[R, D]
-  ids: np.ndarray        # int32[R, D, k] sparse ids ([R, D, 0] otherwise)
-  counts: typing.Any     # int32[R, D, w] counts (sparse, dense) or [R, D, 0]
-  n: np.ndarray          # int32[R, D] live entries per row
+  rows: qformats.Rows    # [R, D, ...], values None
+  counts: Counts         # int32[R, D, w] validated q, or None
   stop: np.ndarray       # int32[]: 1 tells follower ranks to return
+
+  def take(self, index: np.ndarray) -> qformats.Rows:
+    """The rows of plan requests `index` (an int array): what
+    `QFormat.to_q` reads with their counts."""
+    rows = self.rows
+    return qformats.Rows(
+        rows.tokens[index], rows.n[index],
+        None if rows.ids is None else rows.ids[index],
+        None if rows.values is None else rows.values[index])
 
 
 class Stage(typing.NamedTuple):
@@ -74,7 +99,7 @@ class Stage(typing.NamedTuple):
   rows: qformats.Rows
   pending: np.ndarray
   codes: np.ndarray
-  draws: typing.Any = None
+  draws: np.ndarray | None = None
 
 
 class Verify(typing.NamedTuple):

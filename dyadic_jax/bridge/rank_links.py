@@ -9,15 +9,18 @@ mesh). Dense q never crosses ranks:
   capabilities those of block 0 (`Capabilities.link(0)`, `shards = n`):
   REPLY rows carry the drafted tokens and block 0's counts.
 * **A shard link** (worker rank s <-> verifier rank s, s >= 1) carries
-  block s. The verifier rank connects and sends a HELLO with the block's
-  capabilities (`shard`, `shard_lo`, `shard_hi`); the worker rank answers
-  as a worker does (`WorkerSession`: same key schedule, a mismatched block
-  is IDENTITY_MISMATCH). Then only REPLY frames flow, worker to verifier,
-  one per request and round, tagged with the leader's (generation, round)
-  and MAC'd with the link's session keys (`ShardSender`, `ShardReceiver`).
+  block s: its protocol is `shard_link` (sans I/O: HELLO with the block's
+  capabilities, then only REPLY frames, worker to verifier, tagged with the
+  leader's (generation, round) and MAC'd with the link's session keys);
+  `ShardSender` and `ShardReceiver` here drive it over sockets.
+
+This module holds the drivers and the collectives; the `Worker` and the
+`Verifier` take its components (a draw hook; a validator, a plan sharer
+and a round hook) and are never subclassed.
 
 The worker leader owns the RNG. For every proposal it broadcasts the STEP's
-inputs to its other ranks (`RankWorker`: one small gloo broadcast); all
+inputs to its other ranks (`ProposalBroadcast`, the leader `Worker`'s draw
+hook: one small gloo broadcast); all
 ranks run the proposer together over their mesh (`draft_proposer(...,
 executor=)`): the draft weights' normalizer and the allocation's tickets are
 all-reduces, and each token is one PROPOSAL draw mapped shard-then-token
@@ -25,8 +28,8 @@ all-reduces, and each token is one PROPOSAL draw mapped shard-then-token
 every rank before the next Markov row. Each rank writes its own block; the
 other ranks send theirs on their links (`follow_proposals`).
 
-The verifier ranks agree before anything is used (`RankVerifier`, and
-`follow_rounds` on the other ranks). Per round:
+The verifier ranks agree before anything is used (`RankRound` on the
+leader, and `follow_rounds` on the other ranks). Per round:
 
 1. the leader broadcasts what it expects (request ids, tags, depth);
 2. rank 0 runs the leader link's exchange, rank s collects its block's
@@ -39,7 +42,7 @@ The verifier ranks agree before anything is used (`RankVerifier`, and
    integer all-reduce: exactly M per row), the token's count, and the
    sampling audit, the draw mapped shard-then-token;
 5. the leader's session turns the agreed codes into the Plan, broadcast
-   without q (`ranks.plan_broadcast(counts=False)`): every rank verifies
+   without q (`ranks.PlanBroadcast(counts=False)`): every rank verifies
    on the checked global counts it already holds, or falls back, for
    exactly the same requests.
 
@@ -53,19 +56,17 @@ import collections
 import queue
 import threading
 import time
+import typing
 
 import jax
 import numpy as np
 
 from dyadic_jax import qcheck
-from dyadic_jax.bridge import ranks, transport
-from dyadic_jax.bridge.counters import Counters
-from dyadic_jax.bridge.effects import Stage
-from dyadic_jax.bridge.verifier import Verifier
-from dyadic_jax.bridge.verifier_session import VerifierSession
-from dyadic_jax.bridge.worker import Worker
-from dyadic_jax.bridge.worker_session import WorkerSession
-from dyadic_jax.wire import auth, codec, layouts, qformats
+from dyadic_jax.bridge import ranks, transport, verifier, worker
+from dyadic_jax.bridge.effects import Stage, Verify
+from dyadic_jax.bridge.shard_link import (Collected, ShardLinkSession,
+                                          ShardReply, ShardSourceSession)
+from dyadic_jax.wire import qformats
 from dyadic_jax.wire import status as status_lib
 from dyadic_jax.wire.errors import Code, ProtocolError
 
@@ -83,43 +84,36 @@ def _params(seed, generation, round_id, anchor, last_token, depth, request,
                    anchor, last_token, depth, request, mode], np.int64)
 
 
-class RankWorker(Worker):
-  """The worker leader of a TP-n worker: before each proposal, the other
-  ranks get its inputs (they draw with it and send their blocks)."""
+class ProposalBroadcast(worker.DrawHook):
+  """The draw hook of a TP-n worker's leader: before each proposal, the
+  other ranks get its inputs (they draw with it and send their blocks)."""
+
+  def warmup(self, depth):
+    ranks.broadcast(_params(_U64, 0, 0, 0, 0, depth, 0, _WARM), True)
 
   def draw(self, p):
     ranks.broadcast(_params(p.seed, p.generation, p.round, p.anchor,
                             p.last_token, p.depth, p.request, _SEND), True)
-    super().draw(p)
 
-  def warmup(self):
-    ranks.broadcast(_params(_U64, 0, 0, 0, 0, self.caps.max_depth, 0,
-                            _WARM), True)
-    super().warmup()
-
-  def stop_ranks(self):
+  def stop(self) -> None:
     """Tells the other ranks there are no more proposals."""
     ranks.broadcast(_params(0, 0, 0, 0, 0, 0, 0, _STOP), True)
 
 
 class ShardSender:
-  """Worker rank s's end of its shard link: binds, answers the verifier
-  rank's HELLO, sends REPLY frames of block s in the session the verifier
-  rank confirmed. One thread owns the socket
-  (it answers HELLOs while the rank is inside a collective)."""
+  """Worker rank s's end of its shard link: a `ShardSourceSession` behind
+  a bound socket. One thread owns the socket (it answers HELLOs while the
+  rank is inside a collective); frames to send reach it through a queue."""
 
   def __init__(self, caps, address, *, secret, curve=None, counters=None):
-    self.caps = caps
-    self.counters = counters or Counters(f"worker rank {caps.shard}")
-    self.session = WorkerSession(caps, secret=secret, counters=self.counters)
+    self.session = ShardSourceSession(caps, secret=secret, counters=counters)
+    self.caps, self.counters = caps, self.session.counters
     self.endpoint = transport.Endpoint.bind(
         address, max_message=self.session.max_message, curve=curve,
         counters=self.counters)
     self.address = self.endpoint.address
     self._outbox = queue.Queue()
-    self._peer = None
-    self._link = None                    # (session id, keys) of the peer
-    self._lock = threading.Lock()
+    self._peer = None          # the confirmed session's: owned by the thread
     self._halt = threading.Event()
     self._thread = threading.Thread(target=self._serve, daemon=True,
                                     name=f"shard-link-{caps.shard}")
@@ -133,21 +127,11 @@ class ShardSender:
       got = self.endpoint.recv(0.02)
       if got is not None:
         peer, message = got
-        answer = self.session.receive(message)
-        if answer.propose:
-          # Only HELLOs come this way: a STEP here draws nothing.
-          self.counters.reject(Code.BAD_SEQUENCE, "STEP on a shard link")
-          continue
-        for send in answer.send:
+        link = self.session.link
+        for send in self.session.receive(message):
           self.endpoint.send(send.message, peer)
-        # Frames go out in the session the verifier rank confirmed (its
-        # first authenticated frame after the HELLO): a replayed HELLO
-        # opens only a pending session, which can never take the link.
-        est = self.session.established
-        if est is not None and (self._link is None or
-                                self._link[0] != est.id):
-          with self._lock:
-            self._peer, self._link = peer, (est.id, est.keys)
+        if self.session.link is not link:
+          self._peer = peer
       while True:
         try:
           frame = self._outbox.get_nowait()
@@ -163,26 +147,15 @@ class ShardSender:
   def link_session(self):
     """The session id frames go out under (None before the verifier rank
     confirmed one)."""
-    with self._lock:
-      return None if self._link is None else self._link[0]
+    return self.session.link_session
 
-  def frame(self, request, tag, depth):
-    """(frame, rows) of a REPLY to fill, or None before a session."""
-    with self._lock:
-      link = self._link
-    if link is None:
-      return None
-    buf = bytearray(self.caps.bounds.reply_bytes(depth))
-    frame, rows = codec.begin_reply(
-        buf, bounds=self.caps.bounds, session=link[0], generation=tag[0],
-        round_id=tag[1], request=request, depth=depth)
-    return (frame, link[1]), rows
+  def frame(self, request, tag, depth) -> ShardReply | None:
+    """A REPLY to fill (its `rows`), or None before a session."""
+    return self.session.reply(request, tag, depth)
 
-  def send(self, frame):
-    """Seals a filled frame and queues it for the verifier rank."""
-    frame, keys = frame
-    auth.seal(frame, keys.send)
-    self._outbox.put(frame)
+  def send(self, reply: ShardReply) -> None:
+    """Seals a filled REPLY and queues it for the verifier rank."""
+    self._outbox.put(self.session.seal(reply))
 
   def close(self):
     self._halt.set()
@@ -206,17 +179,16 @@ def follow_proposals(propose, sender=None):
     if mode == _STOP:
       return sent
     seed = int(np.int64(seed).view(np.uint64))
-    frame = rows = None
+    reply = None
     if mode == _SEND and sender is not None:
-      made = sender.frame(request, (generation, round_id), depth)
-      if made is not None:
-        frame, rows = made
+      reply = sender.frame(request, (generation, round_id), depth)
     try:
-      propose(seed, generation, round_id, anchor, last, depth, out=rows)
+      propose(seed, generation, round_id, anchor, last, depth,
+              out=None if reply is None else reply.rows)
     except Exception:  # pylint: disable=broad-except
       continue           # the leader's own draw fails alike: it answers
-    if frame is not None:
-      sender.send(frame)
+    if reply is not None:
+      sender.send(reply)
       sent += 1
 
 
@@ -224,49 +196,56 @@ def follow_proposals(propose, sender=None):
 
 
 class ShardReceiver:
-  """Verifier rank s's end of its shard link: HELLO, then the block's
-  REPLY frames of each round, checked (MAC, session, tags, bounds) before
-  they are staged."""
+  """Verifier rank s's end of its shard link: a `ShardLinkSession` over a
+  connected socket and a clock."""
 
   def __init__(self, caps, address, *, secret, timeout_s=2.0, curve=None,
                counters=None, clock=time.monotonic, deadline=None):
     """timeout_s: the deadline of a HELLO and, without `deadline` (an
     `AdaptiveDeadline`: from the measured round time), of every round."""
-    self.caps = caps
-    self.counters = counters or Counters(f"verifier rank {caps.shard}")
-    self.session = VerifierSession(caps, secret=secret, timeout_s=timeout_s,
-                                   counters=self.counters)
-    self.timeout_s = timeout_s
+    self.session = ShardLinkSession(caps, secret=secret, timeout_s=timeout_s,
+                                    counters=counters, deadline=deadline)
+    self.caps, self.counters = caps, self.session.counters
     self.deadline = deadline
     self.clock = clock
     self.address = address
     self.curve = curve
     self.endpoint = None
-    self.rows = caps.format.staging(caps.max_requests, caps.max_depth,
-                                    caps.width)
-    self.seconds = []        # per round: from its start to its last frame
-    self.request_rounds = 0
-    self._silent = False     # the last round got nothing: say HELLO again
+
+  @property
+  def timeout_s(self):
+    return self.session.timeout_s
+
+  @timeout_s.setter
+  def timeout_s(self, seconds):
+    self.session.timeout_s = seconds
+
+  def _perform(self, effects):
+    """Sends the effects' messages; returns a Collected among them."""
+    done = None
+    for effect in effects:
+      if isinstance(effect, Collected):
+        done = effect
+      else:
+        self.endpoint.send(effect.message)
+    return done
 
   def open(self, attempts=50):
     """Negotiates the link (HELLO both ways); ProtocolError if it cannot."""
     self.endpoint = transport.Endpoint.connect(
         self.address, max_message=self.caps.bounds.max_reply_message,
         curve=self.curve, counters=self.counters)
+    session = self.session
     for _ in range(attempts):
-      self.endpoint.send(self.session.hello(self.clock()).message)
-      deadline = self.clock() + self.timeout_s
-      while (left := deadline - self.clock()) > 0 and not (
-          self.session.is_open):
+      self._perform([session.hello(self.clock())])
+      deadline = self.clock() + session.timeout_s
+      while (left := deadline - self.clock()) > 0 and not session.is_open:
         got = self.endpoint.recv(left)
         if got is not None:
-          self.session.receive(got[1], self.clock())
-        if self.session.refused is not None:
-          raise ProtocolError(self.session.refused, "shard link refused")
-      if self.session.is_open:
-        self._confirm()
-        if self.deadline is not None:
-          self.deadline.new_session()
+          self._perform(session.receive(got[1], self.clock()))
+        if session.refused is not None:
+          raise ProtocolError(session.refused, "shard link refused")
+      if session.is_open:
         return self
     raise ProtocolError(Code.TIMEOUT, f"no worker rank at {self.address}")
 
@@ -276,87 +255,20 @@ class ShardReceiver:
     Waits until every request's frame is in or the deadline passes; a
     request without a good frame gets its code (TIMEOUT when none came).
     """
-    r = len(rids)
-    codes = np.full(r, int(Code.TIMEOUT), np.int32)
-    index = {int(rid): i for i, rid in enumerate(rids)}
-    start = self.clock()
-    deadline = start + (self.timeout_s if self.deadline is None
-                        else self.deadline.seconds())
-    if self._silent:
-      # A round without a single frame: the worker rank may be a new
-      # process (restarted) that knows no session. A fresh HELLO costs one
-      # small message; until it is answered, frames are refused.
-      self.session.reconnect()
-      self.endpoint.send(self.session.hello(start).message)
-    while (codes == Code.TIMEOUT).any() and (
-        left := deadline - self.clock()) > 0:
-      got = self.endpoint.recv(left)
-      if got is None:
-        continue
-      if not self.session.is_open:
-        self.session.receive(got[1], self.clock())    # the HELLO answer
-        if self.session.is_open:
-          self._confirm()
-          if self.deadline is not None:
-            self.deadline.new_session()      # from the next round on
-        continue
-      keys = self.session.keys
-      self.counters.event("bytes_in", len(got[1]))
-      for frame in self._frames(got[1]):
-        try:
-          h = codec.header(frame)
-          if h.session != self.session.session:
-            raise ProtocolError(Code.UNKNOWN_SESSION, f"session {h.session}")
-          f = codec.decode(frame, self.caps.bounds, keys.recv)
-          if f.kind != layouts.Kind.REPLY:
-            raise ProtocolError(Code.BAD_SEQUENCE, f"{f.kind.name} on a "
-                                "shard link")
-        except ProtocolError as e:
-          self.counters.reject(e.code, f"shard {self.caps.shard} frame")
-          continue
-        i = index.get(f.body.request)
-        if i is None or f.tag != tuple(tags[i]) or f.body.depth != depth:
-          self.counters.reject(Code.DUPLICATE_ROUND if i is not None and (
-              f.tag[0] == tags[i][0]) else Code.STALE_GENERATION,
-                               f"shard {self.caps.shard} request "
-                               f"{f.body.request} {f.tag}")
-          continue
-        for name in ("tokens", "n", "values"):
-          np.copyto(getattr(self.rows, name)[i, :depth],
-                    getattr(f.rows, name))
-        codes[i] = 0
-    self._silent = bool((codes == Code.TIMEOUT).all())
-    self.seconds.append(self.clock() - start)
-    if self.deadline is not None and not (codes == Code.TIMEOUT).any():
-      self.deadline.observe(self.seconds[-1])      # every frame in
-    self.request_rounds += r
-    for i in np.flatnonzero(codes):
-      self.counters.reject(int(codes[i]), f"shard {self.caps.shard} request "
-                           f"{rids[i]}")
-    return self.rows, codes
-
-  def _confirm(self):
-    """The session's first authenticated frame to the worker rank (a
-    RESET of no request): it makes the session the link's."""
-    self.endpoint.send(codec.encode(
-        layouts.Kind.RESET, session=self.session.session, generation=0,
-        round_id=0, send=self.session.keys.send,
-        body={"request": layouts.ALL_REQUESTS,
-              "reason": layouts.Reason.CANCEL}))
+    session = self.session
+    done = self._perform(session.begin(rids, tags, depth, self.clock()))
+    while done is None:
+      done = self._perform(session.poll(self.clock()))
+      if done is None:
+        got = self.endpoint.recv(max(session.round_deadline - self.clock(),
+                                     0.0))
+        if got is not None:
+          done = self._perform(session.receive(got[1], self.clock()))
+    return done.rows, done.codes
 
   def figures(self):
     """What the link carried: bytes and seconds per round."""
-    return {"bytes_in": self.counters.events("bytes_in"),
-            "request_rounds": self.request_rounds,
-            "round_seconds": list(self.seconds)}
-
-  def _frames(self, message):
-    try:
-      return codec.split(message, max_frames=self.caps.max_requests,
-                         max_bytes=self.caps.bounds.max_reply_message)
-    except ProtocolError as e:
-      self.counters.reject(e.code, f"shard {self.caps.shard} message")
-      return []
+    return self.session.figures()
 
   def close(self):
     if self.endpoint is not None:
@@ -439,58 +351,57 @@ def _first_nonzero(codes):
                   0).astype(np.int32)
 
 
-class RankVerifier(Verifier):
-  """The verifier leader of a TP-n verifier (rank 0): the leader link's
-  session, and the agreement with the other ranks (module docstring).
+class RankRound(verifier.RoundHook, verifier.Validator):
+  """The verifier leader's components of a TP-n verifier (rank 0), the
+  agreement with the other ranks (module docstring); pass it to the
+  `Verifier` as its validator, its plan sharer and its first round hook.
 
   executor: the vocabulary mesh's (`sharding.executor(mesh)`); assemble:
   this rank's block [R, D, w] -> the global array [R, D, n w] split over
-  "vocab" (`sharding.from_blocks`); share_fn: `ranks.plan_broadcast(caps,
-  counts=False)`. Dense q only.
+  "vocab" (`sharding.from_blocks`); broadcast: the plan's, without q
+  (`ranks.PlanBroadcast(caps, counts=False)`). Dense q only.
   """
 
-  def __init__(self, caps, address, *, executor, assemble, **kwargs):
-    super().__init__(caps, address, **kwargs)
+  def __init__(self, caps, *, executor, assemble,
+               broadcast: ranks.PlanBroadcast):
+    super().__init__(caps)
     self.agreement = _Agreement(caps, executor, assemble)
-    self._counts = None   # the round's checked q: global, never broadcast
-    self._ex = None       # the round's exchange (None: it had none)
-    share = self.share_fn
-    self.share_fn = lambda plan: share(plan)._replace(counts=self._counts)
+    self.broadcast = broadcast
 
-  def warmup(self):
-    """The validation is the agreement's collective check: nothing to
-    compile alone (the ranks compile it together in their first round)."""
-    self._warm = True
-
-  def on_begin(self, exchange):
-    self._ex = exchange
+  def begin(self, exchange):
+    """Step 1: the other ranks learn the round (or that it has no
+    exchange: they skip theirs)."""
+    if exchange is None:
+      self.agreement.expect()
+      return
     self.agreement.expect(exchange.rids, [exchange.tags[r]
                                           for r in exchange.rids],
                           exchange.depth)
 
-  def _exchange(self, rids, depth):
-    effect, draws = self._answer(rids, depth)
-    ex, session = self._ex, self.session
-    codes = (effect.codes if isinstance(effect, Stage) else np.maximum(
-        effect.plan.codes, 1).astype(np.int32))
-    row_codes, self._counts = self.agreement.agree(
-        _padded(ex.rows, self.caps.max_requests), codes, draws, depth)
-    if isinstance(effect, Stage):
-      # The checked counts stay global, with the agreement: the plan is
-      # broadcast without them.
-      return session.staged(qformats.Verdict(None, row_codes[:len(ex.rids)]))
-    return effect
+  def warmup(self, rows, draws):
+    """Nothing to compile alone: the ranks compile the collective check
+    together in their first round."""
+    del rows, draws
 
-  def execute(self, plan):
-    if self._ex is None:
-      # A round without an exchange (no session): step 1 tells the other
-      # ranks to skip theirs.
-      self.agreement.expect()
-      self._counts = None
-    self._ex = None
-    return super().execute(plan)
+  def validate(self, effect, draws, exchange):
+    """Steps 3-4, on every exchange (the other ranks take part even when
+    this one failed): the Verdict of a Stage, its counts the checked
+    global q (never broadcast); None for a Verify."""
+    staged = isinstance(effect, Stage)
+    codes = effect.codes if staged else np.maximum(
+        typing.cast(Verify, effect).plan.codes, 1).astype(np.int32)
+    row_codes, counts = self.agreement.agree(
+        _padded(exchange.rows, self.caps.max_requests), codes, draws,
+        exchange.depth)
+    if not staged:
+      return None
+    return qformats.Verdict(counts, row_codes[:len(exchange.rids)])
 
-  def stop_followers(self):
+  def share(self, plan):
+    return self.broadcast.share(plan)
+
+  def stop(self):
+    """The other ranks' loop (`follow_rounds`) ends."""
     self.agreement.expect(stop=True)
 
 
@@ -503,15 +414,15 @@ def _padded(rows, r):
                       for a in rows])
 
 
-def follow_rounds(verifier, receiver, executor, assemble):
+def follow_rounds(follower, receiver, executor, assemble):
   """Verifier rank s >= 1: the rounds the leader runs, until it stops.
 
-  verifier: this rank's `Verifier` (no transport; its `share_fn` the plan
-  broadcast, `request_factory` set), used to verify and commit exactly
-  what the leader does; receiver: its open `ShardReceiver`. Returns the
-  number of rounds.
+  follower: this rank's `Verifier` (no transport; its sharer a
+  `ranks.PlanBroadcast(caps, counts=False)`, `request_factory` set), used
+  to verify and commit exactly what the leader does; receiver: its open
+  `ShardReceiver`. Returns the number of rounds.
   """
-  agreement = _Agreement(verifier.caps, executor, assemble)
+  agreement = _Agreement(follower.caps, executor, assemble)
   rounds = 0
   while True:
     expected = agreement.expect()
@@ -522,7 +433,5 @@ def follow_rounds(verifier, receiver, executor, assemble):
     if rids:
       rows, codes = receiver.collect(rids, tags, depth)
       _, counts = agreement.agree(rows, codes, None, depth)
-    plan = verifier.share_fn(None)
-    plan = plan._replace(counts=counts)
-    verifier.session.commit(plan, verifier._run(plan))  # pylint: disable=protected-access
+    follower.apply(follower.sharer.share(None)._replace(counts=counts))
     rounds += 1

@@ -2,8 +2,9 @@
 
 Only the leader rank (process 0) talks to the worker. After validation it
 builds a `Plan` (per request: the verdict code, the drafted tokens and the
-validated q); `plan_broadcast(caps)` is the `share_fn` that sends it to the
-other ranks (`jax.experimental.multihost_utils.broadcast_one_to_all`), so
+validated q); `PlanBroadcast(caps)` is the `Verifier`'s plan sharer that
+sends it to the other ranks
+(`jax.experimental.multihost_utils.broadcast_one_to_all`), so
 every rank runs the same verification, or falls back for the same
 requests: never a partial commit on one rank and a fallback on another.
 
@@ -18,8 +19,10 @@ import jax
 from jax.experimental import multihost_utils
 import numpy as np
 
+from dyadic_jax.bridge import hello
 from dyadic_jax.bridge.effects import Plan
 from dyadic_jax.bridge.verifier_session import empty_plan
+from dyadic_jax.wire import qformats
 
 
 def broadcast(value: typing.Any, leader: bool) -> typing.Any:
@@ -35,49 +38,77 @@ def allgather(value: typing.Any) -> typing.Any:
     return jax.tree.map(np.asarray, multihost_utils.process_allgather(value))
 
 
-def pad(plan, caps, counts=True):
-  """(size int64[2], plan padded to max_requests x max_depth); without
-  `counts` the q rows stay behind ([R, D, 0])."""
-  r, d = plan.draft.shape
+def pad(plan: Plan, caps: hello.Capabilities,
+        counts: bool = True) -> tuple[np.ndarray, Plan]:
+  """(size int64[2], plan padded to max_requests x max_depth, numpy);
+  without `counts` (or a format without q) the q stays behind (None)."""
+  r, d = plan.rows.tokens.shape
   big = empty_plan(caps, [-1] * caps.max_requests,
                    [(0, 0)] * caps.max_requests, [0] * caps.max_requests,
                    caps.max_depth)
-  if not counts:
-    big = big._replace(counts=big.counts[..., :0])
   big.rids[:r] = plan.rids
   big.tags[:r] = plan.tags
   big.codes[:r] = plan.codes
-  big.draft[:r, :d] = plan.draft
-  big.n[:r, :d] = plan.n
-  if big.ids.shape[-1]:
-    big.ids[:r, :d] = plan.ids
-  if big.counts.shape[-1]:
-    big.counts[:r, :d] = np.asarray(plan.counts)
-  return np.array([r, d], np.int64), big._replace(stop=np.asarray(
-      plan.stop, np.int32))
+  for name in ("tokens", "n", "ids"):
+    a = getattr(big.rows, name)
+    if a is not None:
+      a[:r, :d] = getattr(plan.rows, name)
+  q = None
+  if counts and caps.format.has_values:
+    q = np.zeros(big.rows.tokens.shape + (caps.width,), np.int32)
+    if plan.counts is not None:
+      q[:r, :d] = np.asarray(plan.counts)
+  return np.array([r, d], np.int64), big._replace(
+      counts=q, stop=np.asarray(plan.stop, np.int32))
 
 
-def unpad(size, plan):
+def unpad(size: np.ndarray, plan: Plan) -> Plan:
+  """The leader's plan from its padded broadcast; its counts (numpy here)
+  become a JAX array on this process's device, as a validator's are."""
   r, d = (int(x) for x in size)
-  return Plan(plan.rids[:r], plan.tags[:r], plan.codes[:r],
-              plan.draft[:r, :d], plan.ids[:r, :d], plan.counts[:r, :d],
-              plan.n[:r, :d], plan.stop)
+  ids = plan.rows.ids
+  rows = qformats.Rows(plan.rows.tokens[:r, :d], plan.rows.n[:r, :d],
+                       None if ids is None else ids[:r, :d])
+  counts = plan.counts
+  if counts is not None:
+    counts = jax.device_put(counts[:r, :d], jax.local_devices()[0])
+  return Plan(plan.rids[:r], plan.tags[:r], plan.codes[:r], rows, counts,
+              plan.stop)
 
 
-def plan_broadcast(caps: typing.Any, *, counts: bool = True
-                   ) -> typing.Callable[[Plan | None], Plan]:
-  """A `share_fn` for `Verifier`: rank 0's plan, on every rank.
+class PlanBroadcast:
+  """The plan sharer of a multi-rank `Verifier`: rank 0's plan, on every
+  rank (`jax.experimental.multihost_utils`)."""
 
-  On the leader it takes the round's plan; on a follower its argument is
-  ignored (None) and it returns the leader's next plan. counts=False: the
-  plan travels without its q (rank links: every rank already holds the
-  checked counts of its own block, `rank_links`); its counts are then
-  [R, D, 0].
-  """
-  def share(plan):
+  def __init__(self, caps: hello.Capabilities, *, counts: bool = True):
+    """counts=False: the plan travels without its q (rank links: every
+    rank already holds the checked counts, `rank_links`): the leader keeps
+    its own, a follower gets None."""
+    self.caps = caps
+    self.counts = counts
+
+  def share(self, plan: Plan | None) -> Plan:
+    """On the leader: its round's plan, sent. On a follower (None): the
+    leader's next plan."""
     leader = jax.process_index() == 0
+    mine = plan
     if plan is None:
-      plan = empty_plan(caps, [-1], [(0, 0)], [0], caps.max_depth)
-    size, padded = broadcast(pad(plan, caps, counts), leader)
-    return unpad(size, Plan(*padded))
-  return share
+      plan = empty_plan(self.caps, [-1], [(0, 0)], [0], self.caps.max_depth)
+    size, padded = broadcast(pad(plan, self.caps, self.counts), leader)
+    out = unpad(size, padded)
+    if leader and mine is not None:
+      out = out._replace(counts=mine.counts)   # no copy of its own q
+    return out
+
+  def stop(self) -> None:
+    """Leader: tells the follower ranks that there are no more rounds."""
+    r = self.caps.max_requests
+    plan = empty_plan(self.caps, [0] * r, [(0, 0)] * r, [0] * r,
+                      self.caps.max_depth)
+    self.share(plan._replace(stop=np.ones((), np.int32)))
+
+
+def plan_broadcast(caps: hello.Capabilities, *,
+                   counts: bool = True) -> PlanBroadcast:
+  """The `PlanBroadcast` of `caps` (see there)."""
+  return PlanBroadcast(caps, counts=counts)

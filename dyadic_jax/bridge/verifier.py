@@ -8,13 +8,19 @@ for:
   jitted pass on the staging slot) and audits every drafted token against
   the PROPOSAL draws (`audit.proposal_draws`, computed while the worker
   drafts);
-* `Verify`: the plan is shared with the other ranks (`share_fn`), then
+* `Verify`: the plan is shared with the other ranks (the plan sharer), then
   the requests whose q validated are verified together, one `verify_fn`
   call per round on their exact q (padded to max_requests rows, so one
   compiled shape serves every round), and each request whose proposal the
   plan discarded gets one token from `sample_fn` (the target alone,
   TARGET_ONLY key); `verify_fn` returning a refusal status makes that
   request a counted fallback too.
+
+What a deployment changes is passed in as components, never overridden:
+a `Validator` (the q format's kernel and the audit, or the rank links'
+collective check), a plan sharer (`ranks.PlanBroadcast`, or the rank
+links' leader) and `RoundHook`s (called as each round begins and around
+its exchange: the rank links' announcement, a run's timing).
 
 `verify_fn` is `dyadic_jax.verify_batch` or the sharded
 `sharding.verify_batch` with its mesh bound (the bridge never imports
@@ -24,6 +30,7 @@ float32[len(draft) + 1, V] after the committed `prefix` and the drafted
 tokens, with the target's processors applied.
 """
 
+import contextlib
 import math
 import time
 import typing
@@ -36,13 +43,15 @@ from dyadic_jax import rng, verification
 from dyadic_jax.bridge import audit as audit_lib
 from dyadic_jax.bridge import transport
 from dyadic_jax.bridge.effects import Plan, Stage, Verify
-from dyadic_jax.bridge.verifier_session import (Request, RoundResult,
-                                                VerifierSession, empty_plan)
+from dyadic_jax.bridge.verifier_session import (Exchange, Request,
+                                                RoundResult, VerifierSession)
 from dyadic_jax.errors import raise_for_status
+from dyadic_jax.wire import qformats
 from dyadic_jax.wire import status as status_lib
 from dyadic_jax.wire.errors import Code, ProtocolError
 
-__all__ = ["Outcome", "Request", "RoundResult", "Verifier", "greedy_verify"]
+__all__ = ["Outcome", "PlanSharer", "Request", "RoundHook", "RoundResult",
+           "Validator", "Verifier", "greedy_verify"]
 
 
 class Outcome(typing.NamedTuple):
@@ -62,21 +71,71 @@ def greedy_verify(target_logits, draft_tokens):
   return accepted, int(best[accepted])
 
 
+class Validator:
+  """Judges a round's answer: the q format's kernel on the staged rows (the
+  dense batch in one jitted pass) and the sampling audit."""
+
+  def __init__(self, caps):
+    self.caps = caps
+
+  def warmup(self, rows: qformats.Rows, draws: np.ndarray | None) -> None:
+    """Compiles the kernel for a full batch (rows: a staging slot's)."""
+    self.caps.format.validate(rows, vocab=self.caps.vocab, draws=draws,
+                              device=True)
+
+  def validate(self, effect: Stage | Verify, draws: np.ndarray | None,
+               exchange: Exchange) -> qformats.Verdict | None:
+    """The verdict of a Stage's rows (counts a JAX array); None for a
+    Verify (the exchange failed before its rows could be judged).
+    draws: the audit's PROPOSAL draws, or None."""
+    del exchange
+    if not isinstance(effect, Stage):
+      return None
+    verdict = self.caps.format.validate(effect.rows, vocab=self.caps.vocab,
+                                        draws=draws, device=True)
+    counts = verdict.counts
+    return verdict if counts is None else verdict._replace(
+        counts=jnp.asarray(counts))
+
+
+class PlanSharer(typing.Protocol):
+  """Shares each round's plan with the other ranks (`ranks.PlanBroadcast`).
+  On a follower, `share(None)` returns the leader's next plan."""
+
+  def share(self, plan: Plan | None) -> Plan: ...
+
+  def stop(self) -> None: ...
+
+
+class RoundHook:
+  """Told of each round (no-ops here; pass instances as `hooks`)."""
+
+  def begin(self, exchange: Exchange | None) -> None:
+    """A round begins: its STEP is made, not yet sent (None: a round
+    without an exchange, every request falls back)."""
+
+  def exchange(self) -> contextlib.AbstractContextManager[None]:
+    """The context each exchange runs in: STEP out to its verdict."""
+    return contextlib.nullcontext()
+
+
 class Verifier:
   """Drives rounds against one worker; owns the requests' committed state."""
 
   def __init__(self, caps, address, *, target_fn, secret,
                verify_fn=verification.verify_batch,
                sample_fn=verification.sample_target, timeout_s=2.0,
-               counters=None, clock=time.monotonic, share_fn=None,
+               counters=None, clock=time.monotonic, sharer=None,
                request_factory=None, sampling_audit=True, curve=None,
-               connect=None, deadline=None):
+               connect=None, deadline=None, validator=None, hooks=()):
     """secret: the deployment secret (32 bytes; `bridge.keys`), or None
     (`--insecure`). sampling_audit: recompute every drafted token from its
     q and the PROPOSAL key (off: `--no_sampling_audit`). curve: CURVE keys
-    (`--encrypt`). share_fn(plan) broadcasts a round's plan to the other
-    ranks (`bridge.ranks.plan_broadcast`); request_factory(rid) -> (prompt,
-    seed) lets a follower rank create the leader's requests. connect: the
+    (`--encrypt`). sharer: a `PlanSharer`, shares each round's plan with
+    the other ranks (`bridge.ranks.PlanBroadcast`); request_factory(rid)
+    -> (prompt, seed) lets a follower rank create the leader's requests.
+    validator: a `Validator`, judges each exchange (default: the q
+    format's); hooks: `RoundHook`s, called in order. connect: the
     endpoint factory `(address, max_message) -> Endpoint` (tests).
     timeout_s: the deadline of a HELLO and, without `deadline`, of every
     exchange; deadline: an `AdaptiveDeadline` that sets each exchange's
@@ -89,7 +148,9 @@ class Verifier:
     self.timeout_s = timeout_s
     self.deadline = deadline
     self.clock = clock
-    self.share_fn = share_fn
+    self.sharer = sharer
+    self.validator = validator or Validator(caps)
+    self.hooks = tuple(hooks)
     self.request_factory = request_factory
     self.curve = curve
     self.session = VerifierSession(caps, secret=secret, timeout_s=timeout_s,
@@ -167,9 +228,8 @@ class Verifier:
                         " (wrong key, or --insecure on one side only?)")
 
   def warmup(self) -> None:
-    """Compiles the audit and the validation kernel for a full batch at
-    the maximal depth (once), so that a first round does not spend its
-    deadline compiling."""
+    """Compiles the validator for a full batch at the maximal depth (once),
+    so that a first round does not spend its deadline compiling."""
     if self._warm or self.session.slots is None:
       return
     self._warm = True
@@ -178,9 +238,7 @@ class Verifier:
     if self.session.audit:
       draws = audit_lib.proposal_draws(np.zeros(r), np.zeros(r),
                                        np.zeros(r), np.zeros(r), d)
-    fmt = self.caps.format
-    rows = self.session.slots[0].rows(r, d)
-    fmt.validate(rows, vocab=self.caps.vocab, draws=draws, device=True)
+    self.validator.warmup(self.session.slots[0].rows(r, d), draws)
 
   def reconnect(self) -> "Verifier":
     """New socket and session; invalidates every in-flight key."""
@@ -217,90 +275,91 @@ class Verifier:
       try:
         self.open(attempts=1)
       except ProtocolError as e:
+        for hook in self.hooks:
+          hook.begin(None)
         return self.execute(self.session.fallback(rids, e.code).plan)
-    return self.execute(self._exchange(rids, depth).plan)
+    with contextlib.ExitStack() as scope:
+      for hook in self.hooks:
+        scope.enter_context(hook.exchange())
+      verify = self.exchange(rids, depth)
+    return self.execute(verify.plan)
 
-  def _exchange(self, rids, depth):
-    """STEP out, answers in, rows validated and audited: the round's
-    `Verify` (its Plan). Never waits past the exchange's deadline."""
-    effect, draws = self._answer(rids, depth)
-    if isinstance(effect, Stage):
-      effect = self.validate(effect, draws)
-    return effect
-
-  def _answer(self, rids, depth):
-    """STEP out, the answer in (or the deadline): (the session's first
-    effect, the audit's PROPOSAL draws or None)."""
+  def exchange(self, rids: typing.Sequence[int], depth: int) -> Verify:
+    """STEP out, answers in, judged by the validator: the round's `Verify`
+    (its Plan). Never waits past the exchange's deadline."""
     session = self.session
     if self.deadline is not None:
       session.timeout_s = self.deadline.seconds()
     start = self.clock()
     send = session.begin(rids, depth, start)
-    self.on_begin(session.exchange)
+    exchange = session.exchange
+    assert exchange is not None      # `begin` made it
+    for hook in self.hooks:
+      hook.begin(exchange)
     sent = self._send(send)
     draws = None
     if session.audit:     # computed while the worker drafts
-      draws = audit_lib.proposal_draws(*session.draw_inputs(), depth,
-                                       pad_to=self.caps.max_requests)
+      seeds, generations, rounds, anchors = session.draw_inputs()
+      draws = audit_lib.proposal_draws(seeds, generations, rounds, anchors,
+                                       depth, pad_to=self.caps.max_requests)
     effects = [] if sent else session.poll(math.inf)
     while not effects:
-      left = session.exchange.deadline - self.clock()
+      left = exchange.deadline - self.clock()
       got = self.endpoint.recv(left) if left > 0 else None
       effects = (session.receive(got[1], self.clock()) if got is not None
                  else session.poll(self.clock()))
     self.seconds.append(self.clock() - start)
-    if self.deadline is not None and isinstance(effects[0], Stage):
+    effect = effects[0]
+    if self.deadline is not None and isinstance(effect, Stage):
       self.deadline.observe(self.seconds[-1])     # answered in full
-    return effects[0], draws
-
-  def on_begin(self, exchange: typing.Any) -> None:
-    """Called once a round's STEP is made, before it is sent (the rank
-    links' leader tells its other ranks what to expect)."""
-
-  def validate(self, stage: Stage,
-               draws: np.ndarray | None = None) -> Verify:
-    """The verdict of a Stage's rows (the q format's kernel, the audit)."""
-    fmt = self.caps.format
-    verdict = fmt.validate(stage.rows, vocab=self.caps.vocab, draws=draws,
-                           device=True)
-    return self.session.staged(verdict)
+    verdict = self.validator.validate(effect, draws, exchange)
+    if not isinstance(effect, Stage):
+      return effect
+    if verdict is None:
+      raise RuntimeError("the validator judged no Stage")
+    return session.staged(verdict)
 
   def execute(self, plan: Plan) -> list[RoundResult]:
-    """Shares a round's plan with the other ranks (`share_fn`), runs it,
+    """Shares a round's plan with the other ranks (the sharer), runs it,
     commits it; returns the RoundResults."""
-    if self.share_fn is not None:
-      plan = self.share_fn(plan)
-    outcomes = self._run(plan)
-    results, commit = self.session.commit(plan, outcomes)
+    if self.sharer is not None:
+      plan = self.sharer.share(plan)
+    return self.apply(plan)
+
+  def apply(self, plan: Plan) -> list[RoundResult]:
+    """Runs a shared plan and commits it (the COMMIT goes out when a
+    session is open); returns the RoundResults."""
+    results, commit = self.session.commit(plan, self.run(plan))
     self._send(commit)
     return results
 
   def follow(self) -> int:
     """A follower rank's loop: runs the leader's plans until a stop plan.
 
-    Needs `share_fn`, which on a follower ignores its argument and returns
-    the leader's next plan. The follower keeps the same `requests` (add
-    them in the same order, or give a `request_factory`) and commits
-    exactly what the leader commits; it never touches the transport.
+    Needs the sharer, whose `share(None)` on a follower returns the
+    leader's next plan. The follower keeps the same `requests` (add them
+    in the same order, or give a `request_factory`) and commits exactly
+    what the leader commits; it never touches the transport.
     """
+    if self.sharer is None:
+      raise RuntimeError("follow: the verifier has no plan sharer")
     rounds = 0
     while True:
-      plan = self.share_fn(None)
+      plan = self.sharer.share(None)
       if int(plan.stop):
         return rounds
-      self.session.commit(plan, self._run(plan))
+      self.apply(plan)
       rounds += 1
 
   def stop_followers(self) -> None:
     """Leader: tells follower ranks that there are no more rounds."""
-    if self.share_fn is not None:
-      r = self.caps.max_requests
-      plan = empty_plan(self.caps, [0] * r, [(0, 0)] * r, [0] * r,
-                        self.caps.max_depth)
-      self.share_fn(plan._replace(stop=np.ones((), np.int32)))
+    if self.sharer is not None:
+      self.sharer.stop()
 
-  def _run(self, plan):
-    outcomes = [None] * len(plan.rids)
+  def run(self, plan: Plan) -> list[Outcome]:
+    """The outcome of every plan row: verified on its q, or one token of
+    the target alone where its code discards the proposal."""
+    outcomes: list[typing.Any] = [None] * len(plan.rids)
     verified = []
     for i, rid in enumerate(plan.rids):
       rid = int(rid)
@@ -320,18 +379,19 @@ class Verifier:
     """Outcomes of the plan rows `rows` (validated q): one `verify_fn` call
     for all of them, padded to max_requests rows (one compiled shape)."""
     reqs = [self.requests[int(plan.rids[i])] for i in rows]
+    draft = plan.rows.tokens
     logits = [self.target_fn(np.asarray(req.tokens, np.int32),
-                             np.array(plan.draft[i]))
+                             np.array(draft[i]))
               for req, i in zip(reqs, rows)]
     if self.caps.greedy:
-      return [Outcome(*greedy_verify(x, np.array(plan.draft[i])))
+      return [Outcome(*greedy_verify(x, np.array(draft[i])))
               for x, i in zip(logits, rows)]
     pad = list(rows) + [rows[0]] * (self.caps.max_requests - len(rows))
     idx = np.asarray(pad)
     fmt = self.caps.format
     counts = plan.counts if pad == list(range(len(plan.rids))) else (
         plan.counts[idx])
-    q = fmt.to_q(counts, _PlanRows(plan, idx))
+    q = fmt.to_q(counts, plan.take(idx))
     keys = jnp.stack([rng.round_key(req.seed, *_tag(plan, i))
                       for req, i in zip(reqs, rows)]
                      + [rng.round_key(0, 0, 0)] * (len(pad) - len(rows)))
@@ -339,7 +399,7 @@ class Verifier:
                          + [0] * (len(pad) - len(rows)), np.int64)
     logits = np.stack(logits + [logits[0]] * (len(pad) - len(rows)))
     accepted, tokens, status = (
-        np.asarray(a) for a in self.verify_fn(logits, q, plan.draft[idx],
+        np.asarray(a) for a in self.verify_fn(logits, q, draft[idx],
                                               keys, anchors))
     outcomes = []
     for j, (req, i) in enumerate(zip(reqs, rows)):
@@ -373,23 +433,3 @@ class Verifier:
 def _tag(plan, i):
   """(generation, round) of plan row i."""
   return int(plan.tags[i, 0]), int(plan.tags[i, 1])
-
-
-class _PlanRows(typing.NamedTuple):
-  """The Rows of plan requests i (an index array; what `QFormat.to_q`
-  reads)."""
-  plan: typing.Any
-  i: typing.Any
-
-  @property
-  def ids(self):
-    return self.plan.ids[self.i]
-
-  @property
-  def n(self):
-    return self.plan.n[self.i]
-
-  @property
-  def tokens(self):
-    return self.plan.draft[self.i]
-

@@ -89,8 +89,9 @@ class RoundResult:
   code: Code | None            # why it was discarded
 
 
-class _Exchange:
-  """The round in flight: its tags, deadline and per-request outcome."""
+class Exchange:
+  """The round in flight: its tags, deadline and per-request outcome (what
+  a driver's round hook is shown when its STEP is made: read only)."""
 
   def __init__(self, rids, tags, depth, deadline, slot):
     self.rids = list(rids)
@@ -111,17 +112,15 @@ class _Exchange:
 
 
 def empty_plan(caps, rids, tags, codes, depth):
-  """A Plan of R requests with zero drafts and q (codes say what to do)."""
+  """A Plan of R requests with zero drafts and no q (codes say what to do)."""
   r = len(rids)
-  w = caps.width
-  ids_w = w if caps.format.has_ids else 0
-  counts_w = w if caps.format.has_values else 0
+  ids = (np.zeros((r, depth, caps.width), np.int32) if caps.format.has_ids
+         else None)
+  rows = qformats.Rows(np.zeros((r, depth), np.int32),
+                       np.zeros((r, depth), np.int32), ids)
   return Plan(np.asarray(rids, np.int32),
               np.asarray(tags, np.int64).reshape(r, 2),
-              np.asarray(codes, np.int32), np.zeros((r, depth), np.int32),
-              np.zeros((r, depth, ids_w), np.int32),
-              np.zeros((r, depth, counts_w), np.int32),
-              np.zeros((r, depth), np.int32), np.zeros((), np.int32))
+              np.asarray(codes, np.int32), rows, None, np.zeros((), np.int32))
 
 
 class VerifierSession:
@@ -150,7 +149,7 @@ class VerifierSession:
     self.refused: typing.Any = None       # the Code of a refused HELLO
     self.requests: dict[int, Request] = {}
     self._retired: dict[int, int] = {}    # removed rid -> next generation
-    self.exchange: typing.Any = None      # the _Exchange in flight
+    self.exchange: Exchange | None = None   # the round in flight
     self.slots: typing.Any = None         # allocated once a HELLO agrees
     self._next_slot = 0
     self.max_message = self.bounds.max_reply_message
@@ -300,7 +299,7 @@ class VerifierSession:
       tags[req.rid] = (req.generation, req.round)
     slot = self.slots[self._next_slot]
     self._next_slot = (self._next_slot + 1) % len(self.slots)
-    self.exchange = _Exchange(rids, tags, depth, now + self.timeout_s, slot)
+    self.exchange = Exchange(rids, tags, depth, now + self.timeout_s, slot)
     policy = Policy.GREEDY if self.caps.greedy else Policy.SAMPLED
     message = b"".join(codec.encode(
         Kind.STEP, session=self.session, generation=req.generation,
@@ -317,6 +316,8 @@ class VerifierSession:
     """(seeds, generations, rounds, anchors) of the exchange's requests:
     what the PROPOSAL draws of the sampling audit are computed from."""
     ex = self.exchange
+    if ex is None:
+      raise RuntimeError("draw_inputs: no exchange in flight")
     reqs = [self.requests[r] for r in ex.rids]
     return (np.array([q.seed for q in reqs], np.uint64),
             np.array([ex.tags[q.rid][0] for q in reqs], np.int64),
@@ -575,16 +576,14 @@ class VerifierSession:
                       ex.codes, ex.depth)
     ok = plan.codes == 0
     if ok.any():
-      plan.draft[ok] = ex.rows.tokens[ok]
-      plan.n[ok] = ex.rows.n[ok]
-      if self.caps.format.has_ids:
-        plan.ids[ok] = ex.rows.ids[ok]
-      if counts is not None:
-        if isinstance(counts, np.ndarray) and counts.shape == (
-            plan.counts.shape):
-          plan.counts[ok] = counts[ok]
-        else:
-          plan = plan._replace(counts=counts)
+      rows = plan.rows
+      rows.tokens[ok] = ex.rows.tokens[ok]
+      rows.n[ok] = ex.rows.n[ok]
+      if rows.ids is not None:
+        rows.ids[ok] = ex.rows.ids[ok]
+      # Counts stay as validated (a JAX array, perhaps split over a mesh):
+      # only the rows of requests whose code is 0 are ever read.
+      plan = plan._replace(counts=counts)
     return Verify(plan)
 
   def commit(self, plan: Plan, outcomes: typing.Sequence[typing.Sequence[int]]
@@ -609,7 +608,7 @@ class VerifierSession:
         self.counters.reject(refused, f"verification of request {req.rid}")
         code = refused
       accepted = 0 if code else int(accepted)
-      committed = tuple(int(t) for t in plan.draft[i, :accepted]) + (
+      committed = tuple(int(t) for t in plan.rows.tokens[i, :accepted]) + (
           int(token),)
       anchor = req.anchor
       req.tokens.extend(committed)

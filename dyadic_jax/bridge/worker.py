@@ -27,17 +27,31 @@ from dyadic_jax.bridge.worker_session import WorkerSession
 from dyadic_jax.wire.errors import Code
 
 
+class DrawHook:
+  """Told before the worker draws (no-ops here): a tensor-parallel worker's
+  leader tells its other ranks, which draw with it
+  (`rank_links.ProposalBroadcast`)."""
+
+  def warmup(self, depth: int) -> None:
+    """Before the warm-up draw (a throwaway seed, `depth` rows)."""
+
+  def draw(self, p: Propose) -> None:
+    """Before proposal `p` is drawn."""
+
+
 class Worker:
   """Serves proposals for a verifier. Not thread safe: one loop owns it."""
 
   def __init__(self, caps: hello.Capabilities,
                propose_fn: typing.Callable[..., typing.Any], *,
                secret: bytes | None, counters: Counters | None = None,
-               max_views: int = 4096):
+               max_views: int = 4096, draw_hook: DrawHook | None = None):
     """secret: the deployment secret (32 bytes; `bridge.keys`) or None
-    (`--insecure`: nothing is authenticated)."""
+    (`--insecure`: nothing is authenticated). draw_hook: told before every
+    draw (default: nobody)."""
     self.caps = caps
     self.propose = propose_fn
+    self.draw_hook = draw_hook or DrawHook()
     self.session = WorkerSession(caps, secret=secret, counters=counters,
                                  max_views=max_views)
     self._trackers: dict[int, list[typing.Any]] = {}
@@ -55,6 +69,7 @@ class Worker:
     """Compiles the proposer before the first STEP (a STEP must not wait
     for a compile past the verifier's deadline). The draw uses a seed no
     request is given (2^64 - 1) and is thrown away."""
+    self.draw_hook.warmup(self.caps.max_depth)
     self.propose(2 ** 64 - 1, 0, 0, 0, 0, self.caps.max_depth)
 
   def handle(self, message: typing.Any) -> list[Send]:
@@ -76,8 +91,8 @@ class Worker:
     return self.session.finish(answer, failed)
 
   def draw(self, p: Propose) -> None:
-    """Draws one proposal into its REPLY rows (a tensor-parallel worker's
-    leader first tells its other ranks: `rank_links.RankWorker`)."""
+    """Draws one proposal into its REPLY rows (the draw hook first)."""
+    self.draw_hook.draw(p)
     self.propose(p.seed, p.generation, p.round, p.anchor, p.last_token,
                  p.depth, out=p.rows)
 
@@ -113,16 +128,15 @@ def serve_forever(caps: hello.Capabilities,
                   *, secret: bytes | None, curve: Curve | None = None,
                   ready: typing.Callable[[str], None] | None = None,
                   on_exit: typing.Callable[["Worker"], None] | None = None,
-                  worker_factory: typing.Callable[..., "Worker"] | None = None
-                  ) -> None:
+                  draw_hook: DrawHook | None = None) -> None:
   """Binds `address` and serves until interrupted (SystemExit, Ctrl-C).
 
   ready(address) is called once the proposer is compiled and the socket
   bound; on_exit(worker) when the loop ends, whatever ended it.
-  worker_factory: builds the Worker (default `Worker`; a tensor-parallel
-  worker's leader passes `rank_links.RankWorker`'s).
+  draw_hook: the Worker's (a tensor-parallel worker's leader passes a
+  `rank_links.ProposalBroadcast`).
   """
-  worker = (worker_factory or Worker)(caps, propose_fn, secret=secret)
+  worker = Worker(caps, propose_fn, secret=secret, draw_hook=draw_hook)
   endpoint = Endpoint.bind(address, max_message=worker.max_message,
                            curve=curve, counters=worker.counters)
   worker.warmup()

@@ -252,7 +252,7 @@ class SessionPair:
                device: bool = False) -> Verify:
     """A Stage's rows validated by the q format (audited against `draws`,
     uint32[R, D], unless None), then handed to `VerifierSession.staged`.
-    device: the jitted path, as `bridge.Verifier.validate` takes it."""
+    device: the jitted path, as `bridge.verifier.Validator` takes it."""
     verdict = self.caps.format.validate(stage.rows, vocab=self.caps.vocab,
                                         draws=draws, device=device)
     return self.verifier.staged(verdict)

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from dyadic_jax.bridge import hello, rank_links
-from dyadic_jax.wire import auth, layouts
+from dyadic_jax.wire import layouts
 from dyadic_jax.wire.errors import Code, ProtocolError
 
 SECRET = bytes(range(32))
@@ -45,21 +45,19 @@ def _wait(condition):
 
 
 def _send(sender, request, tag, depth=3, seed=0, edit=None):
-  made = sender.frame(request, tag, depth)
-  assert made is not None
-  frame, rows = made
+  reply = sender.frame(request, tag, depth)
+  assert reply is not None
+  rows = reply.rows
   values = np.random.default_rng(seed).random((depth, CAPS.width))
   rows.values[:] = values.astype(np.float32)
   rows.tokens[:] = [5, 6, 7][:depth]
   rows.n[:] = CAPS.width
   values = rows.values.copy()
   if edit is None:
-    sender.send(frame)
+    sender.send(reply)
     return values
   # Damage after sealing: what a wire fault does (a forger has no key).
-  mv, keys = frame
-  auth.seal(mv, keys.send)
-  raw = bytearray(mv)
+  raw = bytearray(sender.session.seal(reply))
   edit(raw)
   sender._outbox.put(bytes(raw))  # pylint: disable=protected-access
   return values
