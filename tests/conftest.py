@@ -50,7 +50,26 @@ def pytest_generate_tests(metafunc):
   if any("row_mode" in str(m.args[0]) for m in
          metafunc.definition.iter_markers("parametrize")):
     return  # the test chose its modes
-  metafunc.parametrize("row_mode", ROW_MODES, indirect=True)
+  default = _default_mode(metafunc)
+  metafunc.parametrize(
+      "row_mode",
+      [pytest.param(mode, marks=[] if mode == default else [pytest.mark.slow])
+       for mode in ROW_MODES],
+      indirect=True)
+
+
+def _default_mode(metafunc):
+  """The row mode a `row_mode` test runs in by default; --runslow: both.
+
+  tests/core/test_row_modes.py holds the two modes to the same bits, op by
+  op, on shapes where XLA CPU picks different kernels; every other test
+  then runs one mode by default, alternating between the test functions of
+  its file (in their order of definition) so that each file runs both.
+  """
+  names = [name for name in vars(metafunc.module) if name.startswith("test")]
+  name = metafunc.definition.originalname
+  index = names.index(name) if name in names else 0
+  return ROW_MODES[index % 2]
 
 
 @pytest.fixture
@@ -102,7 +121,7 @@ def pytest_configure(config):
   end, so nothing carries over between runs. A JAX_COMPILATION_CACHE_DIR
   already set (.ci/run sets one for pytest and Bazel) is used as it is.
   """
-  del config
+  _fast_compile(config)
   # Programs that compile faster than this are not worth a disk entry.
   os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.2")
   if os.environ.get("PYTEST_XDIST_WORKER") or os.environ.get(
@@ -112,6 +131,22 @@ def pytest_configure(config):
   path = tempfile.mkdtemp(prefix="dyadic-jax-xla-cache-")
   _OWNED_CACHE.append(path)
   os.environ["JAX_COMPILATION_CACHE_DIR"] = path
+
+
+def _fast_compile(config):
+  """The default tier compiles without LLVM's expensive passes.
+
+  The suite is compile-bound (most of its time is XLA compiling programs of
+  new shapes). XLA's HLO passes all still run; what is skipped are LLVM
+  optimizations of the emitted code, which preserve its semantics (no
+  fast-math flags are set, so nothing is reassociated or contracted), and
+  cost about a quarter of each compile. --runslow compiles as users do.
+  Set before any worker or subprocess starts, so all of them inherit it.
+  """
+  flag = "--xla_llvm_disable_expensive_passes=true"
+  flags = os.environ.get("XLA_FLAGS", "")
+  if not config.getoption("--runslow") and "expensive_passes" not in flags:
+    os.environ["XLA_FLAGS"] = f"{flags} {flag}".strip()
 
 
 def pytest_unconfigure(config):

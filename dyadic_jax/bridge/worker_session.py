@@ -43,7 +43,10 @@ digest, from COMMITs) and the reply of the latest round it served:
   COMMIT was lost) resyncs the view from the STEP, counted as an event.
 
 Memory is bounded: at most `max_views` request views (least recently used
-first out; RESET(REMOVE) drops one), and `max_slots` slot buffers. A slot
+first out; RESET(REMOVE) drops one), as many tag floors of dropped views
+(a view made again starts at its floor, so a replayed STEP of a removed
+or evicted request is stale, never drawn twice), and `max_slots` slot
+buffers. A slot
 whose last message the transport still holds when it comes round again is
 replaced, not waited for (`slots_reclaimed`): a peer that never reads
 costs at most what the transport queues for it.
@@ -142,6 +145,9 @@ class WorkerSession:
         collections.OrderedDict())
     self.views: collections.OrderedDict[int, _View] = (
         collections.OrderedDict())
+    # (generation, round, committed) of dropped views: _drop
+    self._floors: collections.OrderedDict[int, tuple] = (
+        collections.OrderedDict())
     self.slots: typing.Any = None          # bytearrays, after a HELLO
     self._epoch = [0] * caps.max_slots
     self._busy = [False] * caps.max_slots
@@ -198,6 +204,7 @@ class WorkerSession:
       self.established, self.pending = session, None
       self._older.clear()
       self.views = collections.OrderedDict()
+      self._floors = collections.OrderedDict()
       self.counters.event("sessions")
     kinds = {f.header.kind for f in decoded}
     sessions = {f.header.session for f in decoded}
@@ -267,12 +274,23 @@ class WorkerSession:
 
   # -- STEP ------------------------------------------------------------------
 
+  def _drop(self, rid, view):
+    """Keeps a dropped view's tags (bounded, oldest out): its old STEPs
+    stay stale if the id comes back."""
+    self._floors[rid] = (view.generation, view.round, view.committed)
+    self._floors.move_to_end(rid)
+    if len(self._floors) > self.max_views:
+      self._floors.popitem(last=False)
+
   def _view(self, rid):
     view = self.views.get(rid)
     if view is None:
       view = self.views[rid] = _View()
+      floor = self._floors.pop(rid, None)
+      if floor is not None:
+        view.generation, view.round, view.committed = floor
       if len(self.views) > self.max_views:
-        self.views.popitem(last=False)
+        self._drop(*self.views.popitem(last=False))
         self.counters.event("views_evicted")
     else:
       self.views.move_to_end(rid)
@@ -500,7 +518,9 @@ class WorkerSession:
     targets = list(self.views) if rid == ALL_REQUESTS else [rid]
     if reason == Reason.REMOVE:
       for key in targets:
-        self.views.pop(key, None)
+        view = self.views.pop(key, None)
+        if view is not None:
+          self._drop(key, view)
       self.counters.event("removes")
       return
     generation = f.header.generation

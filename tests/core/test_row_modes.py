@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 import dyadic_jax as dj
+from dyadic_jax import qcheck
 from dyadic_jax import rowops
 from dyadic_jax import rowwise
 from dyadic_jax import weights
@@ -148,6 +149,7 @@ def test_modes_give_the_same_bits(rows, v):
   keys = jax.vmap(lambda i: dj.rng_key(4, 0, 0, i, dj.Domain.TARGET_ONLY))(
       jnp.arange(rows))
   depth = rows - 1
+  draws = jnp.asarray(rng.integers(0, dj.M, rows), jnp.uint32)
 
   def ops():
     w, _ = dj.draft_weights(logits, temperature=0.7, bias=bias)
@@ -157,8 +159,16 @@ def test_modes_give_the_same_bits(rows, v):
            "allocate_dense": dj.allocate_dense(w),
            "allocate_sparse": dj.allocate_sparse(w, min(16, v)),
            "sample_target": dj.sample_target(logits, keys)}
+    counts, _ = out["allocate_dense"]
+    out["sample_counts"] = dj.sample_counts(counts, draws)
+    out["propose_dense"] = dj.propose_dense(logits, draws, temperature=0.7,
+                                            bias=bias)
+    out["propose_sparse"] = dj.propose_sparse(logits, draws, min(16, v),
+                                              temperature=0.7, bias=bias)
+    values = dj.counts_to_q(counts)
+    out["check_dense"] = qcheck.check_dense(values, out["propose_dense"][2],
+                                        draws, vocab=v)
     if depth:
-      counts, _ = out["allocate_dense"]
       draft = jnp.argmax(counts[:depth], -1).astype(jnp.int32)
       out["verify_chain"] = dj.verify_chain(
           logits, dj.DenseQ(counts[:depth]), draft, dj.round_key(1, 2, 3))

@@ -54,23 +54,26 @@ _rows = functools.lru_cache(maxsize=None)(
 _logits = adversarial.logit_rows
 
 
-# Every op on every mesh size (3 divides none of the vocabularies, 7 over 8
-# shards leaves a shard of padding only, 1001 divides by none of them), in
-# the loop row mode (CPU's); the batched mode (the accelerators') on one
-# uneven split and the full vocabulary on the largest mesh. These corners
-# run by default; the rest of the grid (each size with both a small and a
-# mid vocabulary, the full vocabulary in both modes) under --runslow.
-CASES = [(1, 1001), (2, 7), (3, 1001), (4, 1001), (8, 7)]
-SLOW_CASES = [(1, 7), (2, 1001), (4, 7), (8, 1001), (8, dj.DEFAULT_VOCAB)]
-BATCHED_CASES = [(2, 7), (8, dj.DEFAULT_VOCAB)]
-SLOW_BATCHED_CASES = [(1, 1001), (8, 7)]
+# Every op once on every mesh size by default, both row modes among them,
+# each on an uneven split: loop (CPU's mode) on 1 device, on 4 shards of
+# 1001 and on 8 shards of 7 (a shard of padding only); batched (the
+# accelerators') on 2 shards of 7 and on 8 shards of 4099 (513 ids a shard:
+# several scan blocks of 256 each, the last one partial). --runslow adds
+# the rest of the grid: every size with a small and a mid vocabulary, 3
+# shards, and the full vocabulary on 8 shards in both modes.
+CASES = [(1, 1001), (4, 1001), (8, 7)]
+SLOW_CASES = [(1, 7), (2, 7), (2, 1001), (3, 1001), (4, 7), (8, 1001),
+              (8, dj.DEFAULT_VOCAB)]
+BATCHED_CASES = [(2, 7), (8, 4099)]
+SLOW_BATCHED_CASES = [(1, 1001), (8, 7), (8, dj.DEFAULT_VOCAB)]
 # verify_chain composes the ops above; its own cost is compile time, so its
-# grid is the same corners plus, under --runslow, an even split in batched
-# mode and the full vocabulary in loop mode.
-VERIFY_CASES = CASES
-SLOW_VERIFY_CASES = [(8, dj.DEFAULT_VOCAB)]
-VERIFY_BATCHED_CASES = [(8, dj.DEFAULT_VOCAB)]
-SLOW_VERIFY_BATCHED_CASES = [(2, 1001)]
+# corners are fewer: loop on 1, 2 and 8 devices, batched on 4 shards of 1001;
+# --runslow adds 3 and 4 shards in loop mode and the full vocabulary on 8
+# shards in both modes.
+VERIFY_CASES = [(1, 1001), (2, 7), (8, 7)]
+SLOW_VERIFY_CASES = [(3, 1001), (4, 1001), (8, dj.DEFAULT_VOCAB)]
+VERIFY_BATCHED_CASES = [(4, 1001)]
+SLOW_VERIFY_BATCHED_CASES = [(2, 1001), (8, dj.DEFAULT_VOCAB)]
 
 
 def _mode_cases(loop, batched, slow_loop=(), slow_batched=()):
@@ -189,7 +192,8 @@ def test_verify_chain_equal(row_mode, n, v, representation):
   assert np.all(np.asarray(single[1]) >= 0)
 
 
-@pytest.mark.parametrize("n", [1, 2, 8])
+@pytest.mark.parametrize("n", [pytest.param(1, marks=pytest.mark.slow),
+                               pytest.param(2, marks=pytest.mark.slow), 8])
 def test_verify_chain_refusals_and_depth_zero_equal(n):
   """Refused chains (target row, dense and sparse q) and D = 0 on shards."""
   v = 7
@@ -249,6 +253,11 @@ def test_bad_mesh_is_refused():
     sharding.allocate_dense(np.ones((1, 4)) / 4, mesh=mesh)
 
 
+# The batched programs (the accelerators', where the bytes matter) by
+# default; the loop programs too under --runslow.
+@pytest.mark.parametrize(
+    "row_mode", [pytest.param("loop", marks=pytest.mark.slow), "batched"],
+    indirect=True)
 @pytest.mark.usefixtures("row_mode")
 def test_no_collective_moves_vocabulary_sized_data():
   """Compiled programs of every sharded op: collectives stay O(shards * k),
