@@ -172,9 +172,9 @@ def main(argv: list[str]) -> None:
                     "makes one) or --insecure")
   # JAX starts here, after the flags passed their checks.
   # pylint: disable=g-import-not-at-top
-  import jax
   from dyadic_jax import bridge, rowops
   from dyadic_jax.bridge import rank_links
+  from dyadic_jax.bridge import ranks as bridge_ranks
   from dyadic_jax.testing import toy_models
   import sharding
   # pylint: enable=g-import-not-at-top
@@ -188,10 +188,7 @@ def main(argv: list[str]) -> None:
   executor = rowops.LOCAL
   if ranks > 1:
     # One CPU device per rank; the draws' collectives run over gloo.
-    jax.config.update("jax_cpu_collectives_implementation", "gloo")
-    jax.config.update("jax_num_cpu_devices", 1)
-    jax.distributed.initialize(_COORDINATOR.value, num_processes=ranks,
-                               process_id=rank, initialization_timeout=120)
+    bridge_ranks.initialize(_COORDINATOR.value, ranks, rank)
     executor = sharding.executor(sharding.vocab_mesh(ranks))
   _, draft = toy_models.make_models(config.model_config())
   propose = bridge.draft_proposer(

@@ -61,7 +61,7 @@ import typing
 import jax
 import numpy as np
 
-from dyadic_jax import qcheck
+from dyadic_jax import qcheck, verification
 from dyadic_jax.bridge import ranks, transport, verifier, worker
 from dyadic_jax.bridge.effects import Stage, Verify
 from dyadic_jax.bridge.shard_link import (Collected, ShardLinkSession,
@@ -351,21 +351,52 @@ def _first_nonzero(codes):
                   0).astype(np.int32)
 
 
-class RankRound(verifier.RoundHook, verifier.Validator):
+class RankValidator(verifier.Validator):
+  """The validator of every verifier rank of a TP-n verifier: q is held as
+  the global counts [R, D, n w] split over "vocab", each rank its block.
+  A follower rank's `Verifier` takes it for its warm-up (`follow_rounds`
+  does the rounds' checks); the leader's is `RankRound`.
+
+  executor: the vocabulary mesh's (`sharding.executor(mesh)`); assemble:
+  this rank's block [R, D, w] -> the global array [R, D, n w] split over
+  "vocab" (`sharding.from_blocks`). Dense q only.
+  """
+
+  def __init__(self, caps, *, executor, assemble):
+    super().__init__(caps)
+    self.agreement = _Agreement(caps, executor, assemble)
+
+  def example_q(self, depth):
+    """The format's example q as the rounds hold it: this rank's block of
+    every request's rows, assembled. Compiles and runs the collective
+    check once on the way: a collective, so every rank calls it in the
+    same order (`Verifier.warmup`)."""
+    caps, agreement = self.caps, self.agreement
+    full = caps.format.example_q(depth, caps.vocab, caps.max_support)
+    lo, hi = caps.link(jax.process_index()).shard_range
+    r, w = caps.max_requests, caps.width
+    blocks = np.zeros((r, depth, w), np.int32)
+    blocks[..., :hi - lo] = np.asarray(full.counts)[:, lo:hi]
+    q = verification.DenseQ(agreement.assemble(blocks))
+    jax.block_until_ready(qcheck.check_dense(
+        agreement.assemble(np.zeros((r, depth, w), np.float32)),
+        np.zeros((r, depth), np.int32), np.zeros((r, depth), np.uint32),
+        vocab=caps.vocab, executor=agreement.executor))
+    return q
+
+
+class RankRound(RankValidator, verifier.RoundHook):
   """The verifier leader's components of a TP-n verifier (rank 0), the
   agreement with the other ranks (module docstring); pass it to the
   `Verifier` as its validator, its plan sharer and its first round hook.
 
-  executor: the vocabulary mesh's (`sharding.executor(mesh)`); assemble:
-  this rank's block [R, D, w] -> the global array [R, D, n w] split over
-  "vocab" (`sharding.from_blocks`); broadcast: the plan's, without q
-  (`ranks.PlanBroadcast(caps, counts=False)`). Dense q only.
+  executor, assemble: as `RankValidator`'s; broadcast: the plan's, without
+  q (`ranks.PlanBroadcast(caps, counts=False)`). Dense q only.
   """
 
   def __init__(self, caps, *, executor, assemble,
                broadcast: ranks.PlanBroadcast):
-    super().__init__(caps)
-    self.agreement = _Agreement(caps, executor, assemble)
+    super().__init__(caps, executor=executor, assemble=assemble)
     self.broadcast = broadcast
 
   def begin(self, exchange):
@@ -379,8 +410,8 @@ class RankRound(verifier.RoundHook, verifier.Validator):
                           exchange.depth)
 
   def warmup(self, rows, draws):
-    """Nothing to compile alone: the ranks compile the collective check
-    together in their first round."""
+    """Nothing to compile alone: the ranks compiled the collective check
+    together (`example_q`, in `Verifier.warmup`)."""
     del rows, draws
 
   def validate(self, effect, draws, exchange):

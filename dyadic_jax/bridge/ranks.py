@@ -11,6 +11,10 @@ requests: never a partial commit on one rank and a fallback on another.
 A broadcast needs the same shapes on every rank: each plan is padded to
 `max_requests` x `max_depth` (request id -1 pads), and its true size
 travels with it; followers get back exactly the leader's plan.
+
+`initialize` joins a process to its ranks (`jax.distributed`, one CPU
+device each, gloo collectives): the verifier's and a TP worker's ranks
+start the same way.
 """
 
 import typing
@@ -23,6 +27,23 @@ from dyadic_jax.bridge import hello
 from dyadic_jax.bridge.effects import Plan
 from dyadic_jax.bridge.verifier_session import empty_plan
 from dyadic_jax.wire import qformats
+
+
+def initialize(coordinator: str, count: int, rank: int, *,
+               timeout_s: int = 120) -> None:
+  """Joins this process as rank `rank` of `count` (`jax.distributed`):
+  one CPU device per rank, collectives over gloo.
+
+  coordinator: host:port of rank 0's coordinator service. Call it before
+  anything starts JAX's backend (the CPU device count and the collectives
+  are read then). Returns once every rank joined, or raises after
+  `timeout_s` seconds.
+  """
+  jax.config.update("jax_cpu_collectives_implementation", "gloo")
+  jax.config.update("jax_num_cpu_devices", 1)
+  jax.distributed.initialize(coordinator, num_processes=count,
+                             process_id=rank,
+                             initialization_timeout=timeout_s)
 
 
 def broadcast(value: typing.Any, leader: bool) -> typing.Any:

@@ -36,6 +36,7 @@ import time
 import typing
 
 from absl import logging
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -82,6 +83,14 @@ class Validator:
     """Compiles the kernel for a full batch (rows: a staging slot's)."""
     self.caps.format.validate(rows, vocab=self.caps.vocab, draws=draws,
                               device=True)
+
+  def example_q(self, depth: int) -> typing.Any:
+    """A valid q of a full batch ([max_requests, depth, ...]) as the rounds
+    hand it to `verify_fn`, for compile warm-up: the q format's
+    `example_q`, once per request (None: a format without q)."""
+    caps = self.caps
+    q = caps.format.example_q(depth, caps.vocab, caps.max_support)
+    return jax.tree.map(lambda x: jnp.stack([x] * caps.max_requests), q)
 
   def validate(self, effect: Stage | Verify, draws: np.ndarray | None,
                exchange: Exchange) -> qformats.Verdict | None:
@@ -219,7 +228,7 @@ class Verifier:
           # Now the negotiated bound: a new socket (libzmq reads
           # ZMQ_MAXMSGSIZE when it connects).
           self._endpoint(session.max_message)
-          self.warmup()
+          self._warm_validator()
           if self.deadline is not None:
             self.deadline.new_session()
           return self
@@ -227,7 +236,33 @@ class Verifier:
     raise ProtocolError(Code.TIMEOUT, f"no worker answered at {self.address}"
                         " (wrong key, or --insecure on one side only?)")
 
-  def warmup(self) -> None:
+  def warmup(self, prefix: typing.Sequence[int]) -> None:
+    """Compiles (and runs once) what a round calls, before the first one,
+    so that compilation is not spent inside a round: `target_fn` on a full
+    draft and on the fallback's single row, `verify_fn` on a full batch of
+    the validator's `example_q` (the session's q format's), `sample_fn`.
+
+    prefix: a committed prefix of the rounds' shape (a prompt). On a
+    multi-rank verifier every rank calls it, in the same order as its
+    other collectives: the sharded functions (and a rank validator's
+    example q) are collectives. The validator's own kernel compiles when a
+    session opens, on a staging slot.
+    """
+    d, r = self.caps.max_depth, self.caps.max_requests
+    committed = np.asarray(prefix, np.int32)
+    draft = np.zeros(d, np.int32)
+    logits = self.target_fn(committed, draft)
+    self.target_fn(committed, draft[:0])       # the fallback's single row
+    key = rng.round_key(0, 0, 0)
+    q = self.validator.example_q(d)
+    if q is not None:
+      batch = lambda x: jnp.stack([x] * r)
+      jax.block_until_ready(self.verify_fn(
+          batch(logits), q, batch(draft), batch(key),
+          np.full(r, len(committed))))
+    jax.block_until_ready(self.sample_fn(logits[0], key))
+
+  def _warm_validator(self) -> None:
     """Compiles the validator for a full batch at the maximal depth (once),
     so that a first round does not spend its deadline compiling."""
     if self._warm or self.session.slots is None:

@@ -1,0 +1,239 @@
+"""The main job's flags and their cross-flag checks (absl only: cheap).
+
+Importing this module defines every flag of `python -m
+experiments.pp1_pipeline` and registers every check, so a bad command line
+exits with one line (status 2) when the entry point parses it, before JAX
+is imported. The session flags (--q, --k, --depth, --keys_dir ...) are
+experiments/pipeline_config.py's, shared with the worker. The helpers at
+the end read the parsed flags.
+"""
+
+import math
+import typing
+
+from absl import flags
+
+from experiments import cli
+from experiments import pipeline_config
+
+# --help lists the session flags (--q, --k, --depth, --keys_dir ...) too.
+flags.adopt_module_key_flags(pipeline_config)
+
+CHECK_RID0 = 1000             # request ids of the distribution check
+MAX_RID = 0xFFFE              # wire: 0xFFFF means "every request"
+# A request's seed, seed * 1000003 + rid, must fit the keys' int64.
+MAX_SEED = ((1 << 63) - 1 - MAX_RID) // 1_000_003
+
+TOKENS = flags.DEFINE_integer(
+    "tokens", 48, "New tokens to generate per request (>= 1).",
+    lower_bound=1, upper_bound=1_000_000)
+PENALTY = flags.DEFINE_float(
+    "repetition_penalty", 1.3, "Target processor: repetition penalty in "
+    "[1, 100] (1: off).")
+GRAMMAR = flags.DEFINE_integer(
+    "grammar_modulus", 0, "Target processor: forbid b after a when (a + b) "
+    "% m == 0 (0: off; else m >= 2).", lower_bound=0,
+    upper_bound=(1 << 31) - 1)
+MULTIPROCESS = flags.DEFINE_bool(
+    "multiprocess", False, "Verifier as 2 jax.distributed ranks (gloo, one "
+    "CPU device each) plus the worker: 3 processes.")
+VERIFIER_RANKS = flags.DEFINE_integer(
+    "verifier_ranks", 1, f"Verifier as this many jax.distributed ranks "
+    f"(1..{pipeline_config.MAX_RANKS}; gloo, one CPU device each, a "
+    "vocabulary mesh over them). With --q=dense and --worker_ranks equal to "
+    "it, rank s receives block s of q on its own link from worker rank s "
+    "(rank-to-rank links); otherwise rank 0 receives q and broadcasts the "
+    "round's plan.", lower_bound=1, upper_bound=pipeline_config.MAX_RANKS)
+DEVICES = flags.DEFINE_integer(
+    "verifier_devices", 2, "Devices of the single-process verifier's mesh, "
+    "1..64 (emulated CPU devices when on CPU).", lower_bound=1,
+    upper_bound=64)
+REQUEST_GROUPS = flags.DEFINE_integer(
+    "verifier_requests", 1, "Size of the verifier mesh's \"requests\" axis: "
+    "a round's requests split over this many device groups, each group's "
+    "vocabulary over --verifier_devices / this many devices; must divide "
+    "--verifier_devices.", lower_bound=1, upper_bound=64)
+FAULTS = flags.DEFINE_float(
+    "inject_faults", 0.0, "Fraction of exchanges a loopback proxy damages, "
+    "in [0, 1].")
+FAULT_LINK = flags.DEFINE_integer(
+    "fault_link", 0, "With rank links: the rank whose link the "
+    "--inject_faults proxy sits on (0: the leader's session link).",
+    lower_bound=0, upper_bound=pipeline_config.MAX_RANKS - 1)
+FAULT_KINDS = flags.DEFINE_list(
+    "fault_kinds", [], "The faults --inject_faults draws from (default: "
+    "all of drop, delay, duplicate, reorder, truncate, corrupt, reset).")
+SEED = flags.DEFINE_integer(
+    "seed", 0, f"Request seeds are seed * 1000003 + request id; seed in [0, "
+    f"{MAX_SEED}].", lower_bound=0, upper_bound=MAX_SEED)
+TIMEOUT = flags.DEFINE_float(
+    "timeout", 2.0, "Floor of the verifier's deadline of one exchange, "
+    "seconds, in (0, 3600]: each exchange gets 4x the median time of the "
+    "last 32 answered ones (a session's first: at least 4x --timeout), "
+    "within [--timeout, --timeout_max], so that a loaded machine does not "
+    "time out a healthy run (a fixed deadline: --timeout_max equal to it).")
+TIMEOUT_MAX = flags.DEFINE_float(
+    "timeout_max", 30.0, "Ceiling of the verifier's deadline of one "
+    "exchange, seconds, in (0, 3600] (at least --timeout: the larger of the "
+    "two is used): the longest a lost exchange can cost.")
+TRANSPORT = flags.DEFINE_enum(
+    "transport", "tcp", ["tcp", "ipc"], "Loopback TCP or an ipc socket.")
+CHECK = flags.DEFINE_bool(
+    "check_distribution", False, "Run the distribution check instead of "
+    "open-ended generation.")
+CHECK_SAMPLES = flags.DEFINE_integer(
+    "check_samples", 2000, "Independent first tokens in the check (at "
+    "least --requests; rounded down to a multiple of it).", lower_bound=1,
+    upper_bound=MAX_RID - CHECK_RID0 - pipeline_config.MAX_REQUESTS)
+CHECK_VOCAB = flags.DEFINE_integer(
+    "check_vocab", 16, "Vocabulary of the check when --vocab is not given "
+    "(small, for power).", lower_bound=2, upper_bound=cli.MAX_VOCAB)
+ALPHA = flags.DEFINE_float(
+    "alpha", 1e-3, "Significance level of the check, in (0, 1): its "
+    "false-failure rate for a correct pipeline.")
+MUTANT = flags.DEFINE_enum(
+    "mutant", "none", ["none", "uniform_q"], "Deliberately wrong verifier "
+    "for the check's power test (needs --check_distribution): uniform_q "
+    "verifies against a uniform q instead of the q the draft sampled from.")
+NO_AUDIT = flags.DEFINE_bool(
+    "no_sampling_audit", False, "Turn the sampling audit off: the verifier "
+    "then no longer recomputes each drafted token from its q and the "
+    "PROPOSAL key (for the --worker_bug drill).")
+JSON_OUT = flags.DEFINE_string(
+    "json_out", "pp1_pipeline.json", "Where to write the JSON record ('' "
+    "for none); an existing file is replaced, and the run says so.")
+PLOT_OUT = flags.DEFINE_string(
+    "plot_out", "pp1_pipeline.png", "Where to write the PNG plot ('' for "
+    "none); an existing file is replaced, and the run says so.")
+KILL_AT = flags.DEFINE_integer(
+    "kill_worker_at", 0, "Fault drill: after this many rounds, kill the "
+    "worker process (with --worker_ranks, its last rank) in the middle of "
+    "the next round (once its STEP is made), then start the worker again "
+    "on the same address(es), as a supervisor would (0: never). The "
+    "verifier falls back while it is gone and negotiates a new session "
+    "with the new process.", lower_bound=0)
+# Internal: the follower ranks of --verifier_ranks.
+RANK = flags.DEFINE_integer("rank", 0, "Internal: jax.distributed rank.",
+                             lower_bound=0,
+                             upper_bound=pipeline_config.MAX_RANKS - 1)
+SHARD_ADDRESS = flags.DEFINE_string(
+    "shard_address", "", "Internal: the rank link a follower rank connects.")
+STATS_OUT = flags.DEFINE_string(
+    "stats_out", "", "Internal: where a follower rank writes its link's "
+    "figures.")
+COORDINATOR = flags.DEFINE_string("coordinator", "",
+                                   "Internal: host:port of rank 0.")
+
+
+def _finite_in(lo: float, hi: float, *,
+               open_lo: bool = False) -> typing.Callable[[float], bool]:
+  def ok(x: float) -> bool:
+    return math.isfinite(x) and (lo < x if open_lo else lo <= x) and x <= hi
+  return ok
+
+
+cli.check("repetition_penalty", _finite_in(1.0, 100.0),
+          "--repetition_penalty must be a number in [1, 100]")
+cli.check("grammar_modulus", lambda m: m != 1,
+          "--grammar_modulus must be 0 (off) or >= 2")
+cli.check("inject_faults", _finite_in(0.0, 1.0),
+          "--inject_faults must be a fraction in [0, 1]")
+cli.check("timeout", _finite_in(0.0, 3600.0, open_lo=True),
+          "--timeout must be a number of seconds in (0, 3600]")
+cli.check("timeout_max", _finite_in(0.0, 3600.0, open_lo=True),
+          "--timeout_max must be a number of seconds in (0, 3600]")
+cli.check("alpha", lambda a: math.isfinite(a) and 0.0 < a < 1.0,
+          "--alpha must be in (0, 1)")
+_Q = pipeline_config.Q_FORMATS
+cli.check("q", lambda q: _Q[q].sampled, "--q=greedy is the worker's v1 "
+          "mode (no q on the wire); the pipeline verifies q rows (--q="
+          + " or --q=".join(n for n, f in _Q.items() if f.sampled) + ")")
+cli.check(["check_samples", "requests"], lambda check_samples, requests:
+          check_samples >= requests, "--check_samples must be >= --requests")
+cli.check(["k", "vocab", "check_distribution", "check_vocab", "q"],
+          lambda k, vocab, check_distribution, check_vocab, q: (
+              not _Q[q].uses_support or vocab is not None
+              or not flags.FLAGS["k"].present
+              or k <= (check_vocab if check_distribution
+                       else cli.DEFAULT_VOCAB)),
+          "--k must be <= the vocabulary (--vocab, or --check_vocab with "
+          "--check_distribution)")
+cli.check(["mutant", "check_distribution"], lambda mutant, check_distribution:
+          mutant == "none" or check_distribution,
+          "--mutant needs --check_distribution (it is the check's power test)")
+cli.check(["kill_worker_at", "check_distribution"],
+          lambda kill_worker_at, check_distribution:
+          not (kill_worker_at and check_distribution),
+          "--kill_worker_at is a drill of the generation run, not of "
+          "--check_distribution")
+cli.check(["multiprocess", "verifier_ranks"],
+          lambda multiprocess, verifier_ranks: not (
+              multiprocess and flags.FLAGS["verifier_ranks"].present),
+          "--multiprocess is --verifier_ranks=2: give one of them")
+cli.check(["multiprocess", "verifier_ranks", "verifier_devices"],
+          lambda multiprocess, verifier_ranks, verifier_devices: not (
+              (multiprocess or verifier_ranks > 1)
+              and flags.FLAGS["verifier_devices"].present),
+          "--verifier_devices is the single-process mesh; --verifier_ranks "
+          "(and --multiprocess) run ranks of one device each")
+cli.check(["q", "worker_ranks", "verifier_ranks", "multiprocess"],
+          lambda q, worker_ranks, verifier_ranks, multiprocess: (
+              not _Q[q].shardable or worker_ranks == 1
+              or worker_ranks == (2 if multiprocess else verifier_ranks)),
+          "--q=dense with --worker_ranks > 1 pairs each worker rank with a "
+          "verifier rank: --verifier_ranks must equal --worker_ranks")
+cli.check(["verifier_requests", "verifier_devices", "multiprocess",
+           "verifier_ranks"],
+          lambda verifier_requests, verifier_devices, multiprocess,
+          verifier_ranks: (
+              verifier_devices % verifier_requests == 0
+              and not ((multiprocess or verifier_ranks > 1)
+                       and verifier_requests > 1)),
+          "--verifier_requests must divide --verifier_devices (and is for "
+          "the single-process verifier: --multiprocess splits the "
+          "vocabulary only)")
+cli.check(["fault_link", "q", "worker_ranks"],
+          lambda fault_link, q, worker_ranks: fault_link == 0 or (
+              _Q[q].shardable and fault_link < worker_ranks),
+          "--fault_link names a rank link: it needs --q=dense and "
+          "--worker_ranks > it")
+cli.check("fault_kinds", lambda kinds: set(kinds) <= {
+    "drop", "delay", "duplicate", "reorder", "truncate", "corrupt", "reset"},
+          "--fault_kinds: a comma-separated subset of drop, delay, "
+          "duplicate, reorder, truncate, corrupt, reset")
+cli.check(["rank", "coordinator"],
+          lambda rank, coordinator: rank == 0 or bool(coordinator),
+          "--rank is internal: it needs --coordinator")
+cli.check_output_path("json_out")
+cli.check_output_path("plot_out")
+# The leader loads the verifier's keys and starts the worker on the same
+# folder: both roles' files.
+pipeline_config.check_keys_dir(["verifier", "worker"])
+
+
+def given(name: str) -> bool:
+  """Whether flag --`name` is on the command line (not its default)."""
+  return bool(flags.FLAGS[name].present)
+
+
+def verifier_ranks() -> int:
+  """The verifier's jax.distributed ranks (--multiprocess is 2)."""
+  return 2 if MULTIPROCESS.value else VERIFIER_RANKS.value
+
+
+def config() -> pipeline_config.PipelineConfig:
+  """The session's config (the check's small vocabulary by default)."""
+  return pipeline_config.from_flags(
+      default_vocab=CHECK_VOCAB.value if CHECK.value else cli.DEFAULT_VOCAB)
+
+
+def model_config(config_: pipeline_config.PipelineConfig) -> typing.Any:
+  """The toy pair's ModelConfig with the target's processors of the flags."""
+  return config_.model_config(repetition_penalty=PENALTY.value,
+                              grammar_modulus=GRAMMAR.value)
+
+
+def request_spec(rid: int, vocab: int) -> tuple[list[int], int]:
+  """(prompt, seed) of request rid: the same on every rank."""
+  prompt = [1] if rid >= CHECK_RID0 else [(7 * rid + 1) % vocab]
+  return prompt, SEED.value * 1_000_003 + rid

@@ -1,0 +1,166 @@
+"""The rounds: open-ended generation until every request has --tokens new
+tokens, or the distribution check's first tokens and their tests; the
+progress bar they draw."""
+
+import logging
+import sys
+import time
+import typing
+
+import jax
+import numpy as np
+
+import dyadic_jax as dj
+from dyadic_jax import bridge
+from dyadic_jax.testing import stats
+from dyadic_jax.testing import toy_models
+from experiments import pipeline_config
+from experiments.pp1 import flags
+
+
+class Progress:
+  """A progress bar on stderr that log records do not break.
+
+  On a terminal it redraws one line; a log record first ends that line,
+  so the record starts on a line of its own. Elsewhere (a pipe, a CI log)
+  it prints a line at every tenth of the way instead of redrawing.
+  """
+
+  def __init__(self, total: int, label: str):
+    self.total, self.label = max(total, 1), label
+    self.start = time.perf_counter()
+    self.tty = sys.stderr.isatty()
+    self.drawn = False          # a partial bar line is on the terminal
+    self.step = -1
+    self.handlers = [h for h in logging.getLogger().handlers]
+    for h in self.handlers:
+      h.addFilter(self._before_record)
+
+  def _before_record(self, record: logging.LogRecord) -> bool:
+    del record
+    if self.drawn:
+      sys.stderr.write("\n")
+      self.drawn = False
+    return True
+
+  def update(self, done: int, extra: str = "") -> None:
+    frac = min(done / self.total, 1.0)
+    filled = int(30 * frac)
+    text = (f"{self.label} [{'#' * filled}{'.' * (30 - filled)}] "
+            f"{done}/{self.total} {time.perf_counter() - self.start:5.1f}s "
+            f"{extra}")
+    if self.tty:
+      sys.stderr.write(f"\r{text}   ")
+      self.drawn = True
+    elif int(10 * frac) > self.step:
+      self.step = int(10 * frac)
+      sys.stderr.write(text.rstrip() + "\n")
+    sys.stderr.flush()
+
+  def close(self) -> None:
+    if self.drawn:
+      sys.stderr.write("\n")
+      self.drawn = False
+    for h in self.handlers:
+      h.removeFilter(self._before_record)
+
+
+class Run(typing.NamedTuple):
+  """What the rounds produced."""
+  results: list              # RoundResult of every request-round
+  rounds: int                # verifier rounds (batches)
+  outputs: dict              # rid -> its new tokens (--tokens of them, or
+                             # the check's first token)
+
+
+# A drill between rounds: (verifier, rounds so far, live request ids) ->
+# the RoundResults of a round it ran itself ([] if none).
+Drill = typing.Callable[[bridge.Verifier, int, list[int]],
+                        list[bridge.RoundResult]]
+
+
+def generate(verifier: bridge.Verifier, progress: Progress,
+             drill: Drill | None = None) -> Run:
+  """Rounds until every request has --tokens new tokens.
+
+  A request leaves the batch as soon as it has them. `drill` may run
+  rounds of its own (the --kill_worker_at fault drill).
+  """
+  caps, tokens = verifier.caps, flags.TOKENS.value
+  rids = list(range(caps.max_requests))
+  for rid in rids:
+    verifier.add_request(rid, *flags.request_spec(rid, caps.vocab))
+  start = {rid: len(verifier.requests[rid].tokens) for rid in rids}
+  new = lambda r: len(verifier.requests[r].tokens) - start[r]
+  results, rounds = [], 0
+  live = rids
+  while live:
+    results += verifier.round(live)
+    rounds += 1
+    live = [r for r in live if new(r) < tokens]
+    if drill and (lost := drill(verifier, rounds, live)):
+      results += lost
+      rounds += 1
+      live = [r for r in live if new(r) < tokens]
+    progress.update(sum(min(new(r), tokens) for r in rids),
+                    f"fallbacks {verifier.counters.events('fallbacks')}")
+  progress.close()
+  outputs = {rid: verifier.requests[rid].tokens[start[rid]:][:tokens]
+             for rid in rids}
+  return Run(results, rounds, outputs)
+
+
+def first_tokens(verifier: bridge.Verifier,
+                 progress: Progress) -> tuple[np.ndarray, Run]:
+  """First committed token of many fresh requests, one round each."""
+  r = verifier.caps.max_requests
+  n = flags.CHECK_SAMPLES.value - flags.CHECK_SAMPLES.value % r
+  first, results = [], []
+  rounds = 0
+  for start in range(0, n, r):
+    rids = list(range(flags.CHECK_RID0 + start,
+                      flags.CHECK_RID0 + start + r))
+    for rid in rids:     # one fixed prompt, a fresh seed per request
+      verifier.add_request(rid, *flags.request_spec(rid, verifier.caps.vocab))
+    out = verifier.round(rids)
+    rounds += 1
+    results += out
+    first += [res.committed[0] for res in out]
+    progress.update(start + r)
+  progress.close()
+  outputs = {res.rid: list(res.committed[:1]) for res in results}
+  return np.asarray(first), Run(results, rounds, outputs)
+
+
+def distribution_check(first: np.ndarray,
+                       config: pipeline_config.PipelineConfig
+                       ) -> dict[str, typing.Any]:
+  """Goodness of fit to the exact P/T and a two-sample test vs target-only."""
+  target, _ = toy_models.make_models(flags.model_config(config))
+  row = target.row(np.asarray(
+      flags.request_spec(flags.CHECK_RID0, config.vocab)[0], np.int32))
+  probs, _ = dj.target_probs(row)
+  p_fixed, total = dj.quantize_target(probs)
+  expected = np.asarray(p_fixed, np.float64) / int(total)
+  # Target-only samples with keys of their own (a domain of the check).
+  seed = flags.SEED.value
+  keys = jax.vmap(lambda i: dj.draw_key(dj.round_key(seed, 1 << 20, i),
+                                        0, dj.Domain.TARGET_ONLY))(
+                                            np.arange(len(first)))
+  drawn, _ = jax.vmap(dj.sample_target, in_axes=(None, 0))(row, keys)
+  target_only = np.asarray(drawn)
+  v = config.vocab
+  spec = np.bincount(first, minlength=v)
+  ref = np.bincount(target_only, minlength=v)
+  # Bins with expected count < 5 pooled into one, for both samples alike.
+  e, s_obs, r_obs = stats.pool_small(expected * len(first), spec, ref)
+  gof, _, gof_p = stats.goodness_of_fit(s_obs, e / e.sum())
+  two, _, two_p = stats.two_sample(s_obs, r_obs)
+  alpha = flags.ALPHA.value
+  passed = gof_p >= alpha and two_p >= alpha
+  return {"samples": int(len(first)), "alpha": alpha,
+          "bins": int(len(e)), "statistic": gof, "p_value": gof_p,
+          "two_sample_statistic": two, "two_sample_p_value": two_p,
+          "verdict": "pass" if passed else "fail",
+          "expected": expected.tolist(), "speculative": spec.tolist(),
+          "target_only": ref.tolist()}
