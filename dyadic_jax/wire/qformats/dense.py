@@ -16,13 +16,15 @@ batch reads the rows about six times on XLA CPU; this path twice.
 """
 
 import functools
+import typing
 
 import jax
 from jax import lax
 import jax.numpy as jnp
 import numpy as np
+from numpy.typing import ArrayLike
 
-from dyadic_jax import codec, proposal, qrows, verification, x64
+from dyadic_jax import codec, proposal, qrows, rowops, verification, x64
 from dyadic_jax.constants import M, Status
 from dyadic_jax.wire import layouts, status
 from dyadic_jax.wire.errors import Code
@@ -34,7 +36,8 @@ _FINE = int(qrows.classify(np.zeros(1, np.uint32), np)[0][0])
 
 
 @functools.partial(jax.jit, static_argnames=("audit",))
-def _device(values, tokens, draws, *, audit):
+def _device(values: jax.Array, tokens: jax.Array, draws: jax.Array, *,
+            audit: bool) -> tuple[jax.Array, jax.Array, jax.Array]:
   vocab = values.shape[-1]
   bits = lax.bitcast_convert_type(values, jnp.uint32)
   cls, count = qrows.classify(bits, jnp)
@@ -55,7 +58,9 @@ def _device(values, tokens, draws, *, audit):
 
 
 @x64.scoped
-def _device_verdict(values, tokens, draws):
+def _device_verdict(values: np.ndarray | jax.Array, tokens: ArrayLike,
+                    draws: ArrayLike | None
+                    ) -> tuple[jax.Array, jax.Array, jax.Array]:
   if isinstance(values, np.ndarray):
     values = (jax.dlpack.from_dlpack(values)
               if values.ctypes.data % 64 == 0 and values.flags.c_contiguous
@@ -73,46 +78,57 @@ class DenseFormat(base.QFormat):
   entry_bytes = 4
   shardable = True
 
-  def width(self, vocab, support, shards=1):
+  def width(self, vocab: int, support: int, shards: int = 1) -> int:
     del support   # any k (the default 32 included): a dense row holds V
     return -(-int(vocab) // int(shards))
 
-  def put(self, rows, ids, counts):
-    rows.values[:] = 0
-    np.put_along_axis(rows.values, np.asarray(ids),
+  def put(self, rows: base.Rows, ids: ArrayLike, counts: ArrayLike) -> None:
+    values = rows.values
+    assert values is not None     # a dense row has values (has_values)
+    values[:] = 0
+    np.put_along_axis(values, np.asarray(ids),
                       (np.asarray(counts) / M).astype(np.float32), -1)
-    rows.n[:] = rows.values.shape[-1]
+    rows.n[:] = values.shape[-1]
 
-  def propose(self, logits, draw, width, executor):
+  def propose(self, logits: jax.Array, draw: jax.Array | None, width: int,
+              executor: rowops.Executor) -> base.Proposed:
+    assert draw is not None       # sampled: every position has its draw
     counts, token, status = proposal.propose_dense(logits, draw,
                                                    executor=executor)
     return (token, status, codec.counts_to_q(counts), None,
             jnp.int32(width))
 
-  def validate(self, rows, *, vocab, draws=None, device=False):
+  def validate(self, rows: base.Rows, *, vocab: int,
+               draws: ArrayLike | None = None,
+               device: bool = False) -> base.Verdict:
     tokens = np.asarray(rows.tokens)
     n = np.asarray(rows.n)
+    values = rows.values
+    assert values is not None     # a dense row has values (has_values)
+    counts: base.Counts
     if device:
-      counts, valid, ok = _device_verdict(rows.values, tokens, draws)
-      valid, ok = np.asarray(valid), np.asarray(ok)
+      counts, device_valid, device_ok = _device_verdict(values, tokens, draws)
+      valid, ok = np.asarray(device_valid), np.asarray(device_ok)
       row_status = np.zeros(valid.shape, np.int32)
       for index in zip(*np.nonzero(~valid)):   # rare: the kernel's code
-        _, one = qrows.dense(rows.values[index].view(np.uint32)[None],
+        _, one = qrows.dense(values[index].view(np.uint32)[None],
                              tokens[index][None], vocab=int(vocab), xp=np)
         row_status[index] = int(one[0]) or int(Status.WRONG_MASS)
     else:
-      counts, row_status = qrows.dense(rows.values.view(np.uint32), tokens,
+      counts, row_status = qrows.dense(values.view(np.uint32), tokens,
                                        vocab=int(vocab), xp=np)
       ok = (np.ones(row_status.shape, bool) if draws is None else
-            base.audit(counts, tokens, np.asarray(draws), np))
+            base.audit(np.asarray(counts), tokens, np.asarray(draws), np))
     codes = base.with_audit(status.codes(row_status), ok)
     # The live count of a dense row is V: anything else is a framing lie.
-    codes = np.where(n != rows.values.shape[-1], np.int32(
+    codes = np.where(n != values.shape[-1], np.int32(
         Code.LENGTH_MISMATCH), codes).astype(np.int32)
     return base.Verdict(counts, codes)
 
-  def to_q(self, counts, rows):
+  def to_q(self, counts: typing.Optional[base.Counts],
+           rows: base.Rows) -> base.Q:
     del rows
+    assert counts is not None     # validated dense rows have counts
     return verification.DenseQ(counts)
 
 
