@@ -13,7 +13,7 @@ from dyadic_jax import reference
 from dyadic_jax.admission import (AdmissionContext, FixedDepth, StoppingRule,
                                   draft_chain)
 from dyadic_jax.allocation import allocate_dense, allocate_sparse
-from dyadic_jax.codec import counts_to_q, q_to_counts
+from dyadic_jax.qcodec import counts_to_q, q_to_counts
 from dyadic_jax.constants import (DEFAULT_VOCAB, LOG2_M, M, MAX_VOCAB,
                                   SEMANTIC_ID, TARGET_BITS, Status)
 from dyadic_jax.draws import sample_counts

@@ -446,7 +446,7 @@ def largest_remainder(w: jax.Array, total: int, red: reducer.Reducer | None = No
 @functools.partial(jax.jit, static_argnames="executor")
 def _allocate_dense(w, executor):
   return executor.run(
-      rowops.rows(lambda w, red: largest_remainder(w, M, red),
+      rowops.row_op(lambda w, red: largest_remainder(w, M, red),
                   (rowops.Arg(1, 0.0),), (True, False), w.shape[-1]), w)
 
 
@@ -639,7 +639,7 @@ def sparse_from_support(ids: jax.Array, ws: jax.Array, row_status: jax.Array
 @functools.partial(jax.jit, static_argnames=("k", "executor"))
 def _allocate_sparse(w, k, executor):
   return executor.run(
-      rowops.rows(lambda w, red: allocate_sparse_rows(w, k, red),
+      rowops.row_op(lambda w, red: allocate_sparse_rows(w, k, red),
                   (rowops.Arg(1, 0.0),), (False,) * 4, w.shape[-1]), w)
 
 

@@ -102,7 +102,7 @@ def test_the_checker_sees_violations():
   lazy = "def f():\n  from dyadic_jax.bridge import worker\n"
   assert _violations(lazy, "dyadic_jax.weights") == [
       "dyadic_jax.bridge", "dyadic_jax.bridge.worker"]
-  assert _violations("from .testing import hlo\n", "dyadic_jax.codec") == [
+  assert _violations("from .testing import hlo\n", "dyadic_jax.qcodec") == [
       "dyadic_jax.testing", "dyadic_jax.testing.hlo"]
   assert _violations("import sharding\n", "dyadic_jax.bridge.verifier") == [
       "sharding"]

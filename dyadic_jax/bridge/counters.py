@@ -13,7 +13,7 @@ import threading
 
 from absl import logging
 
-from dyadic_jax.wire.errors import Code
+from dyadic_jax.wire.refusals import Code
 
 
 class Counters:

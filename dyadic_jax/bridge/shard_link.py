@@ -42,7 +42,7 @@ from dyadic_jax.bridge.effects import Message, Send
 from dyadic_jax.bridge.verifier_session import VerifierSession
 from dyadic_jax.bridge.worker_session import WorkerSession
 from dyadic_jax.wire import auth, codec, layouts, qformats
-from dyadic_jax.wire.errors import Code, ProtocolError
+from dyadic_jax.wire.refusals import Code, ProtocolError
 
 
 class Collected(typing.NamedTuple):

@@ -35,7 +35,7 @@ from zmq.utils import z85
 
 from dyadic_jax.bridge.counters import Counters
 from dyadic_jax.bridge.effects import Message
-from dyadic_jax.wire.errors import Code
+from dyadic_jax.wire.refusals import Code
 
 COPY_THRESHOLD = 64 * 1024   # smaller parts are cheaper to copy than to track
 # ZMQ_MAXMSGSIZE bounds ZMTP frames, and under CURVE a message travels

@@ -51,7 +51,7 @@ from dyadic_jax.bridge.verifier_session import (Exchange, Request,
 from dyadic_jax.errors import raise_for_status
 from dyadic_jax.wire import qformats
 from dyadic_jax.wire import status as status_lib
-from dyadic_jax.wire.errors import Code, ProtocolError
+from dyadic_jax.wire.refusals import Code, ProtocolError
 
 __all__ = ["Outcome", "PlanSharer", "Request", "RoundHook", "RoundResult",
            "Validator", "Verifier", "greedy_verify"]

@@ -53,8 +53,8 @@ from dyadic_jax.bridge import hello, staging
 from dyadic_jax.bridge.counters import Counters
 from dyadic_jax.bridge.effects import Counts, Plan, Send, Stage, Verify
 from dyadic_jax.wire import auth, codec, layouts, qformats
-from dyadic_jax.wire.errors import Code, ProtocolError
 from dyadic_jax.wire.layouts import ALL_REQUESTS, Kind, Policy, Reason
+from dyadic_jax.wire.refusals import Code, ProtocolError
 
 _U32 = (1 << 32) - 1
 _U64 = (1 << 64) - 1

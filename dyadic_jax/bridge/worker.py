@@ -26,7 +26,7 @@ from dyadic_jax.bridge.effects import Propose, Send
 from dyadic_jax.bridge.transport import Curve, Endpoint
 from dyadic_jax.bridge.worker_session import WorkerSession
 from dyadic_jax.wire import layouts
-from dyadic_jax.wire.errors import Code
+from dyadic_jax.wire.refusals import Code
 
 if typing.TYPE_CHECKING:     # the proposer is JAX's; this driver is not
   from dyadic_jax.bridge import proposer

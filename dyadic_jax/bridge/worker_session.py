@@ -63,9 +63,9 @@ from dyadic_jax.bridge import hello
 from dyadic_jax.bridge.counters import Counters
 from dyadic_jax.bridge.effects import Propose, Send
 from dyadic_jax.wire import auth, codec, layouts, qformats
-from dyadic_jax.wire.errors import Code, ProtocolError
 from dyadic_jax.wire.layouts import (ALL_REQUESTS, FIXED_BYTES, Kind, Policy,
                                      Reason)
+from dyadic_jax.wire.refusals import Code, ProtocolError
 
 _COMPLETION = FIXED_BYTES[Kind.COMPLETION]
 # Pending sessions kept at once: a replayed (authentic, recorded) HELLO

@@ -8,7 +8,7 @@ rejection classes: one exception type, `ProtocolError`, whose `.code` is a
 layouts and the decoding order.
 """
 
-from dyadic_jax.wire.errors import Code, ProtocolError
+from dyadic_jax.wire.refusals import Code, ProtocolError
 from dyadic_jax.wire.validate import validate_q_row
 
 __all__ = ["Code", "ProtocolError", "validate_q_row"]

@@ -25,9 +25,9 @@ import typing
 import numpy as np
 
 from dyadic_jax.wire import auth, layouts, qformats
-from dyadic_jax.wire.errors import Code, ProtocolError
 from dyadic_jax.wire.layouts import (FIXED_BYTES, HEADER_BYTES, Kind, Mode,
                                      Representation)
+from dyadic_jax.wire.refusals import Code, ProtocolError
 
 _LENGTH = struct.Struct("<I")
 _LENGTH_OFFSET = 8

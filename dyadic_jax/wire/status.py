@@ -11,7 +11,7 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from dyadic_jax.constants import Status
-from dyadic_jax.wire.errors import Code
+from dyadic_jax.wire.refusals import Code
 
 CODE_OF_STATUS = {
     Status.OK: 0,

@@ -14,7 +14,7 @@ from numpy.typing import ArrayLike
 
 from dyadic_jax import qrows
 from dyadic_jax.wire import status
-from dyadic_jax.wire.errors import Code, ProtocolError
+from dyadic_jax.wire.refusals import Code, ProtocolError
 
 
 def _check_token(token: object, vocab_size: int) -> int:

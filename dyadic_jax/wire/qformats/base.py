@@ -40,9 +40,9 @@ import numpy as np
 from numpy.typing import ArrayLike, DTypeLike
 
 from dyadic_jax.constants import M
-from dyadic_jax.wire.errors import Code
 from dyadic_jax.wire import layouts
 from dyadic_jax.wire.layouts import Mode
+from dyadic_jax.wire.refusals import Code
 
 if typing.TYPE_CHECKING:   # types only: this module runs without JAX
   import jax

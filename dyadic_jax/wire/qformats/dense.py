@@ -24,11 +24,11 @@ import jax.numpy as jnp
 import numpy as np
 from numpy.typing import ArrayLike
 
-from dyadic_jax import codec, proposal, qrows, rowops, verification, x64
+from dyadic_jax import proposal, qcodec, qrows, rowops, verification, x64
 from dyadic_jax.constants import M, Status
 from dyadic_jax.wire import layouts, status
-from dyadic_jax.wire.errors import Code
 from dyadic_jax.wire.qformats import base
+from dyadic_jax.wire.refusals import Code
 
 _BAD = float(1 << 25)     # what a refused entry adds to its row's sum
 # The class qrows.classify gives a fine entry (that of +0.0).
@@ -95,7 +95,7 @@ class DenseFormat(base.QFormat):
     assert draw is not None       # sampled: every position has its draw
     counts, token, status = proposal.propose_dense(logits, draw,
                                                    executor=executor)
-    return (token, status, codec.counts_to_q(counts), None,
+    return (token, status, qcodec.counts_to_q(counts), None,
             jnp.int32(width))
 
   def validate(self, rows: base.Rows, *, vocab: int,

@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 from numpy.typing import ArrayLike
 
-from dyadic_jax import codec, proposal, qrows, rowops, verification, x64
+from dyadic_jax import proposal, qcodec, qrows, rowops, verification, x64
 from dyadic_jax.constants import M
 from dyadic_jax.wire import layouts, status
 from dyadic_jax.wire.qformats import base
@@ -86,7 +86,7 @@ class SparseFormat(base.QFormat):
     assert draw is not None       # sampled: every position has its draw
     ids, counts, n, token, status = proposal.propose_sparse(
         logits, draw, width, executor=executor)
-    return token, status, codec.counts_to_q(counts), ids, n
+    return token, status, qcodec.counts_to_q(counts), ids, n
 
   def validate(self, rows: base.Rows, *, vocab: int,
                draws: ArrayLike | None = None,

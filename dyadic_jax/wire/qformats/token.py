@@ -15,8 +15,8 @@ from numpy.typing import ArrayLike
 from dyadic_jax import rowops
 
 from dyadic_jax.wire import layouts
-from dyadic_jax.wire.errors import Code
 from dyadic_jax.wire.qformats import base
+from dyadic_jax.wire.refusals import Code
 
 
 class TokenFormat(base.QFormat):
