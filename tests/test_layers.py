@@ -11,6 +11,8 @@ dependency, such as zmq, costs nothing to the others).
 
 import ast
 import pathlib
+import subprocess
+import sys
 
 import pytest
 
@@ -95,6 +97,26 @@ def test_testing_package_imports_nothing_eagerly():
                    .read_text())
   assert not [n for n in ast.walk(tree)
               if isinstance(n, (ast.Import, ast.ImportFrom))]
+
+
+# The protocol state machines: pure Python and numpy, no JAX, no ZeroMQ.
+_SESSIONS = ("dyadic_jax.bridge.verifier_session",
+             "dyadic_jax.bridge.worker_session",
+             "dyadic_jax.bridge.shard_link")
+
+
+def test_sessions_import_without_jax_or_zmq():
+  """A fresh interpreter imports the sessions (the wire with them) and has
+  loaded neither JAX nor ZeroMQ: the drivers and the q formats' kernels
+  bring those in on first use."""
+  code = ("import sys\n" + "".join(f"import {m}\n" for m in _SESSIONS)
+          + "print(sorted(m for m in ('jax', 'jaxlib', 'zmq') "
+          "if m in sys.modules))\n")
+  run = subprocess.run([sys.executable, "-c", code], cwd=_ROOT,
+                       capture_output=True, text=True, timeout=300,
+                       env={"PYTHONPATH": str(_ROOT), "PATH": ""})
+  assert run.returncode == 0, run.stderr
+  assert run.stdout.strip() == "[]", run.stdout
 
 
 def test_the_checker_sees_violations():

@@ -124,6 +124,13 @@ def audit(counts: ArrayT, position: ArrayT, draws: ArrayT,
   return (prefix <= u) & (u < prefix + at)
 
 
+def support_position(ids: ArrayT, n: ArrayT, tokens: ArrayT,
+                     xp: types.ModuleType) -> ArrayT:
+  """Index of each row's token in its live support (0 if absent)."""
+  live = xp.arange(ids.shape[-1]) < n[..., None]
+  return xp.argmax(live & (ids == tokens[..., None]), axis=-1)
+
+
 def with_audit(codes: ArrayLike, audit_ok: ArrayLike) -> np.ndarray:
   """Codes with SAMPLING_MISMATCH where an otherwise valid row failed."""
   codes = np.asarray(codes, np.int32)

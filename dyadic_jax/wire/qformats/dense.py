@@ -15,60 +15,26 @@ the host, for that row only. The sampling audit is one more reduction
 batch reads the rows about six times on XLA CPU; this path twice.
 """
 
-import functools
+from __future__ import annotations   # JAX's types, without importing JAX
+
 import typing
 
-import jax
-from jax import lax
-import jax.numpy as jnp
 import numpy as np
 from numpy.typing import ArrayLike
 
-from dyadic_jax import proposal, qcodec, qrows, rowops, verification, x64
 from dyadic_jax.constants import M, Status
 from dyadic_jax.wire import layouts, status
 from dyadic_jax.wire.qformats import base
 from dyadic_jax.wire.refusals import Code
 
-_BAD = float(1 << 25)     # what a refused entry adds to its row's sum
-# The class qrows.classify gives a fine entry (that of +0.0).
-_FINE = int(qrows.classify(np.zeros(1, np.uint32), np)[0][0])
+if typing.TYPE_CHECKING:
+  import jax
 
+  from dyadic_jax import rowops
 
-@functools.partial(jax.jit, static_argnames=("audit",))
-def _device(values: jax.Array, tokens: jax.Array, draws: jax.Array, *,
-            audit: bool) -> tuple[jax.Array, jax.Array, jax.Array]:
-  vocab = values.shape[-1]
-  bits = lax.bitcast_convert_type(values, jnp.uint32)
-  cls, count = qrows.classify(bits, jnp)
-  fine = cls == _FINE
-  total = jnp.sum(jnp.where(fine, count.astype(jnp.float64), _BAD), -1)
-  counts = jnp.where(fine, count, 0)
-  at = jnp.take_along_axis(counts, jnp.clip(tokens, 0, vocab - 1)[..., None],
-                           axis=-1)[..., 0]
-  ok = (total == M) & (tokens >= 0) & (tokens < vocab) & (at > 0)
-  if audit:
-    # Sibling reductions over the batch that XLA CPU fuses into one
-    # multi-output reduction run several times slower than apart.
-    counts, ok = lax.optimization_barrier((counts, ok))
-    drawn = base.audit(counts, tokens, draws, jnp)
-  else:
-    drawn = jnp.ones(ok.shape, bool)
-  return counts, ok, drawn
-
-
-@x64.scoped
-def _device_verdict(values: np.ndarray | jax.Array, tokens: ArrayLike,
-                    draws: ArrayLike | None
-                    ) -> tuple[jax.Array, jax.Array, jax.Array]:
-  if isinstance(values, np.ndarray):
-    values = (jax.dlpack.from_dlpack(values)
-              if values.ctypes.data % 64 == 0 and values.flags.c_contiguous
-              else jnp.asarray(values))
-  audit = draws is not None
-  draws = jnp.asarray(draws if audit else np.zeros(np.shape(tokens),
-                                                   np.uint32), jnp.uint32)
-  return _device(values, jnp.asarray(tokens, jnp.int32), draws, audit=audit)
+# The core ops (qrows, proposal, qcodec, verification) and the device pass
+# (`kernels`) are imported where they are called: they load JAX, which the
+# formats' layouts, the codec and the protocol sessions never need.
 
 
 class DenseFormat(base.QFormat):
@@ -93,6 +59,8 @@ class DenseFormat(base.QFormat):
   def propose(self, logits: jax.Array, draw: jax.Array | None, width: int,
               executor: rowops.Executor) -> base.Proposed:
     assert draw is not None       # sampled: every position has its draw
+    import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+    from dyadic_jax import proposal, qcodec
     counts, token, status = proposal.propose_dense(logits, draw,
                                                    executor=executor)
     return (token, status, qcodec.counts_to_q(counts), None,
@@ -101,13 +69,16 @@ class DenseFormat(base.QFormat):
   def validate(self, rows: base.Rows, *, vocab: int,
                draws: ArrayLike | None = None,
                device: bool = False) -> base.Verdict:
+    from dyadic_jax import qrows  # pylint: disable=g-import-not-at-top
     tokens = np.asarray(rows.tokens)
     n = np.asarray(rows.n)
     values = rows.values
     assert values is not None     # a dense row has values (has_values)
     counts: base.Counts
     if device:
-      counts, device_valid, device_ok = _device_verdict(values, tokens, draws)
+      from dyadic_jax.wire.qformats import kernels
+      counts, device_valid, device_ok = kernels.dense_verdict(values, tokens,
+                                                              draws)
       valid, ok = np.asarray(device_valid), np.asarray(device_ok)
       row_status = np.zeros(valid.shape, np.int32)
       for index in zip(*np.nonzero(~valid)):   # rare: the kernel's code
@@ -129,6 +100,7 @@ class DenseFormat(base.QFormat):
            rows: base.Rows) -> base.Q:
     del rows
     assert counts is not None     # validated dense rows have counts
+    from dyadic_jax import verification  # pylint: disable=g-import-not-at-top
     return verification.DenseQ(counts)
 
 

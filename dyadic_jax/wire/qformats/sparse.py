@@ -11,50 +11,24 @@ few hundred entries, and one dispatch costs less than the forty numpy
 calls the kernel makes.
 """
 
-import functools
-import types
+from __future__ import annotations   # JAX's types, without importing JAX
+
 import typing
 
-import jax
-from jax import lax
-import jax.numpy as jnp
 import numpy as np
 from numpy.typing import ArrayLike
 
-from dyadic_jax import proposal, qcodec, qrows, rowops, verification, x64
 from dyadic_jax.constants import M
 from dyadic_jax.wire import layouts, status
 from dyadic_jax.wire.qformats import base
 
+if typing.TYPE_CHECKING:
+  import jax
 
-def _position(ids: base.ArrayT, n: base.ArrayT, tokens: base.ArrayT,
-              xp: types.ModuleType) -> base.ArrayT:
-  """Index of each row's token in its live support (0 if absent)."""
-  live = xp.arange(ids.shape[-1]) < n[..., None]
-  return xp.argmax(live & (ids == tokens[..., None]), axis=-1)
+  from dyadic_jax import rowops
 
-
-@functools.partial(jax.jit, static_argnames=("vocab", "audit"))
-def _device(values: jax.Array, ids: jax.Array, n: jax.Array,
-            tokens: jax.Array, draws: jax.Array, *, vocab: int,
-            audit: bool) -> tuple[jax.Array, jax.Array, jax.Array]:
-  bits = lax.bitcast_convert_type(values, jnp.uint32)
-  counts, row_status = qrows.sparse(bits, ids, n, tokens, vocab=vocab,
-                                    xp=jnp)
-  if audit:
-    drawn = base.audit(counts, _position(ids, n, tokens, jnp), draws, jnp)
-  else:
-    drawn = jnp.ones(row_status.shape, bool)
-  return counts, row_status, drawn
-
-
-@x64.scoped
-def _device_verdict(rows: base.Rows, draws: ArrayLike | None, vocab: int
-                    ) -> tuple[jax.Array, jax.Array, jax.Array]:
-  audit = draws is not None
-  draws = np.zeros(np.shape(rows.tokens), np.uint32) if not audit else draws
-  return _device(rows.values, rows.ids, rows.n, rows.tokens,
-                 np.asarray(draws, np.uint32), vocab=int(vocab), audit=audit)
+# The core ops and the device pass are imported where they are called, as
+# in `dense`: the sessions import this module without JAX.
 
 
 class SparseFormat(base.QFormat):
@@ -84,6 +58,7 @@ class SparseFormat(base.QFormat):
   def propose(self, logits: jax.Array, draw: jax.Array | None, width: int,
               executor: rowops.Executor) -> base.Proposed:
     assert draw is not None       # sampled: every position has its draw
+    from dyadic_jax import proposal, qcodec
     ids, counts, n, token, status = proposal.propose_sparse(
         logits, draw, width, executor=executor)
     return token, status, qcodec.counts_to_q(counts), ids, n
@@ -91,8 +66,10 @@ class SparseFormat(base.QFormat):
   def validate(self, rows: base.Rows, *, vocab: int,
                draws: ArrayLike | None = None,
                device: bool = False) -> base.Verdict:
+    from dyadic_jax import qrows  # pylint: disable=g-import-not-at-top
     if device:
-      counts, row_status, drawn = _device_verdict(rows, draws, vocab)
+      from dyadic_jax.wire.qformats import kernels
+      counts, row_status, drawn = kernels.sparse_verdict(rows, draws, vocab)
       codes = base.with_audit(status.codes(np.asarray(row_status)),
                               np.asarray(drawn))
       return base.Verdict(np.asarray(counts), codes)
@@ -103,7 +80,8 @@ class SparseFormat(base.QFormat):
     codes = status.codes(row_status)
     if draws is not None:
       codes = base.with_audit(codes, base.audit(
-          counts, _position(ids, n, tokens, np), np.asarray(draws), np))
+          counts, base.support_position(ids, n, tokens, np),
+          np.asarray(draws), np))
     return base.Verdict(counts, codes)
 
   def to_q(self, counts: typing.Optional[base.Counts],
@@ -122,6 +100,7 @@ class SparseFormat(base.QFormat):
       return np.take_along_axis(np.where(held, a, fill), order,
                                 -1).astype(np.int32)
 
+    from dyadic_jax import verification  # pylint: disable=g-import-not-at-top
     return verification.SparseQ(pick(rows.ids, -1), pick(held_counts, 0),
                                 held.sum(-1, dtype=np.int32))
 

@@ -5,18 +5,21 @@ target's argmax), so there is nothing to validate but the tokens' range,
 and a row that claims q entries is refused (SAMPLED_ON_GREEDY).
 """
 
+from __future__ import annotations   # JAX's types, without importing JAX
+
 import typing
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 from numpy.typing import ArrayLike
-
-from dyadic_jax import rowops
 
 from dyadic_jax.wire import layouts
 from dyadic_jax.wire.qformats import base
 from dyadic_jax.wire.refusals import Code
+
+if typing.TYPE_CHECKING:
+  import jax
+
+  from dyadic_jax import rowops
 
 
 class TokenFormat(base.QFormat):
@@ -38,6 +41,7 @@ class TokenFormat(base.QFormat):
   def propose(self, logits: jax.Array, draw: jax.Array | None, width: int,
               executor: rowops.Executor) -> base.Proposed:
     del draw, width, executor   # point mass: the argmax, nothing to draw
+    import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
     token = jnp.argmax(logits).astype(jnp.int32)
     return token, jnp.int32(0), None, None, jnp.int32(0)
 
