@@ -52,6 +52,17 @@ def _module_name(path):
   return ".".join(parts)
 
 
+def _from_module(node, package):
+  """The dotted module of an `ast.ImportFrom` (a relative one resolved
+  against `package`, the importing module's package)."""
+  base = node.module or ""
+  if node.level:
+    anchor = package.split(".")
+    anchor = anchor[:len(anchor) - node.level + 1]
+    base = ".".join(anchor + ([base] if base else []))
+  return base
+
+
 def _imports(source, module, is_package=False):
   """Every module `source` imports, as dotted names (relative ones resolved).
 
@@ -64,11 +75,7 @@ def _imports(source, module, is_package=False):
     if isinstance(node, ast.Import):
       found += [a.name for a in node.names]
     elif isinstance(node, ast.ImportFrom):
-      base = node.module or ""
-      if node.level:
-        anchor = package.split(".")
-        anchor = anchor[:len(anchor) - node.level + 1]
-        base = ".".join(anchor + ([base] if base else []))
+      base = _from_module(node, package)
       found.append(base)
       # `from pkg import mod` imports pkg.mod when mod is a module.
       found += [f"{base}.{a.name}" for a in node.names
@@ -116,11 +123,7 @@ def _private_uses(source, module, is_package=False):
         bound[a.asname or a.name.split(".")[0]] = (
             a.name if a.asname else a.name.split(".")[0])
     elif isinstance(node, ast.ImportFrom):
-      base = node.module or ""
-      if node.level:
-        anchor = package.split(".")
-        anchor = anchor[:len(anchor) - node.level + 1]
-        base = ".".join(anchor + ([base] if base else []))
+      base = _from_module(node, package)
       for a in node.names:
         if private(a.name):
           found.append(f"{base}.{a.name}")
