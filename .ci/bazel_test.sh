@@ -7,9 +7,9 @@
 # resolve, its runfiles are laid out), then the tests TARGET_PATTERN names
 # run. TARGET_PATTERN defaults to //:smoke (one quick file per layer, what
 # CI runs); //:fast skips the tests tagged "slow", //:multidevice / //:slow
-# select by tag, //... is everything, //:core_test_codec runs one file.
+# select by tag, //... is everything, //:core_test_qcodec runs one file.
 # Options for Bazel itself may be mixed in, e.g.
-#   bash .ci/bazel_test.sh /work/venv/bin/python --test_filter=roundtrip //:core_test_codec
+#   bash .ci/bazel_test.sh /work/venv/bin/python --test_filter=roundtrip //:core_test_qcodec
 #
 # Needs Bazel 4.2.x (Debian: apt-get install bazel-bootstrap; installed here
 # when missing and we are root). The interpreter must have jax, numpy, chex,

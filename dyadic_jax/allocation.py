@@ -446,8 +446,8 @@ def largest_remainder(w: jax.Array, total: int, red: reducer.Reducer | None = No
 @functools.partial(jax.jit, static_argnames="executor")
 def _allocate_dense(w, executor):
   return executor.run(
-      rowops.rows(lambda w, red: largest_remainder(w, M, red),
-                  (rowops.Arg(1, 0.0),), (True, False), w.shape[-1]), w)
+      rowops.declare(lambda w, red: largest_remainder(w, M, red),
+                     (rowops.Arg(1, 0.0),), (True, False), w.shape[-1]), w)
 
 
 @x64.scoped
@@ -639,8 +639,8 @@ def sparse_from_support(ids: jax.Array, ws: jax.Array, row_status: jax.Array
 @functools.partial(jax.jit, static_argnames=("k", "executor"))
 def _allocate_sparse(w, k, executor):
   return executor.run(
-      rowops.rows(lambda w, red: allocate_sparse_rows(w, k, red),
-                  (rowops.Arg(1, 0.0),), (False,) * 4, w.shape[-1]), w)
+      rowops.declare(lambda w, red: allocate_sparse_rows(w, k, red),
+                     (rowops.Arg(1, 0.0),), (False,) * 4, w.shape[-1]), w)
 
 
 def allocate_sparse_rows(w: jax.Array, k: int, red: reducer.Reducer | None = None,

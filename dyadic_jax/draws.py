@@ -22,8 +22,8 @@ def _sample_row(counts, draw, red):
 @functools.partial(jax.jit, static_argnames="executor")
 def _sample_counts(counts, draw, executor):
   return executor.run(
-      rowops.rows(_sample_row, (rowops.Arg(1, 0), rowops.Arg(0)), False,
-                  counts.shape[-1]), counts, draw)
+      rowops.declare(_sample_row, (rowops.Arg(1, 0), rowops.Arg(0)), False,
+                     counts.shape[-1]), counts, draw)
 
 
 @x64.scoped

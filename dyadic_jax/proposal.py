@@ -82,8 +82,8 @@ def _specs(bias):
 def _run(body, vocab_out, logits, temperature, draw, bias, executor):
   t, t_ok = weights.temperature_status(temperature, logits.shape[:-1])
   args = (logits, t, t_ok, draw) + (() if bias is None else (bias,))
-  return executor.run(rowops.rows(body, _specs(bias), vocab_out,
-                                  logits.shape[-1]), *args)
+  return executor.run(rowops.declare(body, _specs(bias), vocab_out,
+                                     logits.shape[-1]), *args)
 
 
 @functools.partial(jax.jit, static_argnames="executor")

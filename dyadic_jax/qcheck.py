@@ -58,9 +58,9 @@ def _check_row(values, token, draw, *, vocab, red):
 @functools.partial(jax.jit, static_argnames=("vocab", "executor"))
 def _check_dense(values, token, draw, vocab, executor):
   return executor.run(
-      rowops.rows(functools.partial(_check_row, vocab=vocab),
-                  (rowops.Arg(1, 0.0), rowops.Arg(0), rowops.Arg(0)),
-                  (True, False, False), values.shape[-1]),
+      rowops.declare(functools.partial(_check_row, vocab=vocab),
+                     (rowops.Arg(1, 0.0), rowops.Arg(0), rowops.Arg(0)),
+                     (True, False, False), values.shape[-1]),
       values, token, draw)
 
 

@@ -56,8 +56,8 @@ class Executor(typing.Protocol):
     """Widths a [..., V] input may have: V, or also its padded layout."""
 
 
-def rows(row_fn: typing.Callable, args: tuple, vocab_out: typing.Any,
-         vocab: int) -> RowOp:
+def declare(row_fn: typing.Callable, args: tuple, vocab_out: typing.Any,
+            vocab: int) -> RowOp:
   """The RowOp of a row function `row_fn(*rows, red)` over any batch shape.
 
   Its body runs `row_fn` one row at a time or on the whole batch, by the

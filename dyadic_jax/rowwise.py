@@ -26,7 +26,6 @@ vmapped axis into the rows instead of widening every step of the row loop.
 """
 
 import contextlib
-import os
 import threading
 from typing import Callable, Iterator, Sequence
 
@@ -34,20 +33,10 @@ import jax
 from jax import lax
 import numpy as np
 
-ROWS_ENV = "DYADIC_JAX_ROWS"
-SETTINGS = ("auto", "loop", "batched")
+# ROWS_ENV and SETTINGS are this module's too: the setting's names.
+from dyadic_jax.rowsetting import (ROWS_ENV, SETTINGS, check_setting,
+                                   setting_from_env)
 
-
-def _check_setting(caller: str, setting: str) -> str:
-  if setting not in SETTINGS:
-    raise ValueError(f"{caller}: row mode {setting!r} is not one of "
-                     f"{', '.join(SETTINGS)}")
-  return setting
-
-
-def _setting_from_env() -> str:
-  return _check_setting(f"environment variable {ROWS_ENV}",
-                        os.environ.get(ROWS_ENV, "auto").strip() or "auto")
 
 
 class _ClearingContext:
@@ -88,7 +77,7 @@ def _make_context(default: str, *, keyed: bool = True):
   return _ClearingContext(default)
 
 
-_SETTING = _make_context(_setting_from_env())
+_SETTING = _make_context(setting_from_env())
 
 
 def jit_keyed() -> bool:
@@ -117,7 +106,7 @@ def rows(mode: str) -> Iterator[str]:
   op called in both modes compiles once per mode. Yields the resolved
   mode.
   """
-  with _SETTING(_check_setting("rows", mode)):
+  with _SETTING(check_setting("rows", mode)):
     yield row_mode()
 
 

@@ -174,8 +174,9 @@ def sample_target_rows(target_logits: jax.Array, bits: jax.Array, red: reducer.R
 @functools.partial(jax.jit, static_argnames="executor")
 def _sample_target(target_logits, key, executor):
   return executor.run(
-      rowops.rows(sample_target_rows, (rowops.Arg(1, -jnp.inf), rowops.Arg(0)),
-                  (False, False), target_logits.shape[-1]),
+      rowops.declare(sample_target_rows,
+                     (rowops.Arg(1, -jnp.inf), rowops.Arg(0)), (False, False),
+                     target_logits.shape[-1]),
       target_logits, rng.draw64(key))
 
 

@@ -269,7 +269,7 @@ def _draft_weights(logits, temperature, bias, executor):
   specs = (rowops.Arg(1, -jnp.inf), rowops.Arg(0)) + (
       () if bias is None else (rowops.Arg(1, 0.0),))
   w, status = executor.run(
-      rowops.rows(draft_rows, specs, (True, False), logits.shape[-1]), *args)
+      rowops.declare(draft_rows, specs, (True, False), logits.shape[-1]), *args)
   return apply_temperature_status(w, status, t_ok)
 
 
@@ -442,8 +442,8 @@ def target_probs_rows(x: jax.Array, red: reducer.Reducer | None = None) -> tuple
 @functools.partial(jax.jit, static_argnames="executor")
 def _target_probs(target_logits, executor):
   return executor.run(
-      rowops.rows(target_probs_rows, (rowops.Arg(1, -jnp.inf),),
-                  (True, False), target_logits.shape[-1]), target_logits)
+      rowops.declare(target_probs_rows, (rowops.Arg(1, -jnp.inf),),
+                     (True, False), target_logits.shape[-1]), target_logits)
 
 
 @x64.scoped

@@ -62,7 +62,7 @@ else:  # imported (tests, tools): TestOneInput without atheris
 with _instrumented:
   # pylint: disable=g-import-not-at-top
   from dyadic_jax.wire import auth, codec, layouts
-  from dyadic_jax.wire.errors import ProtocolError
+  from dyadic_jax.wire.refusals import ProtocolError
   from dyadic_jax.wire.layouts import FIXED_BYTES, Kind
   from tests.fuzz_corpus.make_wire_corpus import (BOUNDS, DENSE_BOUNDS,
                                                   GREEDY_BOUNDS, KEY,

@@ -6,11 +6,16 @@ layer table: the core imports only the core; the wire only itself and the
 core; the bridge never `sharding`; `sharding` only itself and the core; no
 library layer imports `dyadic_jax.testing` or `experiments`; and
 `dyadic_jax.testing/__init__.py` imports nothing (a tool with an optional
-dependency, such as zmq, costs nothing to the others).
+dependency, such as zmq, costs nothing to the others). Two more
+boundaries: no module reads an underscore name of a first-party module of
+another package (`from m import _x`, `m._x`: make it public or move it;
+tests may), and the protocol sessions import without JAX or ZeroMQ.
 """
 
 import ast
 import pathlib
+import subprocess
+import sys
 
 import pytest
 
@@ -47,6 +52,17 @@ def _module_name(path):
   return ".".join(parts)
 
 
+def _from_module(node, package):
+  """The dotted module of an `ast.ImportFrom` (a relative one resolved
+  against `package`, the importing module's package)."""
+  base = node.module or ""
+  if node.level:
+    anchor = package.split(".")
+    anchor = anchor[:len(anchor) - node.level + 1]
+    base = ".".join(anchor + ([base] if base else []))
+  return base
+
+
 def _imports(source, module, is_package=False):
   """Every module `source` imports, as dotted names (relative ones resolved).
 
@@ -59,11 +75,7 @@ def _imports(source, module, is_package=False):
     if isinstance(node, ast.Import):
       found += [a.name for a in node.names]
     elif isinstance(node, ast.ImportFrom):
-      base = node.module or ""
-      if node.level:
-        anchor = package.split(".")
-        anchor = anchor[:len(anchor) - node.level + 1]
-        base = ".".join(anchor + ([base] if base else []))
+      base = _from_module(node, package)
       found.append(base)
       # `from pkg import mod` imports pkg.mod when mod is a module.
       found += [f"{base}.{a.name}" for a in node.names
@@ -74,6 +86,80 @@ def _imports(source, module, is_package=False):
 def _sources():
   for top in ("dyadic_jax", "sharding", "experiments"):
     yield from sorted((_ROOT / top).rglob("*.py"))
+
+
+# namedtuple's API: public, underscored so as not to clash with fields.
+_NAMEDTUPLE = frozenset(("_make", "_replace", "_fields", "_asdict",
+                         "_field_defaults"))
+
+
+def _package_of(name):
+  """The package of the first-party module a dotted name lives in (the
+  longest prefix that is a module file or a package: a package's own)."""
+  parts = name.split(".")
+  for n in range(len(parts), 0, -1):
+    path = _ROOT.joinpath(*parts[:n])
+    if path.is_dir():
+      return ".".join(parts[:n])
+    if path.with_suffix(".py").exists():
+      return ".".join(parts[:n - 1])
+  return None
+
+
+def _private_uses(source, module, is_package=False):
+  """Underscore names of other packages' modules that `source` reads:
+  `from m import _x` and `m._x` (m bound by an import), as "m._x"."""
+  tree = ast.parse(source)
+  package = module if is_package else module.rpartition(".")[0]
+  bound, found = {}, []
+
+  def private(name):
+    return (name.startswith("_") and not name.startswith("__")
+            and name not in _NAMEDTUPLE)
+
+  for node in ast.walk(tree):
+    if isinstance(node, ast.Import):
+      for a in node.names:
+        bound[a.asname or a.name.split(".")[0]] = (
+            a.name if a.asname else a.name.split(".")[0])
+    elif isinstance(node, ast.ImportFrom):
+      base = _from_module(node, package)
+      for a in node.names:
+        if private(a.name):
+          found.append(f"{base}.{a.name}")
+        bound[a.asname or a.name] = f"{base}.{a.name}"
+  for node in ast.walk(tree):
+    if isinstance(node, ast.Attribute) and private(node.attr):
+      parts, value = [], node.value
+      while isinstance(value, ast.Attribute):
+        parts.append(value.attr)
+        value = value.value
+      if isinstance(value, ast.Name) and value.id in bound:
+        found.append(".".join([bound[value.id], *parts[::-1], node.attr]))
+  return [name for name in found if _layer(name) is not None
+          and _package_of(name) != package]
+
+
+@pytest.mark.parametrize("path", list(_sources()),
+                         ids=lambda p: str(p.relative_to(_ROOT)))
+def test_no_private_names_across_packages(path):
+  bad = _private_uses(path.read_text(), _module_name(path),
+                      path.name == "__init__.py")
+  assert not bad, f"{_module_name(path)} reads private names {bad}"
+
+
+def test_the_private_check_sees_violations():
+  assert _private_uses("from dyadic_jax.allocation import _x\n",
+                       "experiments.cli") == ["dyadic_jax.allocation._x"]
+  assert _private_uses("from dyadic_jax.bridge import verifier\n"
+                       "verifier._run(1)\n", "experiments.pp1.main") == [
+                           "dyadic_jax.bridge.verifier._run"]
+  assert _private_uses("import dyadic_jax.qrows\ndyadic_jax.qrows._f\n",
+                       "sharding.ops") == ["dyadic_jax.qrows._f"]
+  # Its own package's privates, other objects' and dunders are fine.
+  assert not _private_uses("from dyadic_jax import qrows\nqrows._FINE\n"
+                           "x._y\nfrom dyadic_jax import __version__\n",
+                           "dyadic_jax.qcheck")
 
 
 def _violations(source, module, is_package=False):
@@ -97,12 +183,32 @@ def test_testing_package_imports_nothing_eagerly():
               if isinstance(n, (ast.Import, ast.ImportFrom))]
 
 
+# The protocol state machines: pure Python and numpy, no JAX, no ZeroMQ.
+_SESSIONS = ("dyadic_jax.bridge.verifier_session",
+             "dyadic_jax.bridge.worker_session",
+             "dyadic_jax.bridge.shard_link")
+
+
+def test_sessions_import_without_jax_or_zmq():
+  """A fresh interpreter imports the sessions (the wire with them) and has
+  loaded neither JAX nor ZeroMQ: the drivers and the q formats' kernels
+  bring those in on first use."""
+  code = ("import sys\n" + "".join(f"import {m}\n" for m in _SESSIONS)
+          + "print(sorted(m for m in ('jax', 'jaxlib', 'zmq') "
+          "if m in sys.modules))\n")
+  run = subprocess.run([sys.executable, "-c", code], cwd=_ROOT,
+                       capture_output=True, text=True, timeout=300,
+                       env={"PYTHONPATH": str(_ROOT), "PATH": ""})
+  assert run.returncode == 0, run.stderr
+  assert run.stdout.strip() == "[]", run.stdout
+
+
 def test_the_checker_sees_violations():
   """The harness is not vacuous: lazy and relative imports count too."""
   lazy = "def f():\n  from dyadic_jax.bridge import worker\n"
   assert _violations(lazy, "dyadic_jax.weights") == [
       "dyadic_jax.bridge", "dyadic_jax.bridge.worker"]
-  assert _violations("from .testing import hlo\n", "dyadic_jax.codec") == [
+  assert _violations("from .testing import hlo\n", "dyadic_jax.qcodec") == [
       "dyadic_jax.testing", "dyadic_jax.testing.hlo"]
   assert _violations("import sharding\n", "dyadic_jax.bridge.verifier") == [
       "sharding"]

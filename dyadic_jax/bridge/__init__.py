@@ -13,20 +13,56 @@ drivers take components instead of being subclassed (`Validator`,
 verifier takes its verification function as an argument (single-device
 `dyadic_jax.verify_chain` or the sharded one); this package never imports
 `sharding` (docs/architecture.md).
+
+The names below load on first use (PEP 562): the sessions import neither
+JAX nor ZeroMQ (`verifier_session`, `worker_session`, `shard_link`); the
+drivers and the proposer do, when one of their names is first read.
 """
 
-from dyadic_jax.bridge.counters import Counters
-from dyadic_jax.bridge.deadline import AdaptiveDeadline
-from dyadic_jax.bridge.effects import Plan, Propose, Send, Stage, Verify
-from dyadic_jax.bridge.hello import Capabilities
-from dyadic_jax.bridge.proposer import Proposal, draft_proposer
-from dyadic_jax.bridge.transport import Curve, Endpoint
-from dyadic_jax.bridge.verifier import (Outcome, PlanSharer, RoundHook,
-                                        Validator, Verifier)
-from dyadic_jax.bridge.verifier_session import (Request, RoundResult,
-                                                VerifierSession)
-from dyadic_jax.bridge.worker import DrawHook, Worker, serve_forever
-from dyadic_jax.bridge.worker_session import WorkerSession
+import importlib
+import typing
+
+if typing.TYPE_CHECKING:
+  from dyadic_jax.bridge.counters import Counters
+  from dyadic_jax.bridge.deadline import AdaptiveDeadline
+  from dyadic_jax.bridge.effects import Plan, Propose, Send, Stage, Verify
+  from dyadic_jax.bridge.hello import Capabilities
+  from dyadic_jax.bridge.proposer import Proposal, draft_proposer
+  from dyadic_jax.bridge.transport import Curve, Endpoint
+  from dyadic_jax.bridge.verifier import (Outcome, PlanSharer, RoundHook,
+                                          Validator, Verifier)
+  from dyadic_jax.bridge.verifier_session import (Request, RoundResult,
+                                                  VerifierSession)
+  from dyadic_jax.bridge.worker import DrawHook, Worker, serve_forever
+  from dyadic_jax.bridge.worker_session import WorkerSession
+
+# Public name -> the module of this package that defines it.
+_WHERE = {
+    "Counters": "counters", "AdaptiveDeadline": "deadline",
+    **dict.fromkeys(("Plan", "Propose", "Send", "Stage", "Verify"),
+                    "effects"),
+    "Capabilities": "hello",
+    **dict.fromkeys(("Proposal", "draft_proposer"), "proposer"),
+    **dict.fromkeys(("Curve", "Endpoint"), "transport"),
+    **dict.fromkeys(("Outcome", "PlanSharer", "RoundHook", "Validator",
+                     "Verifier"), "verifier"),
+    **dict.fromkeys(("Request", "RoundResult", "VerifierSession"),
+                    "verifier_session"),
+    **dict.fromkeys(("DrawHook", "Worker", "serve_forever"), "worker"),
+    "WorkerSession": "worker_session",
+}
+
+
+def __getattr__(name: str) -> typing.Any:
+  """Loads a public name's module on first use (and keeps the name)."""
+  where = _WHERE.get(name)
+  if where is None:
+    raise AttributeError(f"module 'dyadic_jax.bridge' has no attribute "
+                         f"{name!r}")
+  value = getattr(importlib.import_module(f"dyadic_jax.bridge.{where}"), name)
+  globals()[name] = value
+  return value
+
 
 __all__ = [
     "AdaptiveDeadline", "Capabilities", "Counters", "Curve", "DrawHook",

@@ -27,13 +27,15 @@ from dyadic_jax import rng
 proposal_draw = rng.proposal_draw
 
 
-def round_key(seed, generation, round_id):
+def round_key(seed: jax.typing.ArrayLike, generation: jax.typing.ArrayLike,
+              round_id: jax.typing.ArrayLike) -> jax.Array:
   """The proposer's round key (seed as the int64 view of a uint64)."""
   return rng.round_key(seed, generation, round_id)
 
 
 @functools.partial(jax.jit, static_argnums=4)
-def _draws(seeds, generations, rounds, anchors, depth):
+def _draws(seeds: jax.Array, generations: jax.Array, rounds: jax.Array,
+           anchors: jax.Array, depth: int) -> jax.Array:
   keys = jax.vmap(round_key)(seeds, generations, rounds)
   return rng.proposal_draws(keys, depth, anchors)
 

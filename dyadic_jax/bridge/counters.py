@@ -13,21 +13,21 @@ import threading
 
 from absl import logging
 
-from dyadic_jax.wire.errors import Code
+from dyadic_jax.wire.refusals import Code
 
 
 class Counters:
   """Error counts by `Code` and event counts by name."""
 
-  def __init__(self, name="bridge", *, log=True):
+  def __init__(self, name: str = "bridge", *, log: bool = True) -> None:
     """log: log refusals (rate limited); off for fuzzers and benchmarks."""
     self.name = name
     self._log = log
     self._lock = threading.Lock()
-    self._errors = collections.Counter()
-    self._events = collections.Counter()
+    self._errors: collections.Counter[Code] = collections.Counter()
+    self._events: collections.Counter[str] = collections.Counter()
 
-  def reject(self, code, detail=""):
+  def reject(self, code: int, detail: str = "") -> None:
     """Counts one refusal of class `code` and logs it.
 
     Never raises: a value that is not a `Code` (a peer's unknown status or
@@ -37,36 +37,35 @@ class Counters:
     if parsed is None:
       detail = f"unknown code {code!r} {detail}"
       parsed = Code.BAD_STATUS
-    code = parsed
     with self._lock:
-      self._errors[code] += 1
+      self._errors[parsed] += 1
     if not self._log:
       return
     # Rate-limited: a fault storm must not turn into a log storm.
     logging.log_every_n_seconds(logging.WARNING, "%s: refused %s %s", 1.0,
-                                self.name, code.name, detail)
+                                self.name, parsed.name, detail)
 
-  def event(self, name, n=1):
+  def event(self, name: str, n: int = 1) -> None:
     with self._lock:
       self._events[name] += n
 
-  def errors(self, code):
+  def errors(self, code: int) -> int:
     with self._lock:
       return self._errors[Code(code)]
 
-  def total_errors(self):
+  def total_errors(self) -> int:
     with self._lock:
       return sum(self._errors.values())
 
-  def events(self, name):
+  def events(self, name: str) -> int:
     with self._lock:
       return self._events[name]
 
-  def snapshot(self):
+  def snapshot(self) -> dict[str, dict[str, int]]:
     """{"errors": {code name: n}, "events": {name: n}} (nonzero entries)."""
     with self._lock:
       return {"errors": {c.name: n for c, n in sorted(self._errors.items())},
               "events": dict(sorted(self._events.items()))}
 
-  def log(self):
+  def log(self) -> None:
     logging.info("%s counters: %s", self.name, self.snapshot())

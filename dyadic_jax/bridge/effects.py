@@ -22,12 +22,10 @@ import numpy as np
 
 from dyadic_jax.wire import qformats
 
-if typing.TYPE_CHECKING:      # the sessions run without JAX
-  import jax
-
 # Validated q of a batch: int32[R, D, w], a JAX array (one device's, or split
-# over a vocabulary mesh); None where a round has none (a fallback, greedy).
-Counts = typing.Union["jax.Array", None]
+# over a vocabulary mesh) or a host one (a host validator's); None where a
+# round has none (a fallback, greedy).
+Counts = typing.Optional[qformats.Counts]
 # One message's bytes: a frame built here, or a view of a worker slot.
 Message = bytes | bytearray | memoryview
 

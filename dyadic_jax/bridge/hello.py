@@ -17,7 +17,7 @@ import hashlib
 import numpy as np
 
 from dyadic_jax.constants import DEFAULT_VOCAB, MAX_VOCAB, SEMANTIC_ID
-from dyadic_jax.wire import codec, qformats
+from dyadic_jax.wire import auth, codec, layouts, qformats
 from dyadic_jax.wire.layouts import Kind, Mode, Representation
 
 RNG_ABI = 1      # dyadic_jax.rng: seed -> generation -> round -> position ...
@@ -34,7 +34,7 @@ _TEXT = ("draft_id", "target_id", "id_map_hash", "semantic_id",
          "verifier_id")
 
 
-def identity_map_hash(vocab):
+def identity_map_hash(vocab: int) -> str:
   """Hash of the identity global id map 0..V-1 (a shared tokenizer)."""
   return hashlib.sha256(np.arange(vocab, dtype="<i4").tobytes()).hexdigest(
   )[:32]
@@ -88,7 +88,7 @@ class Capabilities:
   shards: int = 1
   shard: int = 0
 
-  def __post_init__(self):
+  def __post_init__(self) -> None:
     if self.mode not in tuple(Mode):
       raise ValueError(f"Capabilities: unknown mode {self.mode}")
     if not 2 <= self.vocab <= MAX_VOCAB:
@@ -126,61 +126,63 @@ class Capabilities:
         raise ValueError(f"Capabilities: {name} longer than 32 bytes")
 
   @property
-  def greedy(self):
+  def greedy(self) -> bool:
     return self.mode == Mode.GREEDY
 
   @property
-  def width(self):
+  def width(self) -> int:
     """Entries per q row (`QFormat.width`): V (dense; its block on a rank
     link), k (sparse) or 0 (greedy)."""
     return self.max_support
 
   @property
-  def shard_range(self):
+  def shard_range(self) -> tuple[int, int]:
     """(lo, hi): the global ids this link's rows carry (hi - lo <= width)."""
     if self.shards == 1:
       return 0, self.vocab
     lo = self.shard * self.width
     return lo, min(self.vocab, lo + self.width)
 
-  def link(self, shard):
+  def link(self, shard: int) -> "Capabilities":
     """These capabilities on the rank link of `shard`."""
     return dataclasses.replace(self, shard=shard)
 
   @functools.cached_property
-  def bounds(self):
+  def bounds(self) -> codec.Bounds:
     # Read for every decoded frame: built once (frozen: it cannot change).
     return codec.Bounds(vocab=self.vocab, depth=self.max_depth,
                         width=self.width, representation=self.representation,
                         max_requests=self.max_requests)
 
   @property
-  def format(self):
+  def format(self) -> qformats.QFormat:
     return self.bounds.format
 
   @property
-  def max_reply_bytes(self):
+  def max_reply_bytes(self) -> int:
     """Bytes of one batch's reply message: R x (REPLY + COMPLETION)."""
     return self.bounds.max_reply_message
 
-  def body(self, nonce=b""):
+  def body(self, nonce: bytes = b"") -> dict[str, int | bytes]:
     """The HELLO body fields (a dict for `codec.encode`)."""
-    fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-    fields = {k: (v.encode() if isinstance(v, str) else int(v))
-              for k, v in fields.items()}
+    values = {f.name: getattr(self, f.name)
+              for f in dataclasses.fields(self)}
+    fields: dict[str, int | bytes] = {
+        k: (v.encode() if isinstance(v, str) else int(v))
+        for k, v in values.items()}
     fields["max_reply_bytes"] = self.max_reply_bytes
     fields["shard_lo"], fields["shard_hi"] = self.shard_range
     fields["nonce"] = bytes(nonce)
     return fields
 
   @functools.cached_property
-  def _expected(self):
+  def _expected(self) -> layouts.Body:
     body = codec.decode(hello_frame(self, 0, bytes(32)),
                         codec.HELLO_BOUNDS).body
     return body._replace(nonce=b"")
 
 
-def mismatches(mine, body):
+def mismatches(mine: Capabilities, body: layouts.Body) -> list[str]:
   """The fields of a received HELLO body that differ from `mine`.
 
   Plain comparisons of fixed-size fields: nothing proportional to a
@@ -193,7 +195,8 @@ def mismatches(mine, body):
               theirs, name)]
 
 
-def hello_frame(caps, session, nonce, send=None):
+def hello_frame(caps: Capabilities, session: int, nonce: bytes,
+                send: auth.Tagger | None = None) -> bytes:
   """A HELLO frame of `caps` for `session` with `nonce`, sealed by `send`."""
   return codec.encode(Kind.HELLO, session=session, generation=0, round_id=0,
                       body=caps.body(nonce), send=send)

@@ -46,7 +46,7 @@ class Keys(typing.NamedTuple):
   curve: transport.Curve | None
 
 
-def _write(path, data, mode):
+def _write(path: pathlib.Path, data: str, mode: int) -> None:
   fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
   with os.fdopen(fd, "w") as f:
     f.write(data + "\n")
@@ -73,7 +73,7 @@ def make(directory: str | os.PathLike, *, force: bool = False) -> pathlib.Path:
   return directory
 
 
-def _read_private(path):
+def _read_private(path: pathlib.Path) -> str:
   mode = path.stat().st_mode
   if mode & (stat.S_IRWXG | stat.S_IRWXO):
     raise PermissionError(f"keys: {path} is accessible by other users "
@@ -102,7 +102,10 @@ def load(directory: str | os.PathLike, role: str, *,
   directory = pathlib.Path(directory)
   curve = None
   if encrypt:
-    read = lambda name: (directory / name).read_text().strip().encode()
+
+    def read(name: str) -> bytes:
+      return (directory / name).read_text().strip().encode()
+
     curve = transport.Curve(
         public_key=read(f"{role}.curve"),
         secret_key=_read_private(directory / f"{role}.curve_secret").encode(),
@@ -114,21 +117,21 @@ def load(directory: str | os.PathLike, role: str, *,
 class temporary:  # pylint: disable=invalid-name
   """A throwaway key directory (a context manager; removed on exit)."""
 
-  def __init__(self):
+  def __init__(self) -> None:
     self.path = pathlib.Path(tempfile.mkdtemp(prefix="dyadic-keys-"))
     make(self.path, force=True)
 
-  def __enter__(self):
+  def __enter__(self) -> pathlib.Path:
     return self.path
 
-  def __exit__(self, *exc):
+  def __exit__(self, *exc: object) -> None:
     self.cleanup()
 
-  def cleanup(self):
+  def cleanup(self) -> None:
     shutil.rmtree(self.path, ignore_errors=True)
 
 
-def main(argv=None):
+def main(argv: list[str] | None = None) -> int:
   argv = sys.argv[1:] if argv is None else argv
   force = "--force" in argv
   args = [a for a in argv if a != "--force"]

@@ -26,9 +26,10 @@ from jax.experimental import multihost_utils
 import numpy as np
 
 from dyadic_jax import rowops
-from dyadic_jax.bridge import audit
+from dyadic_jax.bridge import audit, hello
 from dyadic_jax.bridge.hello import MAX_POSITION
 from dyadic_jax.errors import raise_for_status
+from dyadic_jax.wire import qformats
 
 _U32, _U64 = (1 << 32) - 1, (1 << 64) - 1
 
@@ -48,7 +49,19 @@ class Proposal(typing.NamedTuple):
   n: np.ndarray | None = None
 
 
-def check_step(caps, seed, generation, round_id, anchor, last_token, depth):
+class Proposer(typing.Protocol):
+  """What the worker draws with: `draft_proposer`'s, or any callable of
+  this signature (a model-specific draft)."""
+
+  def __call__(self, seed: int, generation: int, round_id: int, anchor: int,
+               last_token: int, depth: int,
+               out: qformats.Rows | None = None) -> Proposal:
+    ...
+
+
+def check_step(caps: hello.Capabilities, seed: int, generation: int,
+               round_id: int, anchor: int, last_token: int,
+               depth: int) -> None:
   """Raises ValueError unless the draw's inputs are within local bounds."""
   if not (0 <= seed <= _U64 and 0 <= generation <= _U32
           and 0 <= round_id <= _U32 and 1 <= depth <= caps.max_depth
@@ -59,18 +72,20 @@ def check_step(caps, seed, generation, round_id, anchor, last_token, depth):
                      f"depth {depth} out of bounds")
 
 
-def write(out, proposal):
+def write(out: qformats.Rows, proposal: Proposal) -> None:
   """Copies a Proposal into the Rows views of a REPLY frame."""
   depth = len(proposal.tokens)
   out.tokens[:] = proposal.tokens
   out.n[:] = 0 if proposal.n is None else proposal.n
   if out.values is not None:
+    assert proposal.values is not None   # the frame's format carries q
     np.copyto(out.values[:depth], proposal.values)
   if out.ids is not None:
+    assert proposal.ids is not None
     np.copyto(out.ids[:depth], proposal.ids)
 
 
-def _host(x, block=False):
+def _host(x: jax.Array | np.ndarray, block: bool = False) -> np.ndarray:
   """Host copy of a proposer output. With a mesh that spans processes:
   `block` (dense rows) is this rank's vocabulary block; anything else is
   the whole value (tokens, n, sparse rows: replicated, or gathered where
@@ -82,8 +97,12 @@ def _host(x, block=False):
   return np.asarray(multihost_utils.process_allgather(x, tiled=True))
 
 
-def draft_proposer(logits_fn, caps, *, backbone_fn=None,
-                   executor=rowops.LOCAL):
+def draft_proposer(
+    logits_fn: typing.Callable[[jax.Array], jax.Array],
+    caps: hello.Capabilities, *,
+    backbone_fn: typing.Callable[[jax.Array, jax.Array, int], jax.Array]
+    | None = None,
+    executor: rowops.Executor = rowops.LOCAL) -> Proposer:
   """A proposer `(seed, generation, round_id, anchor, last_token, depth,
   out=None) -> Proposal`.
 
@@ -105,7 +124,9 @@ def draft_proposer(logits_fn, caps, *, backbone_fn=None,
   fmt = caps.format
 
   @functools.partial(jax.jit, static_argnums=(5,))
-  def chain(seed, generation, round_id, anchor, last_token, depth):
+  def chain(seed: jax.Array, generation: jax.Array, round_id: jax.Array,
+            anchor: jax.Array, last_token: jax.Array, depth: int
+            ) -> tuple[jax.Array | None, ...]:
     key = audit.round_key(seed, generation, round_id)
     base = None if backbone_fn is None else backbone_fn(last_token, anchor,
                                                         depth)
@@ -122,8 +143,9 @@ def draft_proposer(logits_fn, caps, *, backbone_fn=None,
     return tuple(jnp.stack(parts) if parts[0] is not None else None
                  for parts in zip(*out))
 
-  def propose(seed, generation, round_id, anchor, last_token, depth,
-              out=None):
+  def propose(seed: int, generation: int, round_id: int, anchor: int,
+              last_token: int, depth: int,
+              out: qformats.Rows | None = None) -> Proposal:
     check_step(caps, int(seed), int(generation), int(round_id), int(anchor),
                int(last_token), int(depth))
     with jax.enable_x64(True):
@@ -135,6 +157,7 @@ def draft_proposer(logits_fn, caps, *, backbone_fn=None,
         None if p is None else _host(p, block=fmt.shardable and i == 2)
         for i, p in enumerate(parts)]
     raise_for_status("draft_proposer", status)
+    assert tokens is not None     # every format draws tokens
     proposal = Proposal(tokens.astype(np.int32), values, ids,
                         np.asarray(n, np.int32))
     if out is not None:

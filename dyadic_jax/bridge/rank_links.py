@@ -60,26 +60,35 @@ import typing
 
 import jax
 import numpy as np
+import zmq
 
-from dyadic_jax import qcheck, verification
-from dyadic_jax.bridge import ranks, transport, verifier, worker
-from dyadic_jax.bridge.effects import Stage, Verify
+from dyadic_jax import qcheck, rowops, verification
+from dyadic_jax.bridge import hello, proposer, ranks, transport, verifier
+from dyadic_jax.bridge import worker
+from dyadic_jax.bridge.counters import Counters
+from dyadic_jax.bridge.deadline import AdaptiveDeadline
+from dyadic_jax.bridge.effects import Plan, Propose, Send, Stage, Verify
 from dyadic_jax.bridge.shard_link import (Collected, ShardLinkSession,
                                           ShardReply, ShardSourceSession)
+from dyadic_jax.bridge.verifier_session import Exchange
 from dyadic_jax.wire import qformats
 from dyadic_jax.wire import status as status_lib
-from dyadic_jax.wire.errors import Code, ProtocolError
+from dyadic_jax.wire.refusals import Code, ProtocolError
 
 _U64 = (1 << 64) - 1
 # The proposal broadcast: what the draw needs, the request, and a mode.
 _WARM, _SEND, _STOP = 0, 1, 2
+# This rank's block [R, D, w] -> the global array [R, D, n w] split over
+# "vocab" (`sharding.from_blocks`).
+Assemble = typing.Callable[[np.ndarray], jax.Array]
 
 
 # -- the worker --------------------------------------------------------------
 
 
-def _params(seed, generation, round_id, anchor, last_token, depth, request,
-            mode):
+def _params(seed: int, generation: int, round_id: int, anchor: int,
+            last_token: int, depth: int, request: int,
+            mode: int) -> np.ndarray:
   return np.array([np.uint64(seed).view(np.int64), generation, round_id,
                    anchor, last_token, depth, request, mode], np.int64)
 
@@ -88,10 +97,10 @@ class ProposalBroadcast(worker.DrawHook):
   """The draw hook of a TP-n worker's leader: before each proposal, the
   other ranks get its inputs (they draw with it and send their blocks)."""
 
-  def warmup(self, depth):
+  def warmup(self, depth: int) -> None:
     ranks.broadcast(_params(_U64, 0, 0, 0, 0, depth, 0, _WARM), True)
 
-  def draw(self, p):
+  def draw(self, p: Propose) -> None:
     ranks.broadcast(_params(p.seed, p.generation, p.round, p.anchor,
                             p.last_token, p.depth, p.request, _SEND), True)
 
@@ -105,22 +114,27 @@ class ShardSender:
   a bound socket. One thread owns the socket (it answers HELLOs while the
   rank is inside a collective); frames to send reach it through a queue."""
 
-  def __init__(self, caps, address, *, secret, curve=None, counters=None):
+  def __init__(self, caps: hello.Capabilities, address: str, *,
+               secret: bytes | None, curve: transport.Curve | None = None,
+               counters: Counters | None = None) -> None:
     self.session = ShardSourceSession(caps, secret=secret, counters=counters)
     self.caps, self.counters = caps, self.session.counters
     self.endpoint = transport.Endpoint.bind(
         address, max_message=self.session.max_message, curve=curve,
         counters=self.counters)
     self.address = self.endpoint.address
-    self._outbox = queue.Queue()
-    self._peer = None          # the confirmed session's: owned by the thread
+    self._outbox: queue.Queue[memoryview] = queue.Queue()
+    # The confirmed session's: owned by the thread.
+    self._peer: bytes | None = None
     self._halt = threading.Event()
     self._thread = threading.Thread(target=self._serve, daemon=True,
                                     name=f"shard-link-{caps.shard}")
     self._thread.start()
 
-  def _serve(self):
-    inflight = collections.deque()        # zero-copy sends not yet let go
+  def _serve(self) -> None:
+    # Zero-copy sends not yet let go.
+    inflight: collections.deque[tuple[zmq.MessageTracker, memoryview]] = (
+        collections.deque())
     while not self._halt.is_set():
       while inflight and inflight[0][0].done:
         inflight.popleft()
@@ -144,12 +158,13 @@ class ShardSender:
             inflight.append((tracker, frame))
 
   @property
-  def link_session(self):
+  def link_session(self) -> int | None:
     """The session id frames go out under (None before the verifier rank
     confirmed one)."""
     return self.session.link_session
 
-  def frame(self, request, tag, depth) -> ShardReply | None:
+  def frame(self, request: int, tag: tuple[int, int],
+            depth: int) -> ShardReply | None:
     """A REPLY to fill (its `rows`), or None before a session."""
     return self.session.reply(request, tag, depth)
 
@@ -157,13 +172,14 @@ class ShardSender:
     """Seals a filled REPLY and queues it for the verifier rank."""
     self._outbox.put(self.session.seal(reply))
 
-  def close(self):
+  def close(self) -> None:
     self._halt.set()
     self._thread.join(5)
     self.endpoint.close()
 
 
-def follow_proposals(propose, sender=None):
+def follow_proposals(propose: proposer.Proposer,
+                     sender: ShardSender | None = None) -> int:
   """Worker rank s >= 1: draws with the leader until it stops.
 
   propose: the rank's proposer (the same as the leader's, over the mesh);
@@ -187,7 +203,7 @@ def follow_proposals(propose, sender=None):
               out=None if reply is None else reply.rows)
     except Exception:  # pylint: disable=broad-except
       continue           # the leader's own draw fails alike: it answers
-    if reply is not None:
+    if reply is not None and sender is not None:
       sender.send(reply)
       sent += 1
 
@@ -199,8 +215,12 @@ class ShardReceiver:
   """Verifier rank s's end of its shard link: a `ShardLinkSession` over a
   connected socket and a clock."""
 
-  def __init__(self, caps, address, *, secret, timeout_s=2.0, curve=None,
-               counters=None, clock=time.monotonic, deadline=None):
+  def __init__(self, caps: hello.Capabilities, address: str, *,
+               secret: bytes | None, timeout_s: float = 2.0,
+               curve: transport.Curve | None = None,
+               counters: Counters | None = None,
+               clock: typing.Callable[[], float] = time.monotonic,
+               deadline: AdaptiveDeadline | None = None) -> None:
     """timeout_s: the deadline of a HELLO and, without `deadline` (an
     `AdaptiveDeadline`: from the measured round time), of every round."""
     self.session = ShardLinkSession(caps, secret=secret, timeout_s=timeout_s,
@@ -210,29 +230,31 @@ class ShardReceiver:
     self.clock = clock
     self.address = address
     self.curve = curve
-    self.endpoint = None
+    self.endpoint: transport.Endpoint | None = None
 
   @property
-  def timeout_s(self):
+  def timeout_s(self) -> float:
     return self.session.timeout_s
 
   @timeout_s.setter
-  def timeout_s(self, seconds):
+  def timeout_s(self, seconds: float) -> None:
     self.session.timeout_s = seconds
 
-  def _perform(self, effects):
+  def _perform(self, effects: typing.Sequence[Send | Collected]
+               ) -> Collected | None:
     """Sends the effects' messages; returns a Collected among them."""
     done = None
     for effect in effects:
       if isinstance(effect, Collected):
         done = effect
       else:
+        assert self.endpoint is not None   # `open` connected it
         self.endpoint.send(effect.message)
     return done
 
-  def open(self, attempts=50):
+  def open(self, attempts: int = 50) -> "ShardReceiver":
     """Negotiates the link (HELLO both ways); ProtocolError if it cannot."""
-    self.endpoint = transport.Endpoint.connect(
+    endpoint = self.endpoint = transport.Endpoint.connect(
         self.address, max_message=self.caps.bounds.max_reply_message,
         curve=self.curve, counters=self.counters)
     session = self.session
@@ -240,7 +262,7 @@ class ShardReceiver:
       self._perform([session.hello(self.clock())])
       deadline = self.clock() + session.timeout_s
       while (left := deadline - self.clock()) > 0 and not session.is_open:
-        got = self.endpoint.recv(left)
+        got = endpoint.recv(left)
         if got is not None:
           self._perform(session.receive(got[1], self.clock()))
         if session.refused is not None:
@@ -249,7 +271,9 @@ class ShardReceiver:
         return self
     raise ProtocolError(Code.TIMEOUT, f"no worker rank at {self.address}")
 
-  def collect(self, rids, tags, depth):
+  def collect(self, rids: typing.Sequence[int],
+              tags: typing.Sequence[typing.Sequence[int]],
+              depth: int) -> tuple[qformats.Rows, np.ndarray]:
     """Block s's rows of one round: (Rows [R, D, w], codes int32[R]).
 
     Waits until every request's frame is in or the deadline passes; a
@@ -260,17 +284,18 @@ class ShardReceiver:
     while done is None:
       done = self._perform(session.poll(self.clock()))
       if done is None:
-        got = self.endpoint.recv(max(session.round_deadline - self.clock(),
-                                     0.0))
+        deadline = session.round_deadline
+        assert self.endpoint is not None and deadline is not None  # begun
+        got = self.endpoint.recv(max(deadline - self.clock(), 0.0))
         if got is not None:
           done = self._perform(session.receive(got[1], self.clock()))
     return done.rows, done.codes
 
-  def figures(self):
+  def figures(self) -> dict[str, typing.Any]:
     """What the link carried: bytes and seconds per round."""
     return self.session.figures()
 
-  def close(self):
+  def close(self) -> None:
     if self.endpoint is not None:
       self.endpoint.close()
       self.endpoint = None
@@ -280,13 +305,17 @@ class _Agreement:
   """Steps 1, 3 and 4 of a round (the module docstring), the same calls on
   every verifier rank in the same order."""
 
-  def __init__(self, caps, executor, assemble):
+  def __init__(self, caps: hello.Capabilities, executor: rowops.Executor,
+               assemble: Assemble) -> None:
     self.caps = caps
     self.executor = executor
     self.assemble = assemble   # local block [R, D, w] -> global [R, D, n w]
     self.leader = jax.process_index() == 0
 
-  def expect(self, rids=(), tags=(), depth=0, stop=False):
+  def expect(self, rids: typing.Sequence[int] = (),
+             tags: typing.Sequence[typing.Sequence[int]] = (),
+             depth: int = 0, stop: bool = False
+             ) -> tuple[list[int], list[list[int]], int] | None:
     """Step 1: (rids, tags, depth) of the round, or None: stop."""
     r = self.caps.max_requests
     out = np.full((r, 3), -1, np.int64)
@@ -300,12 +329,15 @@ class _Agreement:
     n = int(head[0])
     return out[:n, 0].tolist(), out[:n, 1:].tolist(), int(head[1])
 
-  def agree(self, rows, codes, draws, depth):
+  def agree(self, rows: qformats.Rows, codes: np.ndarray,
+            draws: np.ndarray | None,
+            depth: int) -> tuple[np.ndarray, jax.Array]:
     """Steps 3-4: (codes int32[R, D] agreed by every rank, counts global
     int32[R, D, n w]). rows: this rank's Rows [R, D, w]; codes int32[R]:
     its own per-request verdict (0: its frame is in); draws uint32[R, D]
     (read on the leader only)."""
     r, w = self.caps.max_requests, self.caps.width
+    assert rows.values is not None   # dense q only
     mine = np.zeros(r, np.int32)
     mine[:len(codes)] = codes
     n_ok = (rows.n[:, :depth] == w).all(axis=1)
@@ -328,9 +360,9 @@ class _Agreement:
     token_codes = ranks.allgather(np.where(mine_tokens_ok, 0, int(
         Code.SAMPLING_MISMATCH)).astype(np.int32))
     values = self.assemble(np.ascontiguousarray(rows.values[:, :depth]))
-    counts, status, drawn = qcheck.check_dense(
+    counts, checked, audited = qcheck.check_dense(
         values, tokens, u, vocab=self.caps.vocab, executor=self.executor)
-    status, drawn = np.asarray(status), np.asarray(drawn)
+    status, drawn = np.asarray(checked), np.asarray(audited)
     row_codes = np.asarray(status_lib.codes(status.ravel())).reshape(
         status.shape)
     if all_audit[0, 0]:
@@ -343,7 +375,7 @@ class _Agreement:
     return row_codes, counts
 
 
-def _first_nonzero(codes):
+def _first_nonzero(codes: np.ndarray) -> np.ndarray:
   """Per column: the first nonzero code over the rows (0 if none)."""
   nonzero = codes != 0
   at = np.argmax(nonzero, axis=0)
@@ -362,17 +394,19 @@ class RankValidator(verifier.Validator):
   "vocab" (`sharding.from_blocks`). Dense q only.
   """
 
-  def __init__(self, caps, *, executor, assemble):
+  def __init__(self, caps: hello.Capabilities, *,
+               executor: rowops.Executor, assemble: Assemble) -> None:
     super().__init__(caps)
     self.agreement = _Agreement(caps, executor, assemble)
 
-  def example_q(self, depth):
+  def example_q(self, depth: int) -> verification.DenseQ:
     """The format's example q as the rounds hold it: this rank's block of
     every request's rows, assembled. Compiles and runs the collective
     check once on the way: a collective, so every rank calls it in the
     same order (`Verifier.warmup`)."""
     caps, agreement = self.caps, self.agreement
     full = caps.format.example_q(depth, caps.vocab, caps.max_support)
+    assert isinstance(full, verification.DenseQ)   # dense q only
     lo, hi = caps.link(jax.process_index()).shard_range
     r, w = caps.max_requests, caps.width
     blocks = np.zeros((r, depth, w), np.int32)
@@ -394,12 +428,13 @@ class RankRound(RankValidator, verifier.RoundHook):
   q (`ranks.PlanBroadcast(caps, counts=False)`). Dense q only.
   """
 
-  def __init__(self, caps, *, executor, assemble,
-               broadcast: ranks.PlanBroadcast):
+  def __init__(self, caps: hello.Capabilities, *,
+               executor: rowops.Executor, assemble: Assemble,
+               broadcast: ranks.PlanBroadcast) -> None:
     super().__init__(caps, executor=executor, assemble=assemble)
     self.broadcast = broadcast
 
-  def begin(self, exchange):
+  def begin(self, exchange: Exchange | None) -> None:
     """Step 1: the other ranks learn the round (or that it has no
     exchange: they skip theirs)."""
     if exchange is None:
@@ -409,18 +444,19 @@ class RankRound(RankValidator, verifier.RoundHook):
                                           for r in exchange.rids],
                           exchange.depth)
 
-  def warmup(self, rows, draws):
+  def warmup(self, rows: qformats.Rows, draws: np.ndarray | None) -> None:
     """Nothing to compile alone: the ranks compiled the collective check
     together (`example_q`, in `Verifier.warmup`)."""
     del rows, draws
 
-  def validate(self, effect, draws, exchange):
+  def validate(self, effect: Stage | Verify, draws: np.ndarray | None,
+               exchange: Exchange) -> qformats.Verdict | None:
     """Steps 3-4, on every exchange (the other ranks take part even when
     this one failed): the Verdict of a Stage, its counts the checked
     global q (never broadcast); None for a Verify."""
     staged = isinstance(effect, Stage)
-    codes = effect.codes if staged else np.maximum(
-        typing.cast(Verify, effect).plan.codes, 1).astype(np.int32)
+    codes = (effect.codes if isinstance(effect, Stage)
+             else np.maximum(effect.plan.codes, 1).astype(np.int32))
     row_codes, counts = self.agreement.agree(
         _padded(exchange.rows, self.caps.max_requests), codes, draws,
         exchange.depth)
@@ -428,24 +464,30 @@ class RankRound(RankValidator, verifier.RoundHook):
       return None
     return qformats.Verdict(counts, row_codes[:len(exchange.rids)])
 
-  def share(self, plan):
+  def share(self, plan: Plan | None) -> Plan:
     return self.broadcast.share(plan)
 
-  def stop(self):
+  def stop(self) -> None:
     """The other ranks' loop (`follow_rounds`) ends."""
     self.agreement.expect(stop=True)
 
 
-def _padded(rows, r):
+def _padded(rows: qformats.Rows, r: int) -> qformats.Rows:
   """Rows [R', D, ...] padded with zero rows to [r, D, ...] (R' <= r)."""
   if rows.tokens.shape[0] == r:
     return rows
-  return type(rows)(*[None if a is None else np.concatenate(
-      [a, np.zeros((r - a.shape[0],) + a.shape[1:], a.dtype)])
-                      for a in rows])
+
+  def pad(a: np.ndarray) -> np.ndarray:
+    return np.concatenate(
+        [a, np.zeros((r - a.shape[0],) + a.shape[1:], a.dtype)])
+
+  return qformats.Rows(pad(rows.tokens), pad(rows.n),
+                       None if rows.ids is None else pad(rows.ids),
+                       None if rows.values is None else pad(rows.values))
 
 
-def follow_rounds(follower, receiver, executor, assemble):
+def follow_rounds(follower: verifier.Verifier, receiver: ShardReceiver,
+                  executor: rowops.Executor, assemble: Assemble) -> int:
   """Verifier rank s >= 1: the rounds the leader runs, until it stops.
 
   follower: this rank's `Verifier` (no transport; its sharer a
@@ -464,5 +506,6 @@ def follow_rounds(follower, receiver, executor, assemble):
     if rids:
       rows, codes = receiver.collect(rids, tags, depth)
       _, counts = agreement.agree(rows, codes, None, depth)
+    assert follower.sharer is not None   # a follower gets the leader's plans
     follower.apply(follower.sharer.share(None)._replace(counts=counts))
     rounds += 1

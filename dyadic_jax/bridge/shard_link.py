@@ -42,7 +42,7 @@ from dyadic_jax.bridge.effects import Message, Send
 from dyadic_jax.bridge.verifier_session import VerifierSession
 from dyadic_jax.bridge.worker_session import WorkerSession
 from dyadic_jax.wire import auth, codec, layouts, qformats
-from dyadic_jax.wire.errors import Code, ProtocolError
+from dyadic_jax.wire.refusals import Code, ProtocolError
 
 
 class Collected(typing.NamedTuple):
@@ -165,14 +165,14 @@ class ShardLinkSession:
   def _confirm(self) -> Send:
     """The session's first authenticated frame to the worker rank (a
     RESET of no request): it makes the session the link's."""
+    session, keys = self.hello_session.open_keys()
     return Send(codec.encode(
-        layouts.Kind.RESET, session=self.hello_session.session,
-        generation=0, round_id=0,
-        send=self.hello_session.keys.send,
+        layouts.Kind.RESET, session=session, generation=0, round_id=0,
+        send=keys.send,
         body={"request": layouts.ALL_REQUESTS,
               "reason": layouts.Reason.CANCEL}))
 
-  def _frames(self, message):
+  def _frames(self, message: Message) -> list[memoryview]:
     try:
       return codec.split(message, max_frames=self.caps.max_requests,
                          max_bytes=self.caps.bounds.max_reply_message)
@@ -180,15 +180,16 @@ class ShardLinkSession:
       self.counters.reject(e.code, f"shard {self.caps.shard} message")
       return []
 
-  def _frame(self, frame):
+  def _frame(self, frame: memoryview) -> None:
     """Stages one frame of the round, or counts why not."""
     shard, rnd = self.caps.shard, self._round
+    assert rnd is not None        # `receive` stages frames of a round only
     try:
       h = codec.header(frame)
       if h.session != self.session:
         raise ProtocolError(Code.UNKNOWN_SESSION, f"session {h.session}")
       f = codec.decode(frame, self.caps.bounds,
-                       self.hello_session.keys.recv)
+                       self.hello_session.open_keys()[1].recv)
       if f.kind != layouts.Kind.REPLY:
         raise ProtocolError(Code.BAD_SEQUENCE, f"{f.kind.name} on a shard "
                             "link")
@@ -207,8 +208,9 @@ class ShardLinkSession:
                 getattr(f.rows, name))
     rnd.codes[i] = 0
 
-  def _end(self, now):
+  def _end(self, now: float) -> Collected:
     rnd, self._round = self._round, None
+    assert rnd is not None        # `receive` and `poll` end a round only
     codes = rnd.codes
     self._silent = bool((codes == Code.TIMEOUT).all())
     self.seconds.append(now - rnd.start)
@@ -239,7 +241,7 @@ class ShardSourceSession:
   """Worker rank s's end of its shard link (see the module docstring)."""
 
   def __init__(self, caps: hello.Capabilities, *, secret: bytes | None,
-               counters: Counters | None = None):
+               counters: Counters | None = None) -> None:
     self.caps = caps
     self.counters = counters or Counters(f"worker rank {caps.shard}")
     self.worker = WorkerSession(caps, secret=secret, counters=self.counters)

@@ -33,7 +33,9 @@ import typing
 import zmq
 from zmq.utils import z85
 
-from dyadic_jax.wire.errors import Code
+from dyadic_jax.bridge.counters import Counters
+from dyadic_jax.bridge.effects import Message
+from dyadic_jax.wire.refusals import Code
 
 COPY_THRESHOLD = 64 * 1024   # smaller parts are cheaper to copy than to track
 # ZMQ_MAXMSGSIZE bounds ZMTP frames, and under CURVE a message travels
@@ -44,14 +46,14 @@ HWM = 8                      # messages queued per peer and direction
 HELLO_MESSAGE = 4096         # the verifier's bound before its session opens
 
 
-def _context():
+def _context() -> zmq.Context:
   return zmq.Context.instance()
 
 
 class _Zap(threading.Thread):
   """A ZAP handler (RFC 27) that admits one CURVE client key, no other."""
 
-  def __init__(self, context, client_public):
+  def __init__(self, context: zmq.Context, client_public: bytes) -> None:
     super().__init__(daemon=True, name="bridge-zap")
     self._key = z85.decode(client_public)
     self._socket = context.socket(zmq.REP)
@@ -60,7 +62,7 @@ class _Zap(threading.Thread):
     self._halt = threading.Event()
     self.start()
 
-  def run(self):
+  def run(self) -> None:
     while not self._halt.is_set():
       if not self._socket.poll(50):
         continue
@@ -74,7 +76,7 @@ class _Zap(threading.Thread):
           b"OK" if ok else b"unknown key", b"", b""])
     self._socket.close(linger=0)
 
-  def stop(self):
+  def stop(self) -> None:
     self._halt.set()
     self.join(1.0)
 
@@ -87,8 +89,9 @@ class Curve:
   public key (the worker admits it alone).
   """
 
-  def __init__(self, *, public_key, secret_key, server_public,
-               client_public=None):
+  def __init__(self, *, public_key: bytes, secret_key: bytes,
+               server_public: bytes, client_public: bytes | None = None
+               ) -> None:
     self.public_key = public_key
     self.secret_key = secret_key
     self.server_public = server_public
@@ -98,8 +101,9 @@ class Curve:
 class Endpoint:
   """One socket: `bind` (worker, ROUTER) or `connect` (verifier, DEALER)."""
 
-  def __init__(self, socket, address, routed, counters=None, zap=None,
-               context=None):
+  def __init__(self, socket: zmq.Socket, address: str, routed: bool,
+               counters: Counters | None = None, zap: _Zap | None = None,
+               context: zmq.Context | None = None) -> None:
     self.socket = socket
     self.address = address
     self._routed = routed
@@ -108,7 +112,8 @@ class Endpoint:
     self._context = context     # a CURVE endpoint's own (its ZAP handler)
 
   @staticmethod
-  def _options(socket, max_message, curve=None):
+  def _options(socket: zmq.Socket, max_message: int,
+               curve: "Curve | None" = None) -> None:
     if curve is not None:
       max_message += CURVE_SLACK
     socket.setsockopt(zmq.LINGER, 0)
@@ -118,7 +123,7 @@ class Endpoint:
 
   @classmethod
   def bind(cls, address: str, *, max_message: int, curve: "Curve | None" = None,
-           counters: typing.Any = None) -> "Endpoint":
+           counters: Counters | None = None) -> "Endpoint":
     """A ROUTER bound at `address`; tcp port 0 picks a free port.
 
     max_message: the largest message part accepted (ZMQ_MAXMSGSIZE).
@@ -130,6 +135,7 @@ class Endpoint:
     socket.setsockopt(zmq.ROUTER_MANDATORY, 1)
     zap = None
     if curve is not None:
+      assert context is not None and curve.client_public is not None
       zap = _Zap(context, curve.client_public)
       socket.setsockopt(zmq.ZAP_DOMAIN, b"dyadic-bridge")
       socket.curve_secretkey = curve.secret_key
@@ -154,7 +160,7 @@ class Endpoint:
   @classmethod
   def connect(cls, address: str, *, max_message: int,
               curve: "Curve | None" = None,
-              counters: typing.Any = None) -> "Endpoint":
+              counters: Counters | None = None) -> "Endpoint":
     """A DEALER connected to `address` (reconnects by itself)."""
     socket = _context().socket(zmq.DEALER)
     cls._options(socket, max_message, curve)
@@ -166,12 +172,12 @@ class Endpoint:
     socket.connect(address)
     return cls(socket, address, False, counters)
 
-  def _event(self, name):
+  def _event(self, name: str) -> None:
     if self.counters is not None:
       self.counters.event(name)
 
-  def send(self, message: typing.Any,
-           peer: bytes | None = None) -> tuple[bool, typing.Any]:
+  def send(self, message: Message, peer: bytes | None = None
+           ) -> tuple[bool, zmq.MessageTracker | None]:
     """Sends one message (one part) without blocking.
 
     Returns (sent, tracker): sent is False when ZeroMQ could not take it
@@ -181,7 +187,7 @@ class Endpoint:
     big = len(memoryview(message)) >= COPY_THRESHOLD
     try:
       if self._routed:
-        self.socket.send(peer, zmq.SNDMORE | zmq.DONTWAIT)
+        self.socket.send(typing.cast(bytes, peer), zmq.SNDMORE | zmq.DONTWAIT)
       tracker = self.socket.send(message, zmq.DONTWAIT, copy=not big,
                                  track=big)
     except zmq.ZMQError:

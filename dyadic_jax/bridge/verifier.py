@@ -42,17 +42,32 @@ import numpy as np
 
 from dyadic_jax import rng, verification
 from dyadic_jax.bridge import audit as audit_lib
-from dyadic_jax.bridge import transport
-from dyadic_jax.bridge.effects import Plan, Stage, Verify
+from dyadic_jax.bridge import hello, transport
+from dyadic_jax.bridge.counters import Counters
+from dyadic_jax.bridge.deadline import AdaptiveDeadline
+from dyadic_jax.bridge.effects import Plan, Send, Stage, Verify
 from dyadic_jax.bridge.verifier_session import (Exchange, Request,
                                                 RoundResult, VerifierSession)
 from dyadic_jax.errors import raise_for_status
 from dyadic_jax.wire import qformats
 from dyadic_jax.wire import status as status_lib
-from dyadic_jax.wire.errors import Code, ProtocolError
+from dyadic_jax.wire.refusals import Code, ProtocolError
 
 __all__ = ["Outcome", "PlanSharer", "Request", "RoundHook", "RoundResult",
            "Validator", "Verifier", "greedy_verify"]
+
+
+# target_fn(prefix, draft): float32[len(draft) + 1, V] target logits.
+TargetFn = typing.Callable[[np.ndarray, np.ndarray], jax.Array]
+# verify_fn(target_logits, q, draft, keys, anchors) -> (accepted, token,
+# status): `dyadic_jax.verify_batch`, or the sharded one.
+VerifyFn = typing.Callable[
+    [jax.typing.ArrayLike, qformats.Q, jax.typing.ArrayLike, jax.Array,
+     jax.typing.ArrayLike],
+    tuple[jax.Array, jax.Array, jax.Array]]
+# sample_fn(logits, key) -> (token, status): the target alone.
+SampleFn = typing.Callable[[jax.Array, jax.Array],
+                           tuple[jax.Array, jax.Array]]
 
 
 class Outcome(typing.NamedTuple):
@@ -62,7 +77,8 @@ class Outcome(typing.NamedTuple):
   code: int = 0       # nonzero: verification refused, a counted fallback
 
 
-def greedy_verify(target_logits, draft_tokens):
+def greedy_verify(target_logits: jax.typing.ArrayLike,
+                  draft_tokens: np.ndarray) -> tuple[int, int]:
   """Greedy point-mass verification: accept while x_i is the target argmax."""
   best = np.argmax(np.asarray(target_logits), axis=-1)
   accepted = 0
@@ -76,7 +92,7 @@ class Validator:
   """Judges a round's answer: the q format's kernel on the staged rows (the
   dense batch in one jitted pass) and the sampling audit."""
 
-  def __init__(self, caps):
+  def __init__(self, caps: hello.Capabilities) -> None:
     self.caps = caps
 
   def warmup(self, rows: qformats.Rows, draws: np.ndarray | None) -> None:
@@ -84,7 +100,7 @@ class Validator:
     self.caps.format.validate(rows, vocab=self.caps.vocab, draws=draws,
                               device=True)
 
-  def example_q(self, depth: int) -> typing.Any:
+  def example_q(self, depth: int) -> qformats.Q:
     """A valid q of a full batch ([max_requests, depth, ...]) as the rounds
     hand it to `verify_fn`, for compile warm-up: the q format's
     `example_q`, once per request (None: a format without q)."""
@@ -131,12 +147,22 @@ class RoundHook:
 class Verifier:
   """Drives rounds against one worker; owns the requests' committed state."""
 
-  def __init__(self, caps, address, *, target_fn, secret,
-               verify_fn=verification.verify_batch,
-               sample_fn=verification.sample_target, timeout_s=2.0,
-               counters=None, clock=time.monotonic, sharer=None,
-               request_factory=None, sampling_audit=True, curve=None,
-               connect=None, deadline=None, validator=None, hooks=()):
+  def __init__(
+      self, caps: hello.Capabilities, address: str | None, *,
+      target_fn: TargetFn,
+      secret: bytes | None, verify_fn: VerifyFn = verification.verify_batch,
+      sample_fn: SampleFn = verification.sample_target,
+      timeout_s: float = 2.0, counters: Counters | None = None,
+      clock: typing.Callable[[], float] = time.monotonic,
+      sharer: PlanSharer | None = None,
+      request_factory: typing.Callable[
+          [int], tuple[typing.Sequence[int], int]] | None = None,
+      sampling_audit: bool = True, curve: transport.Curve | None = None,
+      connect: typing.Callable[[str | None, int], transport.Endpoint]
+      | None = None,
+      deadline: AdaptiveDeadline | None = None,
+      validator: Validator | None = None,
+      hooks: typing.Iterable[RoundHook] = ()) -> None:
     """secret: the deployment secret (32 bytes; `bridge.keys`), or None
     (`--insecure`). sampling_audit: recompute every drafted token from its
     q and the PROPOSAL key (off: `--no_sampling_audit`). curve: CURVE keys
@@ -165,29 +191,33 @@ class Verifier:
     self.session = VerifierSession(caps, secret=secret, timeout_s=timeout_s,
                                    audit=sampling_audit, counters=counters)
     self._connect = connect or self._zmq_connect
-    self.endpoint = None
+    self.endpoint: transport.Endpoint | None = None
     self._bound = 0
     self._warm = False
     # Per exchange: seconds from its STEP to its answer (or its deadline),
     # before validation: what the link took.
-    self.seconds = []
+    self.seconds: list[float] = []
 
   # -- plumbing --------------------------------------------------------------
 
   @property
-  def counters(self):
+  def counters(self) -> Counters:
     return self.session.counters
 
   @property
-  def requests(self):
+  def requests(self) -> dict[int, Request]:
     return self.session.requests
 
-  def _zmq_connect(self, address, max_message):
+  def _zmq_connect(self, address: str | None,
+                   max_message: int) -> transport.Endpoint:
+    if address is None:
+      raise ValueError("Verifier: no worker address (a follower rank never "
+                       "connects)")
     return transport.Endpoint.connect(address, max_message=max_message,
                                       curve=self.curve,
                                       counters=self.counters)
 
-  def _endpoint(self, max_message):
+  def _endpoint(self, max_message: int) -> transport.Endpoint:
     if self.endpoint is None or self._bound < max_message:
       if self.endpoint is not None:
         self.endpoint.close()
@@ -195,7 +225,7 @@ class Verifier:
       self._bound = max_message
     return self.endpoint
 
-  def _send(self, send):
+  def _send(self, send: Send | None) -> bool:
     if send is None or self.endpoint is None:
       return False
     sent, _ = self.endpoint.send(send.message)
@@ -213,12 +243,12 @@ class Verifier:
     """
     session = self.session
     # Before a session is open only HELLO-sized messages are accepted.
-    self._endpoint(transport.HELLO_MESSAGE)
+    endpoint = self._endpoint(transport.HELLO_MESSAGE)
     for _ in range(attempts):
       self._send(session.hello(self.clock()))
       deadline = self.clock() + self.timeout_s
       while (left := deadline - self.clock()) > 0:
-        got = self.endpoint.recv(left)
+        got = endpoint.recv(left)
         if got is None:
           continue
         session.receive(got[1], self.clock())
@@ -340,6 +370,7 @@ class Verifier:
     effects = [] if sent else session.poll(math.inf)
     while not effects:
       left = exchange.deadline - self.clock()
+      assert self.endpoint is not None    # `sent` went through it
       got = self.endpoint.recv(left) if left > 0 else None
       effects = (session.receive(got[1], self.clock()) if got is not None
                  else session.poll(self.clock()))
@@ -410,7 +441,7 @@ class Verifier:
         outcomes[i] = out
     return outcomes
 
-  def _verify(self, plan, rows):
+  def _verify(self, plan: Plan, rows: list[int]) -> list[Outcome]:
     """Outcomes of the plan rows `rows` (validated q): one `verify_fn` call
     for all of them, padded to max_requests rows (one compiled shape)."""
     reqs = [self.requests[int(plan.rids[i])] for i in rows]
@@ -424,17 +455,19 @@ class Verifier:
     pad = list(rows) + [rows[0]] * (self.caps.max_requests - len(rows))
     idx = np.asarray(pad)
     fmt = self.caps.format
-    counts = plan.counts if pad == list(range(len(plan.rids))) else (
-        plan.counts[idx])
+    counts = plan.counts
+    if pad != list(range(len(plan.rids))):
+      assert counts is not None     # sampled rows carry their counts
+      counts = counts[idx]
     q = fmt.to_q(counts, plan.take(idx))
     keys = jnp.stack([rng.round_key(req.seed, *_tag(plan, i))
                       for req, i in zip(reqs, rows)]
                      + [rng.round_key(0, 0, 0)] * (len(pad) - len(rows)))
     anchors = np.asarray([req.anchor for req in reqs]
                          + [0] * (len(pad) - len(rows)), np.int64)
-    logits = np.stack(logits + [logits[0]] * (len(pad) - len(rows)))
+    batch = np.stack(logits + [logits[0]] * (len(pad) - len(rows)))
     accepted, tokens, status = (
-        np.asarray(a) for a in self.verify_fn(logits, q, draft[idx],
+        np.asarray(a) for a in self.verify_fn(batch, q, draft[idx],
                                               keys, anchors))
     outcomes = []
     for j, (req, i) in enumerate(zip(reqs, rows)):
@@ -451,7 +484,7 @@ class Verifier:
         outcomes.append(Outcome(int(accepted[j]), int(tokens[j])))
     return outcomes
 
-  def _target_only(self, req, tag):
+  def _target_only(self, req: Request, tag: tuple[int, int]) -> int:
     """The fallback: one token from the target alone (TARGET_ONLY key)."""
     logits = self.target_fn(np.asarray(req.tokens, np.int32),
                             np.zeros(0, np.int32))
@@ -461,10 +494,10 @@ class Verifier:
     raise_for_status("sample_fn", row_status)
     return int(token)
 
-  def log(self):
+  def log(self) -> None:
     logging.info("verifier counters: %s", self.counters.snapshot())
 
 
-def _tag(plan, i):
+def _tag(plan: Plan, i: int) -> tuple[int, int]:
   """(generation, round) of plan row i."""
   return int(plan.tags[i, 0]), int(plan.tags[i, 1])

@@ -46,14 +46,15 @@ import os
 import typing
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from dyadic_jax.bridge import digest as digest_lib
 from dyadic_jax.bridge import hello, staging
 from dyadic_jax.bridge.counters import Counters
-from dyadic_jax.bridge.effects import Plan, Send, Stage, Verify
+from dyadic_jax.bridge.effects import Counts, Plan, Send, Stage, Verify
 from dyadic_jax.wire import auth, codec, layouts, qformats
-from dyadic_jax.wire.errors import Code, ProtocolError
 from dyadic_jax.wire.layouts import ALL_REQUESTS, Kind, Policy, Reason
+from dyadic_jax.wire.refusals import Code, ProtocolError
 
 _U32 = (1 << 32) - 1
 _U64 = (1 << 64) - 1
@@ -65,14 +66,14 @@ class Request:
   """One request's committed state on the verifier (the source of truth)."""
   rid: int
   seed: int
-  tokens: list                 # committed tokens, prompt first
+  tokens: list[int]            # committed tokens, prompt first
   generation: int = 0
   round: int = 0
   context_version: int = 0
   digest: bytes = b""
 
   @property
-  def anchor(self):
+  def anchor(self) -> int:
     return len(self.tokens)
 
 
@@ -83,7 +84,7 @@ class RoundResult:
   generation: int
   round: int
   anchor: int
-  committed: tuple             # tokens appended to the request, in order
+  committed: tuple[int, ...]   # tokens appended to the request, in order
   accepted: int                # drafted tokens among them
   fallback: bool               # True: proposal discarded, target-only token
   code: Code | None            # why it was discarded
@@ -93,7 +94,9 @@ class Exchange:
   """The round in flight: its tags, deadline and per-request outcome (what
   a driver's round hook is shown when its STEP is made: read only)."""
 
-  def __init__(self, rids, tags, depth, deadline, slot):
+  def __init__(self, rids: typing.Sequence[int],
+               tags: dict[int, tuple[int, int]], depth: int, deadline: float,
+               slot: staging.Slot) -> None:
     self.rids = list(rids)
     self.index = {rid: i for i, rid in enumerate(rids)}
     self.tags = tags              # rid -> (generation, round)
@@ -107,11 +110,13 @@ class Exchange:
     self.staging = False          # a Stage was handed out: await `staged`
 
   @property
-  def complete(self):
+  def complete(self) -> bool:
     return bool(self.answered.all())
 
 
-def empty_plan(caps, rids, tags, codes, depth):
+def empty_plan(caps: hello.Capabilities, rids: typing.Sequence[int],
+               tags: typing.Sequence[tuple[int, int]], codes: ArrayLike,
+               depth: int) -> Plan:
   """A Plan of R requests with zero drafts and no q (codes say what to do)."""
   r = len(rids)
   ids = (np.zeros((r, depth, caps.width), np.int32) if caps.format.has_ids
@@ -129,7 +134,7 @@ class VerifierSession:
   def __init__(self, caps: hello.Capabilities, *, secret: bytes | None,
                timeout_s: float = 2.0, audit: bool = True,
                entropy: typing.Callable[[int], bytes] = os.urandom,
-               counters: Counters | None = None):
+               counters: Counters | None = None) -> None:
     """caps: this side's Capabilities; secret: the deployment secret (32
     bytes) or None (`--insecure`); timeout_s: an exchange's deadline;
     audit: ask for the sampling audit in every Stage; entropy(n): n fresh
@@ -142,22 +147,29 @@ class VerifierSession:
     self._secret = secret
     self._entropy = entropy
     self._hello_keys = auth.hello_keys(secret, auth.VERIFIER)
-    self.keys: typing.Any = None          # auth.Keys of the open session
+    self.keys: auth.Keys | None = None    # of the open session
     self.state = CLOSED
-    self.session: typing.Any = None       # its id (int), once a HELLO left
-    self._nonce: typing.Any = None
-    self.refused: typing.Any = None       # the Code of a refused HELLO
+    self.session: int | None = None       # its id, once a HELLO left
+    self._nonce: bytes | None = None
+    self.refused: Code | None = None      # the Code of a refused HELLO
     self.requests: dict[int, Request] = {}
     self._retired: dict[int, int] = {}    # removed rid -> next generation
     self.exchange: Exchange | None = None   # the round in flight
-    self.slots: typing.Any = None         # allocated once a HELLO agrees
+    # Allocated once a HELLO agrees.
+    self.slots: list[staging.Slot] | None = None
     self._next_slot = 0
     self.max_message = self.bounds.max_reply_message
     self.max_frames = 2 * caps.max_requests
 
   @property
-  def is_open(self):
+  def is_open(self) -> bool:
     return self.state == OPEN
+
+  def open_keys(self) -> tuple[int, auth.Keys]:
+    """(session id, keys) of the open session (RuntimeError: none is)."""
+    if self.session is None or self.keys is None:
+      raise RuntimeError(f"no open session ({self.state})")
+    return self.session, self.keys
 
   # -- requests --------------------------------------------------------------
 
@@ -192,21 +204,22 @@ class VerifierSession:
     self.counters.event("resets")
     return self._reset_message(targets, Reason.CANCEL)
 
-  def _bump(self, req):
+  def _bump(self, req: Request) -> None:
     if req.generation >= _U32:
       raise RuntimeError(f"request {req.rid}: generations exhausted")
     req.generation, req.round = req.generation + 1, 0
 
-  def _reset_message(self, rids, reason):
+  def _reset_message(self, rids: list[int], reason: Reason) -> Send | None:
     if not self.is_open or not rids:
       return None
+    session, keys = self.open_keys()
     frames = []
     for r in rids:
       generation = (self.requests[r].generation if r in self.requests
                     else self._retired.get(r, 0))
       frames.append(codec.encode(
-          Kind.RESET, session=self.session, generation=generation,
-          round_id=0, send=self.keys.send,
+          Kind.RESET, session=session, generation=generation,
+          round_id=0, send=keys.send,
           body={"request": r, "reason": reason}))
     return Send(b"".join(frames))
 
@@ -215,7 +228,7 @@ class VerifierSession:
   def hello(self, now: float = 0.0) -> Send:
     """The HELLO to send (again): a new session when none is opening."""
     del now
-    if self.state != OPENING:
+    if self.state != OPENING or self.session is None or self._nonce is None:
       self.session = int.from_bytes(self._entropy(8), "little")
       self._nonce = bytes(self._entropy(layouts.NONCE_BYTES))
       self.state, self.keys, self.refused = OPENING, None, None
@@ -234,7 +247,7 @@ class VerifierSession:
     """The transport is gone: the next round opens a new session."""
     self.state, self.keys = CLOSED, None
 
-  def _opening(self, frames):
+  def _opening(self, frames: list[memoryview]) -> None:
     if len(frames) != 1:
       self.counters.reject(Code.BAD_SEQUENCE, "answer to HELLO")
       return
@@ -260,6 +273,7 @@ class VerifierSession:
     if f.kind != Kind.HELLO:
       self.counters.reject(Code.BAD_SEQUENCE, f"{f.kind.name} to HELLO")
       return
+    assert self.session is not None and self._nonce is not None  # OPENING
     keys = auth.session_keys(self._secret, self.session, self._nonce,
                              f.body.nonce, auth.VERIFIER)
     if not auth.check(frame, keys.recv):
@@ -291,19 +305,21 @@ class VerifierSession:
                        f"{self.caps.max_requests}] and depth {depth} in "
                        f"[1, {self.caps.max_depth}] needed")
     reqs = [self.requests[r] for r in rids]
-    tags = {}
+    tags: dict[int, tuple[int, int]] = {}
     for req in reqs:
       if req.round >= _U32:
         self._bump(req)
       req.round += 1
       tags[req.rid] = (req.generation, req.round)
+    assert self.slots is not None   # allocated when the session opened
+    session, keys = self.open_keys()
     slot = self.slots[self._next_slot]
     self._next_slot = (self._next_slot + 1) % len(self.slots)
     self.exchange = Exchange(rids, tags, depth, now + self.timeout_s, slot)
     policy = Policy.GREEDY if self.caps.greedy else Policy.SAMPLED
     message = b"".join(codec.encode(
-        Kind.STEP, session=self.session, generation=req.generation,
-        round_id=req.round, send=self.keys.send, body={
+        Kind.STEP, session=session, generation=req.generation,
+        round_id=req.round, send=keys.send, body={
             "request": req.rid, "depth": depth, "policy": policy,
             "last_token": req.tokens[-1], "seed": req.seed,
             "anchor": req.anchor, "context_version": req.context_version,
@@ -327,7 +343,7 @@ class VerifierSession:
   def fallback(self, rids: typing.Sequence[int], code: int) -> Verify:
     """A round with no exchange (no session): every request falls back."""
     reqs = [self.requests[int(r)] for r in rids]
-    tags = []
+    tags: list[tuple[int, int]] = []
     for req in reqs:
       if req.round >= _U32:
         self._bump(req)
@@ -336,7 +352,7 @@ class VerifierSession:
     return Verify(empty_plan(self.caps, [q.rid for q in reqs], tags,
                              [int(code)] * len(reqs), self.caps.max_depth))
 
-  def receive(self, message: typing.Any,
+  def receive(self, message: layouts.Buffer,
               now: float = 0.0) -> list[Stage | Verify]:
     """Handles one received message; returns [], [Stage] or [Verify]."""
     self.counters.event("bytes_in", len(message))
@@ -360,7 +376,8 @@ class VerifierSession:
     if any(h.session != self.session for h in headers):
       self.counters.reject(Code.UNKNOWN_SESSION, "frame of another session")
       return []
-    if not all(auth.check(f, self.keys.recv) for f in frames):
+    _, keys = self.open_keys()
+    if not all(auth.check(f, keys.recv) for f in frames):
       if len(frames) == 1 and headers[0].kind == Kind.RESET and auth.check(
           frames[0], self._hello_keys.recv):
         return self._refusal(frames[0], headers[0], now)
@@ -372,7 +389,8 @@ class VerifierSession:
     self._frames(frames, headers)
     return self._progress(now)
 
-  def _refusal(self, frame, header, now):
+  def _refusal(self, frame: memoryview, header: layouts.Header,
+               now: float) -> list[Stage | Verify]:
     try:
       body = codec.decode(frame, codec.HELLO_BOUNDS).body
     except ProtocolError as e:
@@ -397,7 +415,7 @@ class VerifierSession:
       ex.answered[i], ex.codes[i] = True, code
     return self._progress(now)
 
-  def _classify(self, rid, tag):
+  def _classify(self, rid: int, tag: tuple[int, int]) -> Code | None:
     """None if `tag` is this exchange's tag of `rid`, else the refusal."""
     ex = self.exchange
     want = None if ex is None else ex.tags.get(rid)
@@ -415,7 +433,7 @@ class VerifierSession:
       return Code.STALE_GENERATION
     return None if tag == want else Code.DUPLICATE_ROUND
 
-  def _late(self, tag):
+  def _late(self, tag: tuple[int, int]) -> Code | None:
     """STALE_GENERATION / DUPLICATE_ROUND if `tag` is no request's current
     tag but an older one of some request in flight; else None."""
     ex = self.exchange
@@ -427,14 +445,16 @@ class VerifierSession:
     older = [c for c in codes if c != Code.BAD_SEQUENCE]
     return older[0] if older else None
 
-  def _fail(self, i, code, detail):
+  def _fail(self, i: int, code: int, detail: str) -> None:
     ex = self.exchange
+    assert ex is not None
     self.counters.reject(code, detail)
     ex.answered[i], ex.codes[i] = True, code
 
-  def _frames(self, frames, headers):
+  def _frames(self, frames: list[memoryview],
+              headers: list[layouts.Header]) -> None:
     """Groups an authenticated message into (REPLY?, COMPLETION) answers."""
-    decoded = []
+    decoded: list[tuple[codec.Frame | None, int | None]] = []
     for frame, h in zip(frames, headers):
       try:
         decoded.append((codec.decode(frame, self.bounds), None))
@@ -442,16 +462,16 @@ class VerifierSession:
         decoded.append((None, e.code))
     i = 0
     while i < len(decoded):
-      frame, code = decoded[i]
+      got, code = decoded[i]
       kind = headers[i].kind
       if kind == Kind.REPLY and i + 1 < len(decoded) and (
           headers[i + 1].kind == Kind.COMPLETION):
-        reply, reply_code = frame, code
+        reply, reply_code = got, code
         done, done_code = decoded[i + 1]
         i += 2
       elif kind == Kind.COMPLETION:
         reply, reply_code = None, None
-        done, done_code = frame, code
+        done, done_code = got, code
         i += 1
       else:
         self._broken(Code.BAD_SEQUENCE, headers[i], "rows without COMPLETION"
@@ -460,9 +480,10 @@ class VerifierSession:
       if done_code is not None:
         self._broken(done_code, headers[i - 1], "COMPLETION")
         return
+      assert done is not None       # decoded (no code)
       self._answer(reply, reply_code, done)
 
-  def _broken(self, code, header, detail):
+  def _broken(self, code: int, header: layouts.Header, detail: str) -> None:
     """An authenticated frame that cannot be attributed to one request:
     it fails every unanswered request of this exchange it claims."""
     late = self._late((header.generation, header.round))
@@ -474,7 +495,8 @@ class VerifierSession:
     for i in np.flatnonzero(~ex.answered):
       ex.answered[i], ex.codes[i] = True, code
 
-  def _answer(self, reply, reply_code, done):
+  def _answer(self, reply: codec.Frame | None, reply_code: int | None,
+              done: codec.Frame) -> None:
     body = done.body
     rid, tag = body.request, done.tag
     code = self._classify(rid, tag)
@@ -486,6 +508,7 @@ class VerifierSession:
         if not ex.answered[i]:
           ex.answered[i], ex.codes[i] = True, code
       return
+    assert ex is not None         # the tag is this exchange's (_classify)
     i = ex.index[rid]
     if ex.answered[i]:          # the same exchange answered twice (a retry)
       self.counters.reject(Code.DUPLICATE_ROUND, f"second reply of {rid}")
@@ -512,15 +535,16 @@ class VerifierSession:
     else:
       rows = ex.rows
       got = reply.rows
+      assert got is not None        # a decoded REPLY has its rows
       rows.tokens[i] = got.tokens
       rows.n[i] = got.n
-      if got.ids is not None:
+      if got.ids is not None and rows.ids is not None:
         rows.ids[i] = got.ids
-      if got.values is not None:
+      if got.values is not None and rows.values is not None:
         rows.values[i] = got.values
       ex.answered[i] = True
 
-  def _progress(self, now):
+  def _progress(self, now: float) -> list[Stage | Verify]:
     ex = self.exchange
     if ex is None:
       return []
@@ -568,8 +592,9 @@ class VerifierSession:
                      f"{bad[0]}")
     return self._verify(verdict.counts)
 
-  def _verify(self, counts=None):
+  def _verify(self, counts: Counts = None) -> Verify:
     ex = self.exchange
+    assert ex is not None
     self.exchange = None
     reqs = [self.requests[r] for r in ex.rids]
     plan = empty_plan(self.caps, ex.rids, [ex.tags[q.rid] for q in reqs],
@@ -579,7 +604,7 @@ class VerifierSession:
       rows = plan.rows
       rows.tokens[ok] = ex.rows.tokens[ok]
       rows.n[ok] = ex.rows.n[ok]
-      if rows.ids is not None:
+      if rows.ids is not None and ex.rows.ids is not None:
         rows.ids[ok] = ex.rows.ids[ok]
       # Counts stay as validated (a JAX array, perhaps split over a mesh):
       # only the rows of requests whose code is 0 are ever read.
@@ -596,7 +621,8 @@ class VerifierSession:
     verification's own refusal) is. A follower rank (no session) applies
     the same and sends nothing.
     """
-    results, frames = [], []
+    results: list[RoundResult] = []
+    frames: list[bytes] = []
     for i, outcome in enumerate(outcomes):
       accepted, token = outcome[0], outcome[1]
       refused = int(outcome[2]) if len(outcome) > 2 else 0
@@ -622,9 +648,10 @@ class VerifierSession:
                            accepted, bool(code), Code(code) if code else None)
       results.append(result)
       if self.is_open:
+        session, keys = self.open_keys()
         frames.append(codec.encode(
-            Kind.COMMIT, session=self.session, generation=tag[0],
-            round_id=tag[1], send=self.keys.send, body={
+            Kind.COMMIT, session=session, generation=tag[0],
+            round_id=tag[1], send=keys.send, body={
                 "request": req.rid, "accepted": accepted, "status": code,
                 "fallback": int(bool(code)), "next_token": committed[-1],
                 "new_position": anchor + len(committed)}))

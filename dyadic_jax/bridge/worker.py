@@ -18,13 +18,18 @@ import time
 import typing
 
 from absl import logging
+import zmq
 
 from dyadic_jax.bridge import hello
 from dyadic_jax.bridge.counters import Counters
 from dyadic_jax.bridge.effects import Propose, Send
 from dyadic_jax.bridge.transport import Curve, Endpoint
 from dyadic_jax.bridge.worker_session import WorkerSession
-from dyadic_jax.wire.errors import Code
+from dyadic_jax.wire import layouts
+from dyadic_jax.wire.refusals import Code
+
+if typing.TYPE_CHECKING:     # the proposer is JAX's; this driver is not
+  from dyadic_jax.bridge import proposer
 
 
 class DrawHook:
@@ -43,9 +48,10 @@ class Worker:
   """Serves proposals for a verifier. Not thread safe: one loop owns it."""
 
   def __init__(self, caps: hello.Capabilities,
-               propose_fn: typing.Callable[..., typing.Any], *,
+               propose_fn: "proposer.Proposer", *,
                secret: bytes | None, counters: Counters | None = None,
-               max_views: int = 4096, draw_hook: DrawHook | None = None):
+               max_views: int = 4096,
+               draw_hook: DrawHook | None = None) -> None:
     """secret: the deployment secret (32 bytes; `bridge.keys`) or None
     (`--insecure`: nothing is authenticated). draw_hook: told before every
     draw (default: nobody)."""
@@ -54,14 +60,14 @@ class Worker:
     self.draw_hook = draw_hook or DrawHook()
     self.session = WorkerSession(caps, secret=secret, counters=counters,
                                  max_views=max_views)
-    self._trackers: dict[int, list[typing.Any]] = {}
+    self._trackers: dict[int, list[zmq.MessageTracker]] = {}
 
   @property
-  def counters(self):
+  def counters(self) -> Counters:
     return self.session.counters
 
   @property
-  def max_message(self):
+  def max_message(self) -> int:
     """The largest message this worker accepts (ZMQ_MAXMSGSIZE)."""
     return self.session.max_message
 
@@ -72,7 +78,7 @@ class Worker:
     self.draw_hook.warmup(self.caps.max_depth)
     self.propose(2 ** 64 - 1, 0, 0, 0, 0, self.caps.max_depth)
 
-  def handle(self, message: typing.Any) -> list[Send]:
+  def handle(self, message: layouts.Buffer) -> list[Send]:
     """Answers one message: the list of `Send`s (no socket involved)."""
     answer = self.session.receive(message)
     failed: dict[int, int] = {}
@@ -96,7 +102,7 @@ class Worker:
     self.propose(p.seed, p.generation, p.round, p.anchor, p.last_token,
                  p.depth, out=p.rows)
 
-  def _release(self):
+  def _release(self) -> None:
     for slot, trackers in list(self._trackers.items()):
       if all(t.done for t in trackers):
         del self._trackers[slot]
@@ -124,7 +130,7 @@ class Worker:
 
 
 def serve_forever(caps: hello.Capabilities,
-                  propose_fn: typing.Callable[..., typing.Any], address: str,
+                  propose_fn: "proposer.Proposer", address: str,
                   *, secret: bytes | None, curve: Curve | None = None,
                   ready: typing.Callable[[str], None] | None = None,
                   on_exit: typing.Callable[["Worker"], None] | None = None,

@@ -62,10 +62,10 @@ from dyadic_jax.bridge import digest as digest_lib
 from dyadic_jax.bridge import hello
 from dyadic_jax.bridge.counters import Counters
 from dyadic_jax.bridge.effects import Propose, Send
-from dyadic_jax.wire import auth, codec, layouts
-from dyadic_jax.wire.errors import Code, ProtocolError
+from dyadic_jax.wire import auth, codec, layouts, qformats
 from dyadic_jax.wire.layouts import (ALL_REQUESTS, FIXED_BYTES, Kind, Policy,
                                      Reason)
+from dyadic_jax.wire.refusals import Code, ProtocolError
 
 _COMPLETION = FIXED_BYTES[Kind.COMPLETION]
 # Pending sessions kept at once: a replayed (authentic, recorded) HELLO
@@ -86,25 +86,28 @@ class _View:
   __slots__ = ("generation", "round", "step", "cached", "anchor",
                "last_token", "digest", "proposal", "committed")
 
-  def __init__(self):
+  def __init__(self) -> None:
     self.generation = 0       # newest generation seen (older are stale)
     self.round = -1           # newest round served in that generation
-    self.step = None          # body bytes of the STEP served (retries)
-    self.cached = None        # (slot, epoch, start, end) of its answer
-    self.anchor = None        # committed view: next position
-    self.last_token = None
-    self.digest = None
-    self.proposal = None      # tokens of the served round (for COMMIT)
+    # Body bytes of the STEP served (retries).
+    self.step: bytes | None = None
+    # (slot, epoch, start, end) of its answer.
+    self.cached: tuple[int, int, int, int] | None = None
+    self.anchor: int | None = None    # committed view: next position
+    self.last_token: int | None = None
+    self.digest: bytes | None = None
+    # Tokens of the served round (for COMMIT).
+    self.proposal: np.ndarray | None = None
     self.committed = (-1, -1)  # (generation, round) of the last COMMIT
 
 
 class _Entry(typing.NamedTuple):
   """One request's place in a fresh answer (see `finish`)."""
   request: int
-  tag: tuple
+  tag: tuple[int, int]
   start: int                # offset of its REPLY (or lone COMPLETION)
   reply: memoryview | None  # the REPLY frame, None for a refused STEP
-  rows: typing.Any          # its rows (views), or None
+  rows: qformats.Rows | None  # its rows (views), or None
   depth: int
   anchor: int
   context: int
@@ -113,10 +116,10 @@ class _Entry(typing.NamedTuple):
 
 class WorkerAnswer(typing.NamedTuple):
   """What `receive` returns: sends now; proposals to draw, then `finish`."""
-  send: list
-  propose: list
+  send: list[Send]
+  propose: list[Propose]
   slot: int | None = None
-  entries: tuple = ()
+  entries: tuple[_Entry, ...] = ()
 
 
 _NOTHING = WorkerAnswer([], [])
@@ -138,17 +141,18 @@ class WorkerSession:
     self._entropy = entropy
     self._hello_keys = auth.hello_keys(secret, auth.WORKER)
     self.max_views = int(max_views)
-    self.established: typing.Any = None    # _Session | None
-    self.pending: typing.Any = None        # _Session | None: the newest
+    self.established: _Session | None = None
+    self.pending: _Session | None = None   # the newest
     # Older pending sessions, oldest first (at most MAX_PENDING - 1).
-    self._older: collections.OrderedDict[int, typing.Any] = (
+    self._older: collections.OrderedDict[int, _Session] = (
         collections.OrderedDict())
     self.views: collections.OrderedDict[int, _View] = (
         collections.OrderedDict())
     # (generation, round, committed) of dropped views: _drop
-    self._floors: collections.OrderedDict[int, tuple] = (
+    self._floors: collections.OrderedDict[
+        int, tuple[int, int, tuple[int, int]]] = (
         collections.OrderedDict())
-    self.slots: typing.Any = None          # bytearrays, after a HELLO
+    self.slots: list[bytearray] | None = None   # after a HELLO
     self._epoch = [0] * caps.max_slots
     self._busy = [False] * caps.max_slots
     self._next = 0
@@ -158,12 +162,13 @@ class WorkerSession:
     self.max_frames = caps.max_requests
 
   @property
-  def session(self):
+  def session(self) -> int | None:
     return None if self.established is None else self.established.id
 
   # -- messages --------------------------------------------------------------
 
-  def receive(self, message: typing.Any, now: float = 0.0) -> WorkerAnswer:
+  def receive(self, message: layouts.Buffer,
+              now: float = 0.0) -> WorkerAnswer:
     """Handles one received message; returns a WorkerAnswer (never raises)."""
     del now   # the worker keeps no deadlines of its own
     try:
@@ -230,14 +235,16 @@ class WorkerSession:
 
   # -- HELLO -----------------------------------------------------------------
 
-  def _refusal(self, code, session, generation=0, round_id=0):
+  def _refusal(self, code: int, session: int, generation: int = 0,
+               round_id: int = 0) -> bytes:
     return codec.encode(Kind.RESET, session=session, generation=generation,
                         round_id=round_id, body={
                             "request": ALL_REQUESTS,
                             "reason": Reason.REFUSED, "code": int(code)},
                         send=self._hello_keys.send)
 
-  def _hello(self, frame, header):
+  def _hello(self, frame: memoryview,
+             header: layouts.Header) -> WorkerAnswer:
     if not auth.check(frame, self._hello_keys.recv):
       self.counters.reject(Code.AUTH_FAILED, "HELLO")
       return _NOTHING
@@ -274,7 +281,7 @@ class WorkerSession:
 
   # -- STEP ------------------------------------------------------------------
 
-  def _drop(self, rid, view):
+  def _drop(self, rid: int, view: _View) -> None:
     """Keeps a dropped view's tags (bounded, oldest out): its old STEPs
     stay stale if the id comes back."""
     self._floors[rid] = (view.generation, view.round, view.committed)
@@ -282,7 +289,7 @@ class WorkerSession:
     if len(self._floors) > self.max_views:
       self._floors.popitem(last=False)
 
-  def _view(self, rid):
+  def _view(self, rid: int) -> _View:
     view = self.views.get(rid)
     if view is None:
       view = self.views[rid] = _View()
@@ -296,7 +303,7 @@ class WorkerSession:
       self.views.move_to_end(rid)
     return view
 
-  def _check_step(self, body):
+  def _check_step(self, body: layouts.Body) -> int:
     """0, or the Code refusing a STEP whose fields are out of bounds."""
     try:
       policy = Policy(body.policy)
@@ -313,19 +320,24 @@ class WorkerSession:
       return Code.ABSURD_LENGTH
     return 0
 
-  def _take_slot(self):
+  def _buffers(self) -> list[bytearray]:
+    """The slot buffers (a session exists: its HELLO sized them)."""
+    assert self.slots is not None
+    return self.slots
+
+  def _take_slot(self) -> int:
     slot = self._next
     self._next = (slot + 1) % self.caps.max_slots
     if self._busy[slot]:
       # The transport still holds its last message (a peer that does not
       # read): leave that buffer to it, take a new one. No waiting.
-      self.slots[slot] = bytearray(self.bounds.max_reply_message)
+      self._buffers()[slot] = bytearray(self.bounds.max_reply_message)
       self._busy[slot] = False
       self.counters.event("slots_reclaimed")
     self._epoch[slot] += 1      # every reply cached in it is gone
     return slot
 
-  def _cached(self, view):
+  def _cached(self, view: _View) -> tuple[int, int, int] | None:
     """(slot, start, end) of the view's cached answer, or None."""
     if view.cached is None:
       return None
@@ -335,10 +347,10 @@ class WorkerSession:
       return None
     return slot, start, end
 
-  def _retries(self, regions):
+  def _retries(self, regions: list[tuple[int, int, int]]) -> list[Send]:
     """Sends of cached answers; adjacent regions of one slot go as one
     message (a retried batch is its original message, byte for byte)."""
-    merged = []
+    merged: list[list[int]] = []
     for slot, start, end in regions:
       if merged and merged[-1][0] == slot and merged[-1][2] == start:
         merged[-1][2] = end
@@ -346,11 +358,14 @@ class WorkerSession:
         merged.append([slot, start, end])
     for slot, _, _ in merged:
       self._busy[slot] = True
-    return [Send(memoryview(self.slots[slot])[start:end], slot)
+    return [Send(memoryview(self._buffers()[slot])[start:end], slot)
             for slot, start, end in merged]
 
-  def _steps(self, steps, session):
-    retries, fresh, seen = [], [], set()
+  def _steps(self, steps: list[codec.Frame],
+             session: _Session) -> WorkerAnswer:
+    retries: list[tuple[int, int, int]] = []
+    fresh: list[tuple[codec.Frame, _View]] = []
+    seen: set[int] = set()
     for f in steps:
       body, tag = f.body, f.tag
       rid = body.request
@@ -380,8 +395,10 @@ class WorkerSession:
     if not fresh:
       return WorkerAnswer(sends, [])
     slot = self._take_slot()
-    buf = memoryview(self.slots[slot])
-    proposals, entries, offset = [], [], 0
+    buf = memoryview(self._buffers()[slot])
+    proposals: list[Propose] = []
+    entries: list[_Entry] = []
+    offset = 0
     for f, view in fresh:
       body, tag = f.body, f.tag
       if tag[0] > view.generation:
@@ -425,16 +442,18 @@ class WorkerSession:
       return list(answer.send)
     failed = failed or {}
     session = self.established
+    assert session is not None    # a fresh answer is the established's
     keys = session.keys
     slot = answer.slot
-    buf = memoryview(self.slots[slot])
+    buf = memoryview(self._buffers()[slot])
     epoch = self._epoch[slot]
     offset = 0
     for i, e in enumerate(answer.entries):
       status = e.status or int(failed.get(i, 0))
       view = self.views.get(e.request)
       reply = None if status else e.reply
-      tokens = None if reply is None else np.array(e.rows.tokens)
+      tokens = (None if reply is None or e.rows is None
+                else np.array(e.rows.tokens))
       if reply is not None:
         if e.start != offset:      # an earlier request failed: close the gap
           buf[offset:offset + len(reply)] = bytes(reply)
@@ -462,7 +481,7 @@ class WorkerSession:
 
   # -- COMMIT and RESET ------------------------------------------------------
 
-  def _commit(self, f):
+  def _commit(self, f: codec.Frame) -> None:
     body, tag = f.body, f.tag
     rid = body.request
     if rid == ALL_REQUESTS:
@@ -504,7 +523,7 @@ class WorkerSession:
     view.committed = tag
     self.counters.event("commits")
 
-  def _reset(self, f):
+  def _reset(self, f: codec.Frame) -> None:
     body = f.body
     try:
       reason = Reason(body.reason)

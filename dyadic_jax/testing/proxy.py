@@ -76,8 +76,8 @@ import numpy as np
 import zmq
 
 from dyadic_jax.wire import codec, layouts
-from dyadic_jax.wire.errors import ProtocolError
 from dyadic_jax.wire.layouts import Kind
+from dyadic_jax.wire.refusals import ProtocolError
 
 TO_WORKER = "to_worker"        # STEP messages (verifier -> worker)
 TO_VERIFIER = "to_verifier"    # reply messages (worker -> verifier)

@@ -207,7 +207,7 @@ class SessionPair:
     (a replayed HELLO can leave a pending session of the same id with other
     keys), established or pending."""
     v = self.verifier
-    if not v.is_open:
+    if not v.is_open or v.keys is None:
       return False
     probe = bytes(64)
     want = v.keys.send.tag(probe)
@@ -222,6 +222,7 @@ class SessionPair:
     worker refusals); "session_*": the verifier's open session (None when
     none is open); "crc32c": the insecure check; "none": None.
     """
+    keys: auth.Keys | None
     if name.startswith("hello_"):
       if self._hello_keys is None:
         self._hello_keys = auth.hello_keys(self._secret, auth.VERIFIER)

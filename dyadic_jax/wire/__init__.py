@@ -8,7 +8,21 @@ rejection classes: one exception type, `ProtocolError`, whose `.code` is a
 layouts and the decoding order.
 """
 
-from dyadic_jax.wire.errors import Code, ProtocolError
-from dyadic_jax.wire.validate import validate_q_row
+import typing
+
+from dyadic_jax.wire.refusals import Code, ProtocolError
+
+if typing.TYPE_CHECKING:
+  from dyadic_jax.wire.validate import validate_q_row
+
+
+def __getattr__(name: str) -> typing.Any:
+  """`validate_q_row` loads on first use: it runs the core's kernel
+  (JAX's numerics), which frames and sessions never need."""
+  if name != "validate_q_row":
+    raise AttributeError(f"module 'dyadic_jax.wire' has no attribute "
+                         f"{name!r}")
+  from dyadic_jax.wire import validate  # pylint: disable=g-import-not-at-top
+  return validate.validate_q_row
 
 __all__ = ["Code", "ProtocolError", "validate_q_row"]

@@ -45,14 +45,14 @@ class Tagger:
   """Computes the tag of a frame (`frame` any bytes-like object)."""
   authenticated = False
 
-  def tag(self, frame: typing.Any) -> bytes:
+  def tag(self, frame: layouts.Buffer) -> bytes:
     raise NotImplementedError
 
 
 class Crc32cTag(Tagger):
   """CRC32C of the tagged bytes (no authentication)."""
 
-  def tag(self, frame):
+  def tag(self, frame: layouts.Buffer) -> bytes:
     view = memoryview(frame)
     crc = crc32c.crc32c(view[:layouts.TAG_OFFSET])
     crc = crc32c.crc32c(view[_TAG_END:], crc)
@@ -63,12 +63,12 @@ class Blake3Tag(Tagger):
   """Keyed BLAKE3 of the tagged bytes, truncated to 128 bits."""
   authenticated = True
 
-  def __init__(self, key):
+  def __init__(self, key: bytes) -> None:
     if len(key) != 32:
       raise ValueError(f"Blake3Tag: key of {len(key)} bytes, need 32")
     self._key = bytes(key)
 
-  def tag(self, frame):
+  def tag(self, frame: layouts.Buffer) -> bytes:
     view = memoryview(frame)
     threads = (blake3.blake3.AUTO if len(view) >= _THREADS_FROM else 1)
     h = blake3.blake3(view[:layouts.TAG_OFFSET], key=self._key,
@@ -83,7 +83,7 @@ def seal(frame: bytearray | memoryview, tagger: Tagger) -> None:
   view[layouts.TAG_OFFSET:_TAG_END] = tagger.tag(view)
 
 
-def check(frame: typing.Any, tagger: Tagger) -> bool:
+def check(frame: layouts.Buffer, tagger: Tagger) -> bool:
   """True when the frame's tag is the one `tagger` computes (constant time)."""
   view = memoryview(frame).cast("B")
   if len(view) < layouts.HEADER_BYTES:
@@ -92,7 +92,7 @@ def check(frame: typing.Any, tagger: Tagger) -> bool:
                              tagger.tag(view))
 
 
-def tag_of(frame: typing.Any) -> bytes:
+def tag_of(frame: layouts.Buffer) -> bytes:
   """The tag bytes a frame carries."""
   return bytes(memoryview(frame).cast("B")[layouts.TAG_OFFSET:_TAG_END])
 
@@ -103,7 +103,7 @@ class Keys(typing.NamedTuple):
   recv: Tagger
 
   @property
-  def authenticated(self):
+  def authenticated(self) -> bool:
     return self.send.authenticated
 
 
@@ -111,12 +111,12 @@ VERIFIER, WORKER = "verifier", "worker"
 _V2W, _W2V = "v->w", "w->v"
 
 
-def _derive(purpose, material):
+def _derive(purpose: str, material: bytes) -> bytes:
   return blake3.blake3(material, derive_key_context=_CONTEXT.format(
       purpose)).digest(32)
 
 
-def _keys(role, v2w, w2v):
+def _keys(role: str, v2w: Tagger, w2v: Tagger) -> Keys:
   if role == VERIFIER:
     return Keys(v2w, w2v)
   if role == WORKER:
@@ -125,7 +125,7 @@ def _keys(role, v2w, w2v):
                    f"{WORKER!r}")
 
 
-def _check_secret(secret):
+def _check_secret(secret: bytes | None) -> None:
   if secret is not None and len(secret) != SECRET_BYTES:
     raise ValueError(f"auth: the deployment secret has {len(secret)} bytes, "
                      f"need {SECRET_BYTES}")

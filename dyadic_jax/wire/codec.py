@@ -25,9 +25,9 @@ import typing
 import numpy as np
 
 from dyadic_jax.wire import auth, layouts, qformats
-from dyadic_jax.wire.errors import Code, ProtocolError
 from dyadic_jax.wire.layouts import (FIXED_BYTES, HEADER_BYTES, Kind, Mode,
                                      Representation)
+from dyadic_jax.wire.refusals import Code, ProtocolError
 
 _LENGTH = struct.Struct("<I")
 _LENGTH_OFFSET = 8
@@ -49,31 +49,33 @@ class Bounds(typing.NamedTuple):
   max_requests: int = 1
 
   @property
-  def mode(self):
+  def mode(self) -> Mode:
     return Mode(self.format.mode)
 
   @property
-  def format(self):
-    return qformats.get(self.representation)
+  def format(self) -> qformats.QFormat:
+    fmt = qformats.get(self.representation)
+    assert fmt is not None, self.representation   # HELLO negotiated it
+    return fmt
 
-  def reply_bytes(self, depth=None):
+  def reply_bytes(self, depth: int | None = None) -> int:
     """Exact size of a REPLY frame of `depth` rows (default: the bound)."""
     depth = self.depth if depth is None else depth
     return FIXED_BYTES[Kind.REPLY] + self.format.payload_bytes(depth,
                                                                self.width)
 
   @property
-  def max_frame(self):
+  def max_frame(self) -> int:
     return max(self.reply_bytes(), _MAX_FIXED)
 
   @property
-  def max_reply_message(self):
+  def max_reply_message(self) -> int:
     """Largest worker -> verifier message: R (REPLY + COMPLETION)."""
     return self.max_requests * (self.reply_bytes()
                                 + FIXED_BYTES[Kind.COMPLETION])
 
   @property
-  def max_request_message(self):
+  def max_request_message(self) -> int:
     """Largest verifier -> worker message: R fixed frames (or one HELLO)."""
     return max(FIXED_BYTES[Kind.HELLO], self.max_requests * max(
         FIXED_BYTES[k] for k in (Kind.STEP, Kind.COMMIT, Kind.RESET)))
@@ -88,21 +90,21 @@ HELLO_BOUNDS = Bounds(vocab=1, depth=0, width=0,
 class Frame(typing.NamedTuple):
   """A decoded frame: header and body fields, and a REPLY's rows (views)."""
   header: layouts.Header
-  body: typing.Any                     # layouts.BODY_TYPES[kind]
+  body: layouts.Body                   # layouts.BODY_TYPES[kind]
   raw: memoryview                      # the frame's bytes
   rows: qformats.Rows | None = None    # REPLY only
-  counts: typing.Any = None            # validate_rows=True only
+  counts: typing.Optional[qformats.Counts] = None  # validate_rows=True only
 
   @property
-  def kind(self):
+  def kind(self) -> Kind:
     return Kind(self.header.kind)
 
   @property
-  def tag(self):
+  def tag(self) -> tuple[int, int]:
     return (self.header.generation, self.header.round)
 
 
-def split(message: typing.Any, *, max_frames: int,
+def split(message: layouts.Buffer, *, max_frames: int,
           max_bytes: int) -> list[memoryview]:
   """The frames of one message (memoryviews), sizes checked first.
 
@@ -155,7 +157,8 @@ def header(frame: memoryview) -> layouts.Header:
   return h
 
 
-def decode(frame: typing.Any, bounds: Bounds, recv: auth.Tagger | None = None,
+def decode(frame: layouts.Buffer, bounds: Bounds,
+           recv: auth.Tagger | None = None,
            *, validate_rows: bool = False) -> Frame:
   """Decodes one frame; raises ProtocolError on any defect.
 
@@ -205,17 +208,17 @@ def decode(frame: typing.Any, bounds: Bounds, recv: auth.Tagger | None = None,
   return Frame(h, body, frame, rows, counts)
 
 
-def _body(kind, frame):
+def _body(kind: Kind, frame: memoryview) -> layouts.Body:
   return layouts.BODY_TYPES[kind]._make(
       layouts.BODY_STRUCTS[kind].unpack_from(frame, HEADER_BYTES))
 
 
-def _reply_format(body, bounds):
+def _reply_format(body: layouts.Body, bounds: Bounds) -> qformats.QFormat:
   rep = _REPRESENTATIONS.get(body.representation)
-  if rep is None or qformats.get(rep) is None:
+  fmt = None if rep is None else qformats.get(rep)
+  if rep is None or fmt is None:
     raise ProtocolError(Code.UNKNOWN_KIND, f"representation "
                         f"{body.representation}")
-  fmt = qformats.get(rep)
   if rep != bounds.representation:
     if not bounds.format.sampled:
       raise ProtocolError(Code.SAMPLED_ON_GREEDY, "q rows on a greedy "
@@ -228,7 +231,8 @@ def _reply_format(body, bounds):
   return fmt
 
 
-def _write_header(buf, kind, length, session, generation, round_id):
+def _write_header(buf: bytearray | memoryview, kind: Kind, length: int,
+                  session: int, generation: int, round_id: int) -> None:
   layouts.HEADER_STRUCT.pack_into(
       buf, 0, layouts.MAGIC, layouts.WIRE_VERSION, int(kind), length, 0,
       int(session), int(generation), int(round_id), bytes(layouts.TAG_BYTES))
@@ -239,7 +243,8 @@ _FIELDS = {kind: (t._fields, frozenset(t._fields), tuple(
            for kind, t in layouts.BODY_TYPES.items()}
 
 
-def _body_values(kind, fields):
+def _body_values(kind: Kind, fields: dict[str, typing.Any]
+                 ) -> list[typing.Any]:
   names, known, defaults = _FIELDS[kind]
   if fields.keys() - known:
     raise ValueError(f"encode: {kind.name} has no fields "
@@ -247,10 +252,25 @@ def _body_values(kind, fields):
   return [fields.get(n, d) for n, d in zip(names, defaults)]
 
 
+@typing.overload
+def encode(kind: int, *, session: int, generation: int, round_id: int,
+           body: dict[str, typing.Any] | None = None,
+           send: auth.Tagger | None = None, out: None = None) -> bytes:
+  ...
+
+
+@typing.overload
 def encode(kind: int, *, session: int, generation: int, round_id: int,
            body: dict[str, typing.Any] | None = None,
            send: auth.Tagger | None = None,
-           out: typing.Any = None) -> typing.Any:
+           out: bytearray | memoryview) -> memoryview:
+  ...
+
+
+def encode(kind: int, *, session: int, generation: int, round_id: int,
+           body: dict[str, typing.Any] | None = None,
+           send: auth.Tagger | None = None,
+           out: bytearray | memoryview | None = None) -> bytes | memoryview:
   """One fixed-size frame (any kind but REPLY), sealed with `send`.
 
   body: dict of body fields (missing ones are zero). send: the
@@ -261,8 +281,8 @@ def encode(kind: int, *, session: int, generation: int, round_id: int,
   if kind == Kind.REPLY:
     raise ValueError("encode: a REPLY is built with begin_reply")
   length = FIXED_BYTES[kind]
-  buf = bytearray(length) if out is None else memoryview(out).cast("B")[
-      :length]
+  buf: bytearray | memoryview = (
+      bytearray(length) if out is None else memoryview(out).cast("B")[:length])
   if len(buf) < length:
     raise ValueError(f"encode: out holds {len(buf)} bytes, need {length}")
   _write_header(buf, kind, length, session, generation, round_id)
@@ -270,10 +290,10 @@ def encode(kind: int, *, session: int, generation: int, round_id: int,
                                        *_body_values(kind, body or {}))
   if send is not None:
     auth.seal(buf, send)
-  return bytes(buf) if out is None else buf
+  return bytes(buf) if out is None else memoryview(buf)
 
 
-def begin_reply(out: typing.Any, *, bounds: Bounds, session: int,
+def begin_reply(out: bytearray | memoryview, *, bounds: Bounds, session: int,
                 generation: int, round_id: int, request: int,
                 depth: int) -> tuple[memoryview, qformats.Rows]:
   """Lays out a REPLY frame at the start of `out`; returns (frame, rows).
@@ -296,7 +316,7 @@ def begin_reply(out: typing.Any, *, bounds: Bounds, session: int,
   return buf, fmt.rows(buf, FIXED_BYTES[Kind.REPLY], depth, bounds.width)
 
 
-def peek(frame: typing.Any) -> tuple[int, int, int, int] | None:
+def peek(frame: layouts.Buffer) -> tuple[int, int, int, int] | None:
   """(kind, session, generation, round) of a frame, unchecked, or None.
 
   For routing and records only (tools, the test proxy); nothing read here

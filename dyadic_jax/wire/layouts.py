@@ -37,6 +37,10 @@ TAG_OFFSET = 32
 TAG_BYTES = 16
 NONCE_BYTES = 32
 
+# What a frame or message arrives as: bytes, a bytearray being built, or a
+# memoryview onto a ZeroMQ buffer.
+Buffer: typing.TypeAlias = bytes | bytearray | memoryview
+
 
 class Mode(enum.IntEnum):
   """What a session carries (HELLO `mode`)."""
@@ -140,14 +144,14 @@ HEADER_BYTES = HEADER.itemsize
 assert HEADER_BYTES == TAG_OFFSET + TAG_BYTES
 
 
-def _fields(dtype):
+def _fields(dtype: np.dtype) -> list[tuple[str, np.dtype]]:
   """[(name, numpy dtype)] of a structured dtype."""
   fields = typing.cast(typing.Mapping[str, tuple], dtype.fields)
   return [(name, fields[name][0]) for name in typing.cast(tuple,
                                                           dtype.names)]
 
 
-def _struct_of(dtype):
+def _struct_of(dtype: np.dtype) -> struct.Struct:
   codes = {"u1": "B", "u2": "H", "u4": "I", "u8": "Q", "i4": "i"}
   parts = []
   for _, sub in _fields(dtype):
@@ -181,17 +185,22 @@ BODY_TYPES = {kind: typing.NamedTuple(  # type: ignore[misc]
     [(name, bytes if sub.kind == "S" else int)
      for name, sub in _fields(dtype)]) for kind, dtype in BODIES.items()}
 
+# A decoded body: one of BODY_TYPES, made at import from the layouts above,
+# so its fields have no static type.
+Body: typing.TypeAlias = typing.Any
+
 FIXED_BYTES = {kind: HEADER_BYTES + dtype.itemsize
                for kind, dtype in BODIES.items()}
 
 
-def describe():
+def describe() -> str:
   """Markdown tables of every layout (docs/wire.md embeds this text)."""
-  def table(title, dtype, base):
+  def table(title: str, dtype: np.dtype, base: int) -> str:
     rows = [f"### {title} ({dtype.itemsize} bytes)", "",
             "| offset | field | type |", "|---:|---|---|"]
-    for name in dtype.names:
-      sub, offset = dtype.fields[name][:2]
+    fields = typing.cast(typing.Mapping[str, tuple], dtype.fields)
+    for name in typing.cast(tuple, dtype.names):
+      sub, offset = fields[name][:2]
       rows.append(f"| {base + offset} | {name} | {sub.str.lstrip('<|')} |")
     return "\n".join(rows)
 

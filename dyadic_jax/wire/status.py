@@ -8,9 +8,10 @@ vocabulary does not have).
 """
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from dyadic_jax.constants import Status
-from dyadic_jax.wire.errors import Code
+from dyadic_jax.wire.refusals import Code
 
 CODE_OF_STATUS = {
     Status.OK: 0,
@@ -37,6 +38,6 @@ for _status, _code in CODE_OF_STATUS.items():
   _TABLE[int(_status)] = int(_code)
 
 
-def codes(statuses):
+def codes(statuses: ArrayLike) -> np.ndarray:
   """int32 Code values (0 = OK) of an array of row statuses."""
   return _TABLE[np.asarray(statuses, np.int64)]

@@ -14,10 +14,10 @@ from numpy.typing import ArrayLike
 
 from dyadic_jax import qrows
 from dyadic_jax.wire import status
-from dyadic_jax.wire.errors import Code, ProtocolError
+from dyadic_jax.wire.refusals import Code, ProtocolError
 
 
-def _check_token(token, vocab_size):
+def _check_token(token: object, vocab_size: int) -> int:
   if isinstance(token, (bool, np.bool_)) or not isinstance(
       token, (int, np.integer)):
     raise ProtocolError(Code.TOKEN_OUT_OF_RANGE, f"token {token!r} is not an "
@@ -28,7 +28,7 @@ def _check_token(token, vocab_size):
   return int(token)
 
 
-def _check_ids(ids, n_values, vocab_size):
+def _check_ids(ids: np.ndarray, n_values: int, vocab_size: int) -> None:
   if ids.dtype != np.int32 or ids.ndim != 1:
     raise ProtocolError(Code.WRONG_DTYPE, f"ids must be int32[k], got "
                         f"{ids.dtype}{list(ids.shape)}")

@@ -77,7 +77,8 @@ def follow() -> None:
     with open(flags.STATS_OUT.value, "w") as f:
       json.dump({"rank": rank, "rounds": done,
                  **receiver.figures(),
-                 "deadline_s": receiver.deadline.figures(),
+                 "deadline_s": (None if receiver.deadline is None
+                                else receiver.deadline.figures()),
                  "counters": receiver.counters.snapshot(),
                  "committed": {str(rid): list(req.tokens)
                                for rid, req in verifier.requests.items()}},

@@ -34,8 +34,8 @@ import zmq
 from dyadic_jax import bridge
 from dyadic_jax.bridge import transport, worker_session
 from dyadic_jax.wire import auth, codec, layouts
-from dyadic_jax.wire.errors import Code, ProtocolError
 from dyadic_jax.wire.layouts import FIXED_BYTES, Kind, Reason, Representation
+from dyadic_jax.wire.refusals import Code, ProtocolError
 from tests import bridge_harness as h
 
 SPARSE = h.caps()

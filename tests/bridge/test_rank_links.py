@@ -16,7 +16,7 @@ import pytest
 
 from dyadic_jax.bridge import hello, rank_links
 from dyadic_jax.wire import layouts
-from dyadic_jax.wire.errors import Code, ProtocolError
+from dyadic_jax.wire.refusals import Code, ProtocolError
 
 SECRET = bytes(range(32))
 CAPS = hello.Capabilities(vocab=1000, max_depth=3, max_requests=2,

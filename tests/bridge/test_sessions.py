@@ -21,8 +21,8 @@ import pytest
 
 from dyadic_jax import bridge
 from dyadic_jax.wire import codec
-from dyadic_jax.wire.errors import Code, ProtocolError
 from dyadic_jax.wire.layouts import FIXED_BYTES, Kind, Mode, Representation
+from dyadic_jax.wire.refusals import Code, ProtocolError
 from tests import bridge_harness as h
 
 SPARSE = h.caps()

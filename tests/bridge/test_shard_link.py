@@ -6,7 +6,7 @@ import numpy as np
 
 from dyadic_jax.bridge import hello, shard_link
 from dyadic_jax.wire import layouts
-from dyadic_jax.wire.errors import Code
+from dyadic_jax.wire.refusals import Code
 
 SECRET = bytes(range(32))
 CAPS = hello.Capabilities(vocab=1000, max_depth=3, max_requests=2,

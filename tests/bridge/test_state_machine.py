@@ -49,8 +49,8 @@ from dyadic_jax.bridge import audit, hello
 from dyadic_jax.bridge.counters import Counters
 from dyadic_jax.testing import session_pair
 from dyadic_jax.wire import codec
-from dyadic_jax.wire.errors import Code
 from dyadic_jax.wire.layouts import Kind, Representation
+from dyadic_jax.wire.refusals import Code
 from tests import bridge_harness as h
 
 V, K, D = 16, 4, 3

@@ -37,8 +37,8 @@ import dyadic_jax as dj
 from dyadic_jax import qrows, wire
 from dyadic_jax import reference as ref
 from dyadic_jax.wire import qformats
-from dyadic_jax.wire.errors import Code, ProtocolError
 from dyadic_jax.wire.layouts import Representation
+from dyadic_jax.wire.refusals import Code, ProtocolError
 import sharding
 from tests import meshes
 

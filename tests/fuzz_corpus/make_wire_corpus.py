@@ -39,8 +39,8 @@ import sys
 import numpy as np
 
 from dyadic_jax.wire import auth, codec
-from dyadic_jax.wire.errors import Code, ProtocolError
 from dyadic_jax.wire.layouts import HEADER_BYTES, Kind, Representation
+from dyadic_jax.wire.refusals import Code, ProtocolError
 from tests import wire_edits
 
 M = 1 << 24

@@ -83,10 +83,10 @@ import dyadic_jax as dj
 from dyadic_jax import bridge
 from dyadic_jax.bridge import digest as digest_lib
 from dyadic_jax.testing import proxy as proxy_lib
-from dyadic_jax.wire.errors import Code
-from dyadic_jax.wire.layouts import Representation
 from dyadic_jax.testing import toy_models
 from dyadic_jax.testing import stats
+from dyadic_jax.wire.layouts import Representation
+from dyadic_jax.wire.refusals import Code
 from tests import bridge_harness
 
 M = dj.M

@@ -15,8 +15,8 @@ import pytest
 
 from dyadic_jax import bridge
 from dyadic_jax.bridge import keys
-from dyadic_jax.wire.errors import Code
 from dyadic_jax.wire.layouts import Representation
+from dyadic_jax.wire.refusals import Code
 from tests import bridge_harness as h
 
 from tests.paths import ROOT as _ROOT  # pylint: disable=g-import-not-at-top

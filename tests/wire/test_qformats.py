@@ -15,8 +15,8 @@ import dyadic_jax as dj
 from dyadic_jax import qrows, wire
 from dyadic_jax.bridge import audit
 from dyadic_jax.wire import qformats, status
-from dyadic_jax.wire.errors import Code, ProtocolError
 from dyadic_jax.wire.layouts import Representation
+from dyadic_jax.wire.refusals import Code, ProtocolError
 
 M = dj.M
 T = np.float32(2.0 ** -24)

@@ -79,7 +79,7 @@ EXTRA_TAGS = {name: ["slow"] for name in (
 # The smoke set CI runs under Bazel after building every target (the README's
 # pytest command runs every test; Bazel's own value is that each target
 # builds and its declared deps suffice): one quick file per layer.
-SMOKE = ("core_test_codec", "core_test_rng", "wire_test_validate",
+SMOKE = ("core_test_qcodec", "core_test_rng", "wire_test_validate",
          "bridge_test_keys", "sharding_test_mesh")
 
 # Bazel shards of the heaviest files (third_party/bazel/pytest_main.py deals
@@ -354,7 +354,7 @@ HEADER = '''\
 # labelled "dyadic_jax/foo.py" from here.
 #
 # Targets: one py_library per module, named after its dotted module path
-# (dyadic_jax/codec.py -> //:dyadic_jax_codec); the library for a package's
+# (dyadic_jax/qcodec.py -> //:dyadic_jax_qcodec); the library for a package's
 # __init__.py is named after the package (//:dyadic_jax).
 #
 # Package __init__.py files. dyadic_jax/__init__.py re-exports the whole

@@ -14,19 +14,20 @@ value in `dyadic_jax/wire/layouts.py`, a module here, and its line in
 
 from dyadic_jax.wire.layouts import Mode
 from dyadic_jax.wire.qformats import dense, sparse, token
-from dyadic_jax.wire.qformats.base import QFormat, Rows, Verdict, aligned_empty
+from dyadic_jax.wire.qformats.base import (Q, Counts, Proposed, QFormat,
+                                           Rows, Verdict, aligned_empty)
 
-FORMATS = {f.representation: f for f in (dense.FORMAT, sparse.FORMAT,
-                                         token.FORMAT)}
-BY_NAME = {f.name: f for f in FORMATS.values()}
+FORMATS: dict[int, QFormat] = {
+    f.representation: f for f in (dense.FORMAT, sparse.FORMAT, token.FORMAT)}
+BY_NAME: dict[str, QFormat] = {f.name: f for f in FORMATS.values()}
 
 
-def get(representation):
+def get(representation: int) -> QFormat | None:
   """The QFormat of a Representation value, or None if there is none."""
   return FORMATS.get(representation)
 
 
-def negotiated(mode, representation):
+def negotiated(mode: int, representation: int) -> QFormat:
   """The QFormat of a session of `mode` asking for `representation`.
 
   A greedy session has one format whatever it asks (the tokens alone); a
@@ -42,5 +43,5 @@ def negotiated(mode, representation):
   return fmt
 
 
-__all__ = ["BY_NAME", "FORMATS", "QFormat", "Rows", "Verdict",
-           "aligned_empty", "get", "negotiated"]
+__all__ = ["BY_NAME", "Counts", "FORMATS", "Proposed", "Q", "QFormat", "Rows",
+           "Verdict", "aligned_empty", "get", "negotiated"]

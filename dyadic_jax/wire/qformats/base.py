@@ -30,14 +30,36 @@ asks the session's format. A new representation is one module with a
 `QFormat` subclass and one line in `dyadic_jax/wire/qformats/__init__.py`.
 """
 
+from __future__ import annotations   # JAX's types, without importing JAX
+
 import math
+import types
 import typing
 
 import numpy as np
+from numpy.typing import ArrayLike, DTypeLike
 
 from dyadic_jax.constants import M
-from dyadic_jax.wire.errors import Code
+from dyadic_jax.wire import layouts
 from dyadic_jax.wire.layouts import Mode
+from dyadic_jax.wire.refusals import Code
+
+if typing.TYPE_CHECKING:   # types only: this module runs without JAX
+  import jax
+
+  from dyadic_jax import rowops
+  from dyadic_jax.verification import DenseQ, SparseQ
+
+# Validated counts: numpy, or a JAX array from a device verdict.
+Counts: typing.TypeAlias = "np.ndarray | jax.Array"
+# One array kind throughout a call: numpy on the host, JAX under jit.
+ArrayT = typing.TypeVar("ArrayT", np.ndarray, "jax.Array")
+# What verification takes for one request's rows (None: greedy, no q).
+Q: typing.TypeAlias = "DenseQ | SparseQ | None"
+# One drafted position (`QFormat.propose`): token, status, values, ids, n.
+Proposed: typing.TypeAlias = (
+    "tuple[jax.Array, jax.Array, jax.Array | None, jax.Array | None, "
+    "jax.Array]")
 
 
 class Rows(typing.NamedTuple):
@@ -53,17 +75,19 @@ class Rows(typing.NamedTuple):
 
 class Verdict(typing.NamedTuple):
   """Validated rows: counts where a row is OK, a Code per row."""
-  counts: typing.Any               # int32[..., D, w] (numpy or jax), or None
+  counts: Counts | None            # int32[..., D, w]; None without q
   codes: np.ndarray                # int32[..., D]: 0 OK, else a Code value
 
 
-def aligned_empty(shape, dtype, alignment=64):
+def aligned_empty(shape: int | typing.Sequence[int], dtype: DTypeLike,
+                  alignment: int = 64) -> np.ndarray:
   """An uninitialized numpy array whose data starts on `alignment` bytes.
 
   64-byte alignment lets JAX on CPU read it without a copy (dlpack).
   """
   dtype = np.dtype(dtype)
-  shape = tuple(shape) if np.iterable(shape) else (shape,)
+  shape = (tuple(typing.cast(typing.Sequence[int], shape))
+           if np.iterable(shape) else (typing.cast(int, shape),))
   nbytes = math.prod(shape) * dtype.itemsize
   raw = np.empty(nbytes + alignment, np.uint8)
   # The address without ctypes (np.prod and .ctypes cost ~100 us a call;
@@ -72,7 +96,8 @@ def aligned_empty(shape, dtype, alignment=64):
   return raw[start:start + nbytes].view(dtype).reshape(shape)
 
 
-def audit(counts, position, draws, xp):
+def audit(counts: ArrayT, position: ArrayT, draws: ArrayT,
+          xp: types.ModuleType) -> ArrayT:
   """Sampling audit: is each drafted token the one its draw selects?
 
   counts: int[..., w] validated counts; position: int[...] index of the
@@ -99,7 +124,14 @@ def audit(counts, position, draws, xp):
   return (prefix <= u) & (u < prefix + at)
 
 
-def with_audit(codes, audit_ok):
+def support_position(ids: ArrayT, n: ArrayT, tokens: ArrayT,
+                     xp: types.ModuleType) -> ArrayT:
+  """Index of each row's token in its live support (0 if absent)."""
+  live = xp.arange(ids.shape[-1]) < n[..., None]
+  return xp.argmax(live & (ids == tokens[..., None]), axis=-1)
+
+
+def with_audit(codes: ArrayLike, audit_ok: ArrayLike) -> np.ndarray:
   """Codes with SAMPLING_MISMATCH where an otherwise valid row failed."""
   codes = np.asarray(codes, np.int32)
   return np.where((codes == 0) & ~np.asarray(audit_ok, bool),
@@ -134,14 +166,15 @@ class QFormat:
     `max_support`). Raises ValueError for a k the format cannot use."""
     raise NotImplementedError
 
-  def payload_bytes(self, depth, width):
+  def payload_bytes(self, depth: int, width: int) -> int:
     return 8 * depth + self.entry_bytes * depth * width
 
   def seed_bytes(self, depth: int, vocab: int, support: int) -> int:
     """The seed's size estimate of one request's q: entries x bytes, no
     tokens, n or framing (dense 4 V D, sparse 8 k D)."""
     return self.entry_bytes * depth * self.width(vocab, support)
-  def rows(self, buf: typing.Any, offset: int, depth: int,
+
+  def rows(self, buf: layouts.Buffer, offset: int, depth: int,
            width: int) -> Rows:
     """Views of the payload of one REPLY at `offset` of `buf`."""
     tokens = np.frombuffer(buf, "<i4", depth, offset)
@@ -169,7 +202,8 @@ class QFormat:
                 np.zeros((requests, depth), np.int32), ids, values)
 
   def validate(self, rows: Rows, *, vocab: int,
-               draws: typing.Any = None, device: bool = False) -> Verdict:
+               draws: ArrayLike | None = None,
+               device: bool = False) -> Verdict:
     """Verdict of rows [..., D, w]: counts and a Code per row.
 
     draws: uint32[..., D] 24-bit PROPOSAL draws: a valid row whose token is
@@ -179,11 +213,11 @@ class QFormat:
     """
     raise NotImplementedError
 
-  def to_q(self, counts: typing.Any, rows: typing.Any) -> typing.Any:
+  def to_q(self, counts: Counts | None, rows: Rows) -> Q:
     """What verification takes for one request's validated rows [D, ...]."""
     raise NotImplementedError
 
-  def put(self, rows: Rows, ids: typing.Any, counts: typing.Any) -> None:
+  def put(self, rows: Rows, ids: ArrayLike, counts: ArrayLike) -> None:
     """Writes q rows given by their support into `rows` (the views of a
     REPLY, `codec.begin_reply`, or of a staging buffer), n included.
 
@@ -192,8 +226,8 @@ class QFormat:
     """
     raise NotImplementedError
 
-  def propose(self, logits: typing.Any, draw: typing.Any, width: int,
-              executor: typing.Any) -> tuple[typing.Any, ...]:
+  def propose(self, logits: jax.Array, draw: jax.Array | None, width: int,
+              executor: rowops.Executor) -> Proposed:
     """One drafted position, jax-traceable: (token, status, values, ids, n).
 
     logits: float32[V] draft logits (this rank's block under a mesh
@@ -203,7 +237,7 @@ class QFormat:
     """
     raise NotImplementedError
 
-  def example_q(self, depth: int, vocab: int, support: int) -> typing.Any:
+  def example_q(self, depth: int, vocab: int, support: int) -> Q:
     """A valid q of a session's shapes, as verification takes it (host
     arrays), for compile warm-up: M split evenly over ids 0..w-1 of each
     row (the remainder on id 0), laid out, validated and converted as a

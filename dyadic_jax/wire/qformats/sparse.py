@@ -11,43 +11,24 @@ few hundred entries, and one dispatch costs less than the forty numpy
 calls the kernel makes.
 """
 
-import functools
+from __future__ import annotations   # JAX's types, without importing JAX
 
-import jax
-from jax import lax
-import jax.numpy as jnp
+import typing
+
 import numpy as np
+from numpy.typing import ArrayLike
 
-from dyadic_jax import codec, proposal, qrows, verification, x64
 from dyadic_jax.constants import M
 from dyadic_jax.wire import layouts, status
 from dyadic_jax.wire.qformats import base
 
+if typing.TYPE_CHECKING:
+  import jax
 
-def _position(ids, n, tokens, xp):
-  """Index of each row's token in its live support (0 if absent)."""
-  live = xp.arange(ids.shape[-1]) < n[..., None]
-  return xp.argmax(live & (ids == tokens[..., None]), axis=-1)
+  from dyadic_jax import rowops
 
-
-@functools.partial(jax.jit, static_argnames=("vocab", "audit"))
-def _device(values, ids, n, tokens, draws, *, vocab, audit):
-  bits = lax.bitcast_convert_type(values, jnp.uint32)
-  counts, row_status = qrows.sparse(bits, ids, n, tokens, vocab=vocab,
-                                    xp=jnp)
-  if audit:
-    drawn = base.audit(counts, _position(ids, n, tokens, jnp), draws, jnp)
-  else:
-    drawn = jnp.ones(row_status.shape, bool)
-  return counts, row_status, drawn
-
-
-@x64.scoped
-def _device_verdict(rows, draws, vocab):
-  audit = draws is not None
-  draws = np.zeros(np.shape(rows.tokens), np.uint32) if not audit else draws
-  return _device(rows.values, rows.ids, rows.n, rows.tokens,
-                 np.asarray(draws, np.uint32), vocab=int(vocab), audit=audit)
+# The core ops and the device pass are imported where they are called, as
+# in `dense`: the sessions import this module without JAX.
 
 
 class SparseFormat(base.QFormat):
@@ -58,29 +39,37 @@ class SparseFormat(base.QFormat):
   has_ids = True
   uses_support = True
 
-  def width(self, vocab, support, shards=1):
+  def width(self, vocab: int, support: int, shards: int = 1) -> int:
     del shards    # one link: the global top-k (the leader's)
     if not 1 <= support <= vocab:
       raise ValueError(f"max_support {support} not in [1, {vocab}]")
     return int(support)
 
-  def put(self, rows, ids, counts):
-    ids, counts = np.asarray(ids), np.asarray(counts)
-    s = ids.shape[-1]
+  def put(self, rows: base.Rows, ids: ArrayLike, counts: ArrayLike) -> None:
+    support, support_counts = np.asarray(ids), np.asarray(counts)
+    assert rows.ids is not None and rows.values is not None   # has_ids
+    s = support.shape[-1]
     rows.ids[:] = -1
-    rows.ids[..., :s] = ids
+    rows.ids[..., :s] = support
     rows.values[:] = 0
-    rows.values[..., :s] = counts / M
+    rows.values[..., :s] = support_counts / M
     rows.n[:] = s
 
-  def propose(self, logits, draw, width, executor):
+  def propose(self, logits: jax.Array, draw: jax.Array | None, width: int,
+              executor: rowops.Executor) -> base.Proposed:
+    assert draw is not None       # sampled: every position has its draw
+    from dyadic_jax import proposal, qcodec
     ids, counts, n, token, status = proposal.propose_sparse(
         logits, draw, width, executor=executor)
-    return token, status, codec.counts_to_q(counts), ids, n
+    return token, status, qcodec.counts_to_q(counts), ids, n
 
-  def validate(self, rows, *, vocab, draws=None, device=False):
+  def validate(self, rows: base.Rows, *, vocab: int,
+               draws: ArrayLike | None = None,
+               device: bool = False) -> base.Verdict:
+    from dyadic_jax import qrows  # pylint: disable=g-import-not-at-top
     if device:
-      counts, row_status, drawn = _device_verdict(rows, draws, vocab)
+      from dyadic_jax.wire.qformats import kernels
+      counts, row_status, drawn = kernels.sparse_verdict(rows, draws, vocab)
       codes = base.with_audit(status.codes(np.asarray(row_status)),
                               np.asarray(drawn))
       return base.Verdict(np.asarray(counts), codes)
@@ -91,21 +80,28 @@ class SparseFormat(base.QFormat):
     codes = status.codes(row_status)
     if draws is not None:
       codes = base.with_audit(codes, base.audit(
-          counts, _position(ids, n, tokens, np), np.asarray(draws), np))
+          counts, base.support_position(ids, n, tokens, np),
+          np.asarray(draws), np))
     return base.Verdict(counts, codes)
 
-  def to_q(self, counts, rows):
+  def to_q(self, counts: typing.Optional[base.Counts],
+           rows: base.Rows) -> base.Q:
     # The core takes the canonical form (`verification.SparseQ`): the
     # positive counts first, in the wire's ascending id order, then (-1,
     # 0). A wire row may list ids with q = 0; dropping them changes no
     # probability, and the core would refuse them (MISSING_Q).
-    counts = np.asarray(counts, np.int32)
+    assert rows.ids is not None   # has_ids
+    held_counts = np.asarray(counts, np.int32)
     live = np.arange(rows.ids.shape[-1]) < np.asarray(rows.n)[..., None]
-    held = live & (counts > 0)
+    held = live & (held_counts > 0)
     order = np.argsort(~held, axis=-1, kind="stable")
-    pick = lambda a, fill: np.take_along_axis(np.where(held, a, fill), order,
-                                              -1).astype(np.int32)
-    return verification.SparseQ(pick(rows.ids, -1), pick(counts, 0),
+
+    def pick(a: np.ndarray, fill: int) -> np.ndarray:
+      return np.take_along_axis(np.where(held, a, fill), order,
+                                -1).astype(np.int32)
+
+    from dyadic_jax import verification  # pylint: disable=g-import-not-at-top
+    return verification.SparseQ(pick(rows.ids, -1), pick(held_counts, 0),
                                 held.sum(-1, dtype=np.int32))
 
 

@@ -9,6 +9,7 @@ not know is itself a refusal (BAD_STATUS), never an exception: use
 """
 
 import enum
+import typing
 
 
 class Code(enum.IntEnum):
@@ -51,7 +52,7 @@ class Code(enum.IntEnum):
   PROPOSER_FAILED = 31       # the worker's proposer refused the STEP
 
   @classmethod
-  def parse(cls, value):
+  def parse(cls, value: typing.SupportsInt | str) -> "Code | None":
     """The Code of a peer-chosen integer, or None when there is none."""
     try:
       return cls(int(value))
@@ -62,7 +63,7 @@ class Code(enum.IntEnum):
 class ProtocolError(ValueError):
   """A refused message or row. `.code` is the `Code` of the refusal."""
 
-  def __init__(self, code, detail=""):
+  def __init__(self, code: int, detail: str = "") -> None:
     self.code = Code(code)
     self.detail = detail
     super().__init__(f"{self.code.name}: {detail}" if detail
