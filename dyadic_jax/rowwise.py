@@ -14,7 +14,7 @@ accelerator's batched programs:
   DYADIC_JAX_ROWS=batched  the whole batch at once on every backend
 
 The environment variable is read once, when this module is imported; a bad
-value raises ValueError then. `rows(mode)` overrides it for a scope (one
+value raises ValueError then. `scope(mode)` overrides it for a scope (one
 thread). The setting is part of every `jax.jit` cache key (a
 `jax.make_user_context`), so a jitted function, the library's or the
 caller's, never serves a program traced in the other mode. Both modes give
@@ -99,14 +99,14 @@ def row_mode() -> str:
 
 
 @contextlib.contextmanager
-def rows(mode: str) -> Iterator[str]:
+def scope(mode: str) -> Iterator[str]:
   """Scoped row setting ("auto", "loop" or "batched") for this thread.
 
   Ops traced inside the scope use it; jit caches are keyed on it, so an
   op called in both modes compiles once per mode. Yields the resolved
   mode.
   """
-  with _SETTING(check_setting("rows", mode)):
+  with _SETTING(check_setting("scope", mode)):
     yield row_mode()
 
 

@@ -13,6 +13,7 @@ tests may), and the protocol sessions import without JAX or ZeroMQ.
 """
 
 import ast
+import importlib
 import pathlib
 import subprocess
 import sys
@@ -216,3 +217,14 @@ def test_the_checker_sees_violations():
       "experiments", "experiments.cli"]
   assert not _violations("import numpy\nfrom dyadic_jax import rng\n",
                          "dyadic_jax.bridge.worker")
+
+
+@pytest.mark.parametrize("package", ["dyadic_jax", "dyadic_jax.bridge"])
+def test_lazy_names_are_exactly_the_public_ones(package):
+  """The packages load their public names on first use: the name table
+  holds exactly `__all__`, and each name resolves to its module's object
+  (a name added to one list and not the other fails here, not on use)."""
+  module = importlib.import_module(package)
+  assert set(module._WHERE) == set(module.__all__)  # pylint: disable=protected-access
+  for name in module.__all__:
+    assert getattr(module, name) is not None, name

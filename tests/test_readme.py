@@ -2,7 +2,8 @@
 
 * Every ```python block runs on its own in a fresh interpreter, the way a
   reader pastes it: not inside this already-configured pytest process (no
-  emulated devices from conftest.py, no XLA_FLAGS, no imports done for it).
+  emulated devices from conftest.py, no imports done for it; only the
+  default tier's compile flags, which change no result).
 * Every `python -m experiments.X --flag ...` command in a ```sh block names
   only flags that module defines (checked against its --helpfull, which
   exits before JAX starts).
@@ -11,7 +12,6 @@
 """
 
 import importlib.util
-import os
 import pathlib
 import re
 import subprocess
@@ -19,15 +19,15 @@ import sys
 
 import pytest
 
+from tests import paths
+
 _ROOT = pathlib.Path(__file__).resolve().parent.parent
 _README = (_ROOT / "README.md").read_text()
 _PYTHON_BLOCKS = re.findall(r"```python\n(.*?)```", _README, re.S)
 
 
 def _fresh_env():
-  env = dict(os.environ, PYTHONPATH=str(_ROOT))
-  env.pop("XLA_FLAGS", None)      # conftest.py's 8 devices are not the reader's
-  return env
+  return paths.subprocess_env()   # conftest.py's 8 devices are not the reader's
 
 
 def test_readme_has_the_examples():

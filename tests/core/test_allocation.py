@@ -109,10 +109,10 @@ def test_oracle_check_fails_a_moved_ticket(monkeypatch):
   monkeypatch.setattr(dj, "allocate_dense", moved_ticket)
   monkeypatch.setitem(globals(), "_dense_adversarial",
                       _dense_adversarial.__wrapped__)
-  with rowwise.rows("batched") as mode:
+  with rowwise.scope("batched") as mode:
     with pytest.raises(AssertionError):
       test_dense_adversarial_matches_oracle(0, mode)
-  with rowwise.rows("loop") as mode:
+  with rowwise.scope("loop") as mode:
     test_dense_adversarial_matches_oracle(0, mode)
 
 

@@ -67,17 +67,17 @@ def test_bad_environment_value_is_refused_at_import():
 
 
 def test_bad_scope_value_is_refused():
-  with pytest.raises(ValueError, match="rows: row mode 'fast'"):
-    with rowwise.rows("fast"):
+  with pytest.raises(ValueError, match="scope: row mode 'fast'"):
+    with rowwise.scope("fast"):
       pass
   assert rowwise.setting() in rowwise.SETTINGS
 
 
 def test_scope_nests_and_restores():
   outer = rowwise.setting()
-  with rowwise.rows("batched") as mode:
+  with rowwise.scope("batched") as mode:
     assert mode == "batched" and rowwise.row_mode() == "batched"
-    with rowwise.rows("loop") as inner:
+    with rowwise.scope("loop") as inner:
       assert inner == "loop" and rowwise.setting() == "loop"
     assert rowwise.setting() == "batched"
   assert rowwise.setting() == outer
@@ -88,7 +88,7 @@ def test_jit_cache_is_keyed_on_the_mode():
   f, traced = _recording_jit()
   x = np.ones((3, 5), np.float32)
   for mode in ("loop", "batched", "loop", "batched"):
-    with rowwise.rows(mode):
+    with rowwise.scope(mode):
       np.testing.assert_array_equal(f(x), 2 * x)
   # One trace per mode, each with its own row shape; the repeats hit the
   # cache of their own mode.
@@ -103,7 +103,7 @@ def test_fallback_without_user_context_clears_caches(monkeypatch):
   f, traced = _recording_jit()
   x = np.ones((3, 5), np.float32)
   for mode in ("loop", "batched", "loop"):
-    with rowwise.rows(mode):
+    with rowwise.scope(mode):
       np.testing.assert_array_equal(f(x), 2 * x)
   assert traced == [(5,), (3, 5), (5,)]
 
@@ -119,7 +119,7 @@ def test_modes_trace_different_programs():
   x = jnp.zeros((4, 1000), jnp.float32)
   programs = {}
   for mode in ("loop", "batched"):
-    with rowwise.rows(mode), jax.enable_x64(True):
+    with rowwise.scope(mode), jax.enable_x64(True):
       programs[mode] = weights._target_probs.lower(
           x, rowops.LOCAL).as_text()
   loop, batched = programs["loop"], programs["batched"]
@@ -139,8 +139,11 @@ def test_modes_trace_different_programs():
 # elementwise pass to a library kernel (about 5,000 elements): a batch may
 # take that kernel while its rows do not.
 @pytest.mark.qualify
-@pytest.mark.parametrize("rows,v", [(3, 7), (8, 1000), (16, 1000),
-                                    (2, dj.DEFAULT_VOCAB)])
+@pytest.mark.parametrize("rows,v", [
+    (3, 7), (8, 1000),    # by default: k > V, and several scan blocks
+    # 16 rows (verify_chain at depth 15) and the full vocabulary: --runslow.
+    pytest.param(16, 1000, marks=pytest.mark.slow),
+    pytest.param(2, dj.DEFAULT_VOCAB, marks=pytest.mark.slow)])
 def test_modes_give_the_same_bits(rows, v):
   rng = np.random.default_rng(rows * v)
   logits = (rng.normal(size=(rows, v)) * 4).astype(np.float32)
@@ -174,9 +177,9 @@ def test_modes_give_the_same_bits(rows, v):
           logits, dj.DenseQ(counts[:depth]), draft, dj.round_key(1, 2, 3))
     return jax.tree.map(np.asarray, out)
 
-  with rowwise.rows("loop"):
+  with rowwise.scope("loop"):
     loop = ops()
-  with rowwise.rows("batched"):
+  with rowwise.scope("batched"):
     batched = ops()
   for name in loop:
     chex.assert_trees_all_equal(loop[name], batched[name], strict=True)
@@ -229,7 +232,7 @@ def test_walked_chains_equal_the_batched_summaries(v):
   for name, (t, q, x) in cases.items():
     out = {}
     for mode in ("loop", "batched"):
-      with rowwise.rows(mode):
+      with rowwise.scope(mode):
         out[mode] = jax.tree.map(np.asarray, dj.verify_batch(
             t, q, x, keys, np.arange(batch) * 10))
     chex.assert_trees_all_equal(out["loop"], out["batched"], strict=True)

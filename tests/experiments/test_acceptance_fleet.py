@@ -13,7 +13,6 @@ chi-square tests at 1e-9 each: below 1e-8 for the whole file.
 from fractions import Fraction
 import json
 import math
-import os
 import subprocess
 import sys
 
@@ -22,6 +21,7 @@ from scipy import stats
 
 import dyadic_jax as dj
 
+from tests import paths  # pylint: disable=g-import-not-at-top
 from tests.paths import ROOT as _ROOT  # pylint: disable=g-import-not-at-top
 _RATE = 1e-9  # per statistical check
 
@@ -30,9 +30,7 @@ def _run(module, tmp_path, *flags):
   """Runs `python -m experiments.<module>`; returns (stdout, record)."""
   json_out = tmp_path / f"{module}.json"
   plot_out = tmp_path / f"{module}.png"
-  env = dict(os.environ, PYTHONPATH=_ROOT + os.pathsep +
-             os.environ.get("PYTHONPATH", ""))
-  env.pop("XLA_FLAGS", None)  # one CPU device: the experiments need no mesh
+  env = paths.subprocess_env()  # one CPU device: the experiments need no mesh
   args = [sys.executable, "-m", f"experiments.{module}", "--json_out",
           str(json_out)]
   if module != "wire_sizes":

@@ -6,12 +6,12 @@ is present as a positive finite number (or a boolean verdict).
 
 import json
 import math
-import os
 import subprocess
 import sys
 
 import pytest
 
+from tests import paths  # pylint: disable=g-import-not-at-top
 from tests.paths import ROOT as _ROOT  # pylint: disable=g-import-not-at-top
 
 _STAGES = ("encode", "completion", "decode", "validate",
@@ -39,8 +39,7 @@ def _positive(value, where):
 @pytest.fixture(scope="module")
 def record(tmp_path_factory):
   out = tmp_path_factory.mktemp("bench_bridge") / "bench.json"
-  env = dict(os.environ, PYTHONPATH=_ROOT + os.pathsep +
-             os.environ.get("PYTHONPATH", ""))
+  env = paths.subprocess_env()
   run = subprocess.run(
       [sys.executable, "-m", "experiments.bench_bridge", "--quick",
        "--json_out", str(out)], cwd=_ROOT, env=env, capture_output=True,

@@ -23,6 +23,7 @@ import pytest
 
 import dyadic_jax as dj
 
+from tests import paths  # pylint: disable=g-import-not-at-top
 from tests.paths import ROOT as _ROOT  # pylint: disable=g-import-not-at-top
 
 # (experiment, bad flags, the flag the error must name)
@@ -147,9 +148,7 @@ def _command(module, args):
 
 
 def _env(**env):
-  environ = dict(os.environ, PYTHONPATH=_ROOT, **env)
-  environ.pop("XLA_FLAGS", None)
-  return environ
+  return paths.subprocess_env(**env)
 
 
 def _run(module, args, **env):
@@ -320,7 +319,7 @@ def test_worker_config_round_trips_through_its_flags():
       "flags.FLAGS(['worker', *d.to_flags()])\n"
       "print('--k' not in ' '.join(d.to_flags()), pc.from_flags() == d)\n")
   run = subprocess.run([sys.executable, "-c", code], cwd=_ROOT,
-                       env=dict(os.environ, PYTHONPATH=_ROOT),
+                       env=paths.subprocess_env(),
                        capture_output=True, text=True, timeout=120)
   assert run.returncode == 0, run.stderr
   assert run.stdout.split() == ["True", "True", "True", "True"]

@@ -29,6 +29,7 @@ import pytest
 
 from dyadic_jax.testing import stats
 
+from tests import paths  # pylint: disable=g-import-not-at-top
 from tests.paths import ROOT as _ROOT  # pylint: disable=g-import-not-at-top
 _ALPHA = "1e-8"
 # Lines nobody should see: JAX's TPU probe, gloo's greeting, matplotlib's
@@ -49,8 +50,8 @@ def _run(tmp_path, *flags, expect=0, finished=True, tmpdir=None):
   plot = tmp_path / "pp1.png"
   tmpdir = tmpdir or tmp_path / "tmp"
   tmpdir.mkdir(exist_ok=True)
-  env = dict(os.environ, PYTHONPATH=_ROOT, TMPDIR=str(tmpdir))
-  env.pop("XLA_FLAGS", None)       # the pipeline sets its own device count
+  # The pipeline sets its own device count.
+  env = paths.subprocess_env(TMPDIR=str(tmpdir))
   proc = subprocess.run(
       [sys.executable, "-m", "experiments.pp1_pipeline", f"--json_out={out}",
        f"--plot_out={plot}", *flags], cwd=_ROOT, env=env,
@@ -129,10 +130,10 @@ def test_default_pipeline_multiprocess(tmp_path):
   # A generous deadline: on a loaded machine a slow healthy round must not
   # become a fallback (the runs are compared token for token).
   base = ("--tokens=8", "--vocab=4096", "--timeout=30")
-  single, _, _ = _run(tmp_path, *base)
-  multi, _, _ = _run(tmp_path, *base, "--multiprocess")
+  # One process: 2 request groups of 2 vocabulary shards (the reference).
   grid, stdout, _ = _run(tmp_path, *base, "--verifier_devices=4",
                          "--verifier_requests=2")
+  multi, _, _ = _run(tmp_path, *base, "--multiprocess")
   # A TP-2 worker (sparse: its ranks draw together, rank 0 sends the k
   # entries of the global top-k) and a TP-2 verifier: 4 processes.
   tp, tp_out, _ = _run(tmp_path, *base, "--worker_ranks=2",
@@ -143,13 +144,13 @@ def test_default_pipeline_multiprocess(tmp_path):
   assert multi["errors"] == {} and multi["config"]["multiprocess"]
   assert grid["config"]["verifier_mesh"] == {"requests": 2, "vocab": 2}
   assert "verifier mesh 2x2" in stdout
-  # Two gloo ranks, and 2 request groups of 2 vocabulary shards, commit
-  # exactly what one process with two devices does.
+  # Two gloo ranks, and a TP-2 worker beside a TP-2 verifier, commit
+  # exactly what one process with a 2x2 mesh does (which commits what one
+  # device does: tests/sharding/test_requests_mesh.py).
   for key in ("tokens", "outputs", "committed", "rounds", "mean_accepted",
               "acceptance_by_position"):
-    assert multi[key] == single[key], key
-    assert grid[key] == single[key], key
-    assert tp[key] == single[key], key
+    assert multi[key] == grid[key], key
+    assert tp[key] == grid[key], key
 
 
 @pytest.mark.long

@@ -1,17 +1,16 @@
 """experiments/wire_sizes reproduces the seed's size table exactly."""
 
 import json
-import os
 import subprocess
 import sys
 
+from tests import paths  # pylint: disable=g-import-not-at-top
 from tests.paths import ROOT as _ROOT  # pylint: disable=g-import-not-at-top
 
 
 def test_seed_table_reproduced(tmp_path):
   out = tmp_path / "sizes.json"
-  env = dict(os.environ, PYTHONPATH=_ROOT + os.pathsep +
-             os.environ.get("PYTHONPATH", ""))
+  env = paths.subprocess_env()
   run = subprocess.run(
       [sys.executable, "-m", "experiments.wire_sizes", "--json_out",
        str(out)], cwd=_ROOT, env=env, capture_output=True, text=True,

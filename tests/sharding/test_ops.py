@@ -6,8 +6,8 @@ all padding), random and adversarial rows (dyadic_jax/testing/
 adversarial.py), in the "loop" row mode and, on a subset of the cases, the
 "batched" one (the accelerators' path). The default tier runs the
 corners of the grid (every op once per mesh size, uneven and all-padding
-splits, the full vocabulary on the largest mesh); --runslow the whole
-grid. Runs on emulated CPU devices (tests/conftest.py asks for 8) and
+splits, several scan blocks a shard); --runslow the whole grid, the full
+vocabulary on the largest mesh included. Runs on emulated CPU devices (tests/conftest.py asks for 8) and
 unchanged on GPUs; skips when the machine has fewer devices than a case
 needs.
 """
@@ -55,23 +55,24 @@ _logits = adversarial.logit_rows
 
 
 # Every op once on every mesh size by default, both row modes among them,
-# each on an uneven split: loop (CPU's mode) on 1 device, on 4 shards of
-# 1001 and on 8 shards of 7 (a shard of padding only); batched (the
-# accelerators') on 2 shards of 7 and on 8 shards of 4099 (513 ids a shard:
-# several scan blocks of 256 each, the last one partial). --runslow adds
-# the rest of the grid: every size with a small and a mid vocabulary, 3
-# shards, and the full vocabulary on 8 shards in both modes.
-CASES = [(1, 1001), (4, 1001), (8, 7)]
-SLOW_CASES = [(1, 7), (2, 7), (2, 1001), (3, 1001), (4, 7), (8, 1001),
-              (8, dj.DEFAULT_VOCAB)]
-BATCHED_CASES = [(2, 7), (8, 4099)]
-SLOW_BATCHED_CASES = [(1, 1001), (8, 7), (8, dj.DEFAULT_VOCAB)]
+# each on an uneven split: loop (CPU's mode) on 1 device and on 4 shards of
+# 4099 (1025 ids a shard: several scan blocks of 256 each, the last one
+# partial); batched (the accelerators') on 2 shards of 7 and on 8 shards of
+# 7 (the last shard padding only). --runslow adds the rest of the grid:
+# every size with a small and a mid vocabulary, 3 shards, and the full
+# vocabulary on 8 shards in both modes.
+CASES = [(1, 1001), (4, 4099)]
+SLOW_CASES = [(1, 7), (2, 7), (2, 1001), (3, 1001), (4, 7), (4, 1001),
+              (8, 7), (8, 1001), (8, dj.DEFAULT_VOCAB)]
+BATCHED_CASES = [(2, 7), (8, 7)]
+SLOW_BATCHED_CASES = [(1, 1001), (8, 4099), (8, dj.DEFAULT_VOCAB)]
 # verify_chain composes the ops above; its own cost is compile time, so its
-# corners are fewer: loop on 1, 2 and 8 devices, batched on 4 shards of 1001;
-# --runslow adds 3 and 4 shards in loop mode and the full vocabulary on 8
-# shards in both modes.
-VERIFY_CASES = [(1, 1001), (2, 7), (8, 7)]
-SLOW_VERIFY_CASES = [(3, 1001), (4, 1001), (8, dj.DEFAULT_VOCAB)]
+# corners are fewer: loop on 2 and 8 devices, batched on 4 shards of 1001
+# (one vocabulary shard: tests/sharding/test_requests_mesh.py's 2x1 mesh);
+# --runslow adds 1, 3 and 4 shards in loop mode and the full vocabulary on
+# 8 shards in both modes.
+VERIFY_CASES = [(2, 7), (8, 7)]
+SLOW_VERIFY_CASES = [(1, 1001), (3, 1001), (4, 1001), (8, dj.DEFAULT_VOCAB)]
 VERIFY_BATCHED_CASES = [(4, 1001)]
 SLOW_VERIFY_BATCHED_CASES = [(2, 1001), (8, dj.DEFAULT_VOCAB)]
 

@@ -17,20 +17,19 @@ audit off, 400 first tokens gave chi2 ~ 8e4 on 5 degrees of freedom
 """
 
 import json
-import os
 import subprocess
 import sys
 
 import pytest
 
+from tests import paths  # pylint: disable=g-import-not-at-top
 from tests.paths import ROOT as _ROOT  # pylint: disable=g-import-not-at-top
 _SAMPLES = 400
 
 
 def _run(tmp_path, *flags):
   out = tmp_path / "drill.json"
-  env = dict(os.environ, PYTHONPATH=_ROOT)
-  env.pop("XLA_FLAGS", None)
+  env = paths.subprocess_env()
   proc = subprocess.run(
       [sys.executable, "-m", "experiments.pp1_pipeline",
        "--check_distribution", "--worker_bug=token_not_from_q",

@@ -7,7 +7,6 @@ results of the same round.
 """
 
 import json
-import os
 import socket
 import subprocess
 import sys
@@ -18,6 +17,7 @@ from tests import multiprocess_case
 
 pytestmark = pytest.mark.multidevice
 
+from tests import paths  # pylint: disable=g-import-not-at-top
 from tests.paths import ROOT as _ROOT  # pylint: disable=g-import-not-at-top
 
 
@@ -29,10 +29,7 @@ def _free_port():
 
 def test_two_processes_reproduce_single_process(tmp_path):
   port = _free_port()
-  env = dict(os.environ)
-  env["XLA_FLAGS"] = ""  # one CPU device per process
-  env["JAX_PLATFORMS"] = "cpu"
-  env["PYTHONPATH"] = _ROOT + os.pathsep + env.get("PYTHONPATH", "")
+  env = paths.subprocess_env(JAX_PLATFORMS="cpu")  # one CPU device each
   outs = [tmp_path / f"rank{i}.json" for i in range(2)]
   procs = [subprocess.Popen(
       [sys.executable, "-m", "tests.multiprocess_worker", str(i), str(port),

@@ -67,7 +67,6 @@ import dataclasses
 import functools
 import itertools
 import json
-import os
 import select
 import subprocess
 import sys
@@ -112,6 +111,7 @@ MUTANT_ROUNDS = 400
 MUTANT_SHIFT = 4        # the mutant moves c_x // 4 away from the drafted x
 SOAK_KINDS = proxy_lib.KINDS + proxy_lib.BENIGN
 
+from tests import paths  # pylint: disable=g-import-not-at-top
 from tests.paths import ROOT as _ROOT  # pylint: disable=g-import-not-at-top
 
 # -- the models ---------------------------------------------------------------
@@ -171,8 +171,7 @@ class _ProcessWorker:
   """`worker_main` in a child process (always killed at the end)."""
 
   def __init__(self, representation):
-    env = dict(os.environ, PYTHONPATH=_ROOT, XLA_FLAGS="",
-               JAX_PLATFORMS="cpu")
+    env = paths.subprocess_env(JAX_PLATFORMS="cpu")
     self.proc = subprocess.Popen(
         [sys.executable, "-c", "from tests.system.test_soak import "
          f"worker_main; worker_main({representation.name!r})"],

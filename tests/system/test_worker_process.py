@@ -6,7 +6,6 @@ target-only and counts TIMEOUTs), starts a new worker process on the same
 address, and checks that the verifier negotiates again and verifies.
 """
 
-import os
 import select
 import subprocess
 import sys
@@ -19,6 +18,7 @@ from dyadic_jax.wire.layouts import Representation
 from dyadic_jax.wire.refusals import Code
 from tests import bridge_harness as h
 
+from tests import paths  # pylint: disable=g-import-not-at-top
 from tests.paths import ROOT as _ROOT  # pylint: disable=g-import-not-at-top
 
 
@@ -28,8 +28,7 @@ def keys_dir(tmp_path):
 
 
 def _start(address, caps, keys_dir):
-  env = dict(os.environ, PYTHONPATH=_ROOT, XLA_FLAGS="",
-             JAX_PLATFORMS="cpu")
+  env = paths.subprocess_env(JAX_PLATFORMS="cpu")
   proc = subprocess.Popen(
       [sys.executable, "-m", "experiments.bridge_worker",
        f"--address={address}", f"--vocab={caps.vocab}",
