@@ -85,8 +85,9 @@ TO_VERIFIER = "to_verifier"    # reply messages (worker -> verifier)
 KINDS = ("delay", "drop", "duplicate", "reorder", "truncate", "corrupt",
          "reset")
 BENIGN = ("jitter",)
-# Kinds after which nothing of the exchange can arrive intact in time: the
-# verifier can only time it out (`on_lost` is called).
+# Kinds after which the exchange cannot arrive whole in time (`on_lost` is
+# called). All of it is lost, except after a truncation that cut a whole
+# frame: the other frames are authentic and still count.
 LOST = ("delay", "drop", "truncate", "corrupt", "reset")
 RESET_SOCKETS = ("front", "back", "both")
 

@@ -64,7 +64,10 @@ def _assert_equal(a, b):
 
 
 @pytest.mark.qualify
-@pytest.mark.parametrize("v", [7, 1001, 4096])
+# By default one block and several, the last partial; whole blocks (4096)
+# under --runslow.
+@pytest.mark.parametrize("v", [7, 1001,
+                               pytest.param(4096, marks=pytest.mark.slow)])
 def test_dense_equals_the_three_ops(row_mode, v):
   del row_mode
   x, t, bias, u = _inputs(v)
@@ -77,8 +80,12 @@ def test_dense_equals_the_three_ops(row_mode, v):
 
 
 @pytest.mark.qualify
-@pytest.mark.parametrize("v,k", [(7, 1), (7, 7), (1001, 3), (1001, 32),
-                                 (4096, 8), (4096, 32)])
+# By default k = 1, k = V and a top-k across partial blocks; the other
+# sizes under --runslow.
+@pytest.mark.parametrize("v,k", [
+    (7, 1), (7, 7), (1001, 32),
+    *(pytest.param(v, k, marks=pytest.mark.slow)
+      for v, k in [(1001, 3), (4096, 8), (4096, 32)])])
 def test_sparse_equals_the_three_ops(row_mode, v, k):
   del row_mode
   x, t, bias, u = _inputs(v, seed=k)
