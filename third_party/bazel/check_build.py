@@ -8,25 +8,39 @@
 Plain Python 3 (stdlib only); it never imports the project's code, it reads
 the imports with `ast`.
 
-What it checks:
+What it checks (BUILD is evaluated as Python with stand-in rule functions;
+its `load` runs pytest_test.bzl the same way, so what is checked of a test is
+the py_test the macro really expands to):
   * every *.py under dyadic_jax/, sharding/, experiments/ is the src of a
-    py_library, every tests/**/test_*.py the src of a py_test, every other
-    tests/**/*.py (conftest.py, helpers) the src of a py_library;
+    py_library, every tests/**/test_*.py the src of a pytest_test (the macro
+    of pytest_test.bzl; a bare py_test is an error) whose arguments are right
+    (name, src, deps, data, tags, shard_count) and whose expansion is right
+    (srcs = [src, PYTEST_MAIN], main = PYTEST_MAIN, args = ["$(rootpath
+    src)"], legacy_create_init = False, the pytest config files in data,
+    timeout "long" when tagged slow); every other tests/**/*.py (conftest.py,
+    helpers) is the src of a py_library;
   * no BUILD file exists below the root (a sub-package would break the
     "dyadic_jax/foo.py" labels of the single top-level BUILD);
   * every target's deps are exactly the first-party modules its file imports,
     plus the package umbrella target (see the rule below), plus, for tests,
     the libraries holding tests/conftest.py and tests/__init__.py;
-  * tests carry the tags that the table/markers below call for, and the
-    extra deps/data of EXTRA_DEPS/EXTRA_DATA (things no import shows);
+  * tests carry exactly the tags that the table/markers below call for, and
+    the extra deps/data of EXTRA_DEPS/EXTRA_DATA (things no import shows);
   * every src named in BUILD exists;
   * third-party imports are stdlib or in KNOWN_THIRD_PARTY (from the venv);
     anything else is reported as a warning.
 
-Dependency rule for packages whose __init__.py imports its modules (as
-dyadic_jax/__init__.py does): importing `pkg.mod` runs pkg/__init__.py first.
+"Imports" are every import statement of a file, those under
+`if typing.TYPE_CHECKING:` and inside functions included, plus, for a
+package __init__.py, the modules its lazy-name table `_WHERE` names (PEP 562
+`__getattr__`, as dyadic_jax/__init__.py and dyadic_jax/bridge/__init__.py
+have): a name's first use imports its module, which must then be in the
+runfiles.
+
+Dependency rule for packages: importing `pkg.mod` runs pkg/__init__.py first.
   * Code outside `pkg` that imports pkg.mod depends on //:pkg_mod AND //:pkg
-    (the umbrella holding pkg/__init__.py and its imports).
+    (the umbrella holding pkg/__init__.py and the modules it imports or
+    loads lazily).
   * Code inside `pkg` that imports a sibling depends on the sibling only:
     whoever imported it has already run pkg/__init__.py. Depending on the
     umbrella from inside would be a cycle, which Bazel rejects. A module inside
@@ -39,12 +53,17 @@ import ast
 import os
 import pprint
 import sys
+import types
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 LIB_DIRS = ("dyadic_jax", "sharding", "experiments")
 TEST_DIR = "tests"
-PYTEST_MAIN = "third_party/bazel/pytest_main.py"
+# The macro every test is written with. PYTEST_MAIN and the pytest config
+# files are defined there only; the checks read them from the file.
+MACRO_FILE = "pytest_test.bzl"
+MACRO_LABEL = "//:" + MACRO_FILE
+MACRO = "pytest_test"
 
 # Top-level modules that come from the virtualenv interpreter, not Bazel.
 KNOWN_THIRD_PARTY = {
@@ -241,6 +260,8 @@ class Project:
         for a in node.names:
           cand = f"{base}.{a.name}" if base else a.name
           names.append(cand if cand in self.modules else base)
+    if path.endswith("/__init__.py"):
+      names += [f"{pkg}.{m}" for m in self._lazy_modules(path, tree)]
     first, third = set(), set()
     for name in names:
       if not name:
@@ -258,6 +279,43 @@ class Project:
       else:
         third.add(top)
     return first, third, source
+
+  def _lazy_modules(self, path, tree):
+    """Submodules a package __init__.py's lazy-name table `_WHERE` can load.
+
+    `_WHERE` maps a public name to the submodule that defines it ("": the
+    name is a submodule itself); __getattr__ imports that module on the
+    name's first use. Entries are `"name": "module"` or
+    `**dict.fromkeys(("name", ...), "module")`.
+    """
+    out = []
+    for node in tree.body:
+      if not (isinstance(node, ast.Assign) and
+              any(isinstance(t, ast.Name) and t.id == "_WHERE"
+                  for t in node.targets)):
+        continue
+      if not isinstance(node.value, ast.Dict):
+        self.errors.append(f"{path}:{node.lineno}: _WHERE is not a dict "
+                           "display; check_build.py cannot read it")
+        continue
+      for key, value in zip(node.value.keys, node.value.values):
+        if key is None:  # **dict.fromkeys(("a", "b"), "module")
+          ok = (isinstance(value, ast.Call) and
+                ast.unparse(value.func) == "dict.fromkeys" and
+                len(value.args) == 2 and
+                isinstance(value.args[0], (ast.Tuple, ast.List)))
+          if ok:
+            keys, where = value.args[0].elts, value.args[1]
+        else:
+          ok, keys, where = True, [key], value
+        if not ok or not all(_is_str(k) for k in keys + [where]):
+          self.errors.append(f"{path}:{value.lineno}: _WHERE entry "
+                             f"{ast.unparse(value)!r}: check_build.py reads "
+                             '"name": "module" and **dict.fromkeys((names), '
+                             '"module") only')
+          continue
+        out += [where.value or k.value for k in keys]
+    return out
 
   def expected(self):
     """Expected targets: name -> dict(kind, srcs, deps, tags)."""
@@ -322,6 +380,10 @@ class Project:
     return targets
 
 
+def _is_str(node):
+  return isinstance(node, ast.Constant) and isinstance(node.value, str)
+
+
 def _module_level_slow(source):
   tree = ast.parse(source)
   for node in tree.body:
@@ -357,32 +419,45 @@ HEADER = '''\
 # (dyadic_jax/qcodec.py -> //:dyadic_jax_qcodec); the library for a package's
 # __init__.py is named after the package (//:dyadic_jax).
 #
-# Package __init__.py files. dyadic_jax/__init__.py re-exports the whole
-# API, so importing any dyadic_jax.X first runs __init__.py, which imports
-# every module. A module target cannot carry __init__.py (or depend on a
-# target that does): __init__ -> X -> __init__ is a cycle, and Bazel rejects
-# dependency cycles; an __init__-only target without the module deps would put
-# an __init__.py in the runfiles whose imports are missing. So:
+# Package __init__.py files. dyadic_jax/__init__.py and
+# dyadic_jax/bridge/__init__.py load their public names lazily (PEP 562): a
+# module-level __getattr__ imports the module that their _WHERE table names
+# for a name on its first use (dyadic_jax.verify_chain imports
+# dyadic_jax.verification then). They import those modules under
+# typing.TYPE_CHECKING only; at run time dyadic_jax/__init__.py imports
+# dyadic_jax.rowsetting alone. Importing any dyadic_jax.X still runs
+# dyadic_jax/__init__.py first, and a name's module must be in the runfiles
+# by its first use, so check_build.py counts the TYPE_CHECKING imports and
+# the modules _WHERE names as imports of __init__.py.
+# A module target cannot carry __init__.py (or depend on a target that does):
+# __init__ -> X -> __init__ is a dependency cycle, which Bazel rejects; an
+# __init__-only target without the module deps would put an __init__.py in
+# the runfiles whose names fail on first use. So:
 #   * //:dyadic_jax_X has srcs = [dyadic_jax/X.py] and deps = the sibling
 #     modules X imports. Imports inside the package need no __init__ target:
 #     whoever imported X has already run dyadic_jax/__init__.py.
 #   * //:dyadic_jax (the umbrella) has srcs = [dyadic_jax/__init__.py] and
-#     deps = the modules __init__.py imports (all of them).
+#     deps = the modules __init__.py imports or loads lazily (every module of
+#     _WHERE); //:dyadic_jax_bridge likewise.
 #   * Code outside the package (tests, sharding, experiments) depends on the
 #     //:dyadic_jax_X modules it imports AND on //:dyadic_jax, so the real
-#     __init__.py and everything it imports is in its runfiles.
-# The same rule applies to sharding/ and experiments/.
+#     __init__.py and every module its names load is in its runfiles.
+# The same rule applies to sharding/ (whose __init__.py imports its modules)
+# and experiments/.
 #
-# Tests: one py_test per tests/**/test_*.py, run through pytest by
-# third_party/bazel/pytest_main.py (which gets the file via $(rootpath)).
-# legacy_create_init = False stops Bazel from adding empty __init__.py files
-# to the runfiles (one would turn tests/ into a package, or could stand in
-# for a missing dyadic_jax/__init__.py). The runfiles root is on sys.path
-# (Bazel's Python stub does that), so "import dyadic_jax" works; the
-# workspace must not be named "dyadic_jax" (see WORKSPACE). Non-test files in
-# tests/ are libraries too: every test depends on tests/conftest.py and the
-# __init__.py files of its directory and those above it, helpers only where
-# imported.
+# Tests: one pytest_test per tests/**/test_*.py. The macro (pytest_test.bzl,
+# loaded below; at the root so that it needs no package of its own) expands
+# to a py_test with srcs = [src, PYTEST_MAIN], main = PYTEST_MAIN
+# (third_party/bazel/pytest_main.py, which runs the file through pytest; it
+# gets the file via args = ["$(rootpath src)"]), data = the pytest config
+# files + data, timeout "long" when tagged slow, and legacy_create_init =
+# False, which stops Bazel from adding empty __init__.py files to the
+# runfiles (one would turn tests/ into a package, or could stand in for a
+# missing dyadic_jax/__init__.py). The runfiles root is on sys.path (Bazel's
+# Python stub does that), so "import dyadic_jax" works; the workspace must
+# not be named "dyadic_jax" (see WORKSPACE). Non-test files in tests/ are
+# libraries too: every test depends on tests/conftest.py and the __init__.py
+# files of its directory and those above it, helpers only where imported.
 # Tags: "slow" (module-level pytestmark = pytest.mark.slow, or EXTRA_TAGS in
 # check_build.py), "multidevice" (uses several devices) and "smoke" (SMOKE in
 # check_build.py: one quick file per layer).
@@ -391,20 +466,7 @@ HEADER = '''\
 # README's pytest command is what runs every test.
 '''
 
-PRELUDE = '''\
-PYTEST_MAIN = "third_party/bazel/pytest_main.py"
-
-# pytest configuration, if the repo has any, must be in the runfiles.
-PYTEST_CONFIG = glob(
-    [
-        "pytest.ini",
-        "pyproject.toml",
-        "setup.cfg",
-        "tox.ini",
-    ],
-    allow_empty = True,
-)
-'''
+PRELUDE = f'load("{MACRO_LABEL}", "{MACRO}")\n'
 
 SUITES = '''\
 test_suite(
@@ -448,7 +510,7 @@ def _deps(deps):
 
 
 def render(targets):
-  out = [HEADER, "", PRELUDE]
+  out = [HEADER, PRELUDE]
   groups = [
       ("Library: " + d + "/", lambda p, d=d: p.startswith(d + "/"))
       for d in LIB_DIRS
@@ -478,21 +540,16 @@ def render(targets):
       else:
         tags = sorted(t["tags"])
         extra = ""
-        if "slow" in tags:
-          extra += '    timeout = "long",\n'
+        if t["data"]:
+          extra += f"    data = {_list([_q(d) for d in t['data']])},\n"
         if n in SHARD_COUNTS:
           extra += f"    shard_count = {SHARD_COUNTS[n]},\n"
         if tags:
           extra += f"    tags = {_list([_q(x) for x in tags])},\n"
         out.append(
-            "py_test(\n"
+            f"{MACRO}(\n"
             f"    name = {_q(n)},\n"
-            f"    srcs = [\n        {_q(src)},\n        PYTEST_MAIN,\n    ],\n"
-            f'    args = ["$(rootpath {src})"],\n'
-            + (f"    data = PYTEST_CONFIG + {_list([_q(d) for d in t['data']])},\n"
-               if t["data"] else "    data = PYTEST_CONFIG,\n") +
-            "    legacy_create_init = False,\n"
-            "    main = PYTEST_MAIN,\n"
+            f"    src = {_q(src)},\n"
             + extra +
             f"    deps = {_deps(t['deps'])},\n"
             ")\n")
@@ -502,10 +559,31 @@ def render(targets):
 
 
 # --------------------------------------------------------------------------
-# BUILD parsing (the BUILD file is evaluated with stand-in rule functions).
+# BUILD parsing (the BUILD file is evaluated with stand-in rule functions;
+# its load() evaluates the .bzl file the same way).
+
+def glob(include, exclude=(), allow_empty=True, **_):
+  """Stand-in for Bazel's glob() in the root package."""
+  import glob as globmod  # pylint: disable=g-import-not-at-top
+  out = []
+  for pat in include:
+    for f in sorted(globmod.glob(os.path.join(ROOT, pat), recursive=True)):
+      r = rel(f)
+      if r not in exclude and os.path.isfile(f):
+        out.append(r)
+  if not out and not allow_empty:
+    raise Error(f"glob({include}) matches nothing")
+  return out
+
 
 def load_build(path):
+  """Evaluates BUILD; returns (rules, the globals of the macro's .bzl file).
+
+  rules: name -> the rule's attributes plus "kind"; a rule a macro created
+  also has "macro": (macro name, the macro's keyword arguments).
+  """
   rules = {}
+  loaded = {}
 
   def rule(kind):
     def fn(**kw):
@@ -516,17 +594,10 @@ def load_build(path):
       rules[name] = kw
     return fn
 
-  def glob(include, exclude=(), allow_empty=True, **_):
-    import glob as globmod
-    out = []
-    for pat in include:
-      for f in sorted(globmod.glob(os.path.join(ROOT, pat), recursive=True)):
-        r = rel(f)
-        if r not in exclude and os.path.isfile(f):
-          out.append(r)
-    return out
+  def fail(msg, *_, **__):
+    raise Error(f"fail(): {msg}")
 
-  env = {
+  rule_fns = {
       "py_library": rule("py_library"),
       "py_test": rule("py_test"),
       "py_binary": rule("py_binary"),
@@ -538,10 +609,45 @@ def load_build(path):
       "glob": glob,
       "select": lambda d: d.get("//conditions:default", []),
   }
+
+  def traced(macro, fn):
+    """`fn`, recording on each rule it creates that `macro` made it."""
+    def call(*args, **kw):
+      if args:
+        raise Error(f"BUILD: call {macro} with keyword arguments only")
+      before = set(rules)
+      fn(**kw)
+      for name in set(rules) - before:
+        rules[name]["macro"] = (macro, kw)
+    return call
+
+  def load(label, *symbols, **aliases):
+    if not (label.startswith("//:") and label.endswith(".bzl")):
+      raise Error(f"BUILD: load({label!r}): only .bzl files of the root "
+                  "package (//:name.bzl) are understood here")
+    if label not in loaded:
+      loaded[label] = load_bzl(os.path.join(ROOT, label[3:]), rule_fns, fail)
+    bzl = loaded[label]
+    for local, symbol in [(s, s) for s in symbols] + list(aliases.items()):
+      if symbol.startswith("_") or symbol not in bzl:
+        raise Error(f"BUILD: load({label!r}): no public symbol {symbol!r}")
+      value = bzl[symbol]
+      env[local] = traced(symbol, value) if callable(value) else value
+
+  env = dict(rule_fns, load=load, fail=fail)
   with open(path, encoding="utf-8") as fh:
     code = fh.read()
   exec(compile(code, path, "exec"), env)  # pylint: disable=exec-used
-  return rules
+  return rules, loaded.get(MACRO_LABEL)
+
+
+def load_bzl(path, rule_fns, fail):
+  """Evaluates a .bzl file; `native.X` are the stand-in rule functions."""
+  with open(path, encoding="utf-8") as fh:
+    code = fh.read()
+  env = {"native": types.SimpleNamespace(**rule_fns), "fail": fail}
+  exec(compile(code, path, "exec"), env)  # pylint: disable=exec-used
+  return env
 
 
 def _label(d):
@@ -566,14 +672,21 @@ def check(project, targets):
         errors.append(f"{rel(os.path.join(dirpath, b))}: only the top-level "
                       "BUILD may exist (it would cut the root package)")
   try:
-    rules = load_build(build)
+    rules, bzl = load_build(build)
   except Exception as e:  # pylint: disable=broad-except
     return errors + [f"BUILD: cannot evaluate: {e!r}"]
+  if bzl is None or bzl.get(MACRO) is None:
+    return errors + [f"BUILD: does not load({MACRO_LABEL!r}, {MACRO!r})"]
+  pytest_main = bzl["PYTEST_MAIN"]
+  if not os.path.isfile(os.path.join(ROOT, pytest_main)):
+    errors.append(f"{MACRO_FILE}: PYTEST_MAIN {pytest_main} does not exist")
+  # What the macro's native.glob of the pytest config files gives.
+  pytest_config = glob(bzl["PYTEST_CONFIG_FILES"])
 
   owner = {}
   for name, r in rules.items():
     for s in r.get("srcs", []):
-      if s == PYTEST_MAIN:
+      if s == pytest_main:
         continue
       if not os.path.exists(os.path.join(ROOT, s)):
         errors.append(f"//:{name}: src {s} does not exist")
@@ -592,7 +705,7 @@ def check(project, targets):
       continue
     if r["kind"] != exp["kind"]:
       errors.append(f"//:{name}: is {r['kind']}, expected {exp['kind']}")
-    got_srcs = [s for s in r.get("srcs", []) if s != PYTEST_MAIN]
+    got_srcs = [s for s in r.get("srcs", []) if s != pytest_main]
     if got_srcs != exp["srcs"]:
       errors.append(f"//:{name}: srcs {got_srcs}, expected {exp['srcs']}")
     got = {_label(d) for d in r.get("deps", [])}
@@ -604,25 +717,54 @@ def check(project, targets):
       errors.append(f"//:{name}: deps not imported by {path}: "
                     f"{sorted(':' + d for d in extra)}")
     if exp["kind"] == "py_test":
-      if r.get("main") != PYTEST_MAIN or PYTEST_MAIN not in r.get("srcs", []):
-        errors.append(f"//:{name}: main must be {PYTEST_MAIN} (also in srcs)")
-      if r.get("args", [None])[0] not in (f"$(rootpath {path})",
-                                          f"$(location {path})"):
-        errors.append(f"//:{name}: args[0] must be $(rootpath {path})")
-      if r.get("legacy_create_init", True):
-        errors.append(f"//:{name}: needs legacy_create_init = False")
-      missing_data = set(exp["data"]) - set(r.get("data", []))
-      if missing_data:
-        errors.append(f"//:{name}: missing data {sorted(missing_data)}")
-      missing_tags = exp["tags"] - set(r.get("tags", []))
-      if missing_tags:
-        errors.append(f"//:{name}: missing tags {sorted(missing_tags)}")
+      errors += _check_test(name, path, exp, r, pytest_main, pytest_config)
   suites = {n: r for n, r in rules.items() if r["kind"] == "test_suite"}
   if "fast" not in suites or "-slow" not in suites["fast"].get("tags", []):
     errors.append("//:fast test_suite (tags = [\"-slow\"]) is missing")
   for name in SMOKE:
     if name not in rules or rules[name]["kind"] != "py_test":
       errors.append(f"SMOKE names //:{name}, which is not a test target")
+  return errors
+
+
+def _check_test(name, path, exp, r, pytest_main, pytest_config):
+  """Errors of test target `name`: its pytest_test call, and the py_test."""
+  errors = []
+  macro, kw = r.get("macro", (None, {}))
+  if macro != MACRO:
+    return [f"//:{name}: write it as {MACRO}(name = {name!r}, src = "
+            f"{path!r}, ...), the macro of {MACRO_FILE}, not a bare "
+            f"{r['kind']}"]
+  # The macro's arguments (deps: checked on the py_test above).
+  if kw.get("src") != path:
+    errors.append(f"//:{name}: src = {kw.get('src')!r}, expected {path!r}")
+  if sorted(kw.get("data", [])) != sorted(exp["data"]):
+    errors.append(f"//:{name}: data = {sorted(kw.get('data', []))}, "
+                  f"expected {sorted(exp['data'])}")
+  got_tags = set(kw.get("tags", []))
+  if got_tags != exp["tags"]:
+    errors.append(f"//:{name}: tags = {sorted(got_tags)}, expected "
+                  f"{sorted(exp['tags'])}")
+  if kw.get("shard_count") != SHARD_COUNTS.get(name):
+    errors.append(f"//:{name}: shard_count = {kw.get('shard_count')}, "
+                  f"expected {SHARD_COUNTS.get(name)} (SHARD_COUNTS)")
+  # What the macro expanded it to.
+  srcs = r.get("srcs", [])
+  if r.get("main") != pytest_main or pytest_main not in srcs:
+    errors.append(f"//:{name}: main must be {pytest_main} (also in srcs)")
+  if r.get("args", [None])[0] not in (f"$(rootpath {path})",
+                                      f"$(location {path})"):
+    errors.append(f"//:{name}: args[0] must be $(rootpath {path})")
+  if r.get("legacy_create_init", True):
+    errors.append(f"//:{name}: needs legacy_create_init = False")
+  missing_data = set(exp["data"] + pytest_config) - set(r.get("data", []))
+  if missing_data:
+    errors.append(f"//:{name}: missing data {sorted(missing_data)}")
+  missing_tags = exp["tags"] - set(r.get("tags", []))
+  if missing_tags:
+    errors.append(f"//:{name}: missing tags {sorted(missing_tags)}")
+  if "slow" in exp["tags"] and r.get("timeout") not in ("long", "eternal"):
+    errors.append(f"//:{name}: tagged slow, needs timeout \"long\"")
   return errors
 
 

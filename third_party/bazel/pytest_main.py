@@ -1,6 +1,7 @@
-"""Entry point of every py_test in //:BUILD: runs one pytest file under Bazel.
+"""Entry point of every test in //:BUILD: runs one pytest file under Bazel.
 
-Usage (set up by the BUILD file, not by hand):
+Usage (set up by BUILD's `pytest_test(name = ..., src = "tests/test_x.py",
+...)`, the macro of //:pytest_test.bzl, not by hand): it expands to
     py_test(
         srcs = ["tests/test_x.py", "third_party/bazel/pytest_main.py"],
         main = "third_party/bazel/pytest_main.py",
