@@ -11,12 +11,13 @@ moves the first-token distribution far enough that 2,000 samples reject it
 at any reasonable alpha (chi2 ~ 130 on 5 degrees of freedom, p ~ 1e-26,
 measured), so the same harness demonstrably has power.
 
-The default tier runs the pipeline once per mode (one process, gloo
-ranks, a requests x vocab verifier mesh, TP-2 x TP-2), the distribution
-check with its mutant, one rank-link drill and a worker that cannot start;
---runslow adds the check under injected faults, a killed worker, the
-rank-link equality at an uneven vocabulary with CURVE, and the other two
-rank-link drills.
+The default tier runs the pipeline once per mode (one process, a
+requests x vocab verifier mesh, TP-2 x TP-2 over gloo ranks), the
+distribution check, one rank-link drill and a worker that cannot start;
+--runslow adds the check's mutant (its power, by default: the audit
+drill), the check under injected faults, a killed worker, the rank-link
+equality at an uneven vocabulary with CURVE, and the other two rank-link
+drills.
 """
 
 import json
@@ -133,23 +134,21 @@ def test_default_pipeline_multiprocess(tmp_path):
   # One process: 2 request groups of 2 vocabulary shards (the reference).
   grid, stdout, _ = _run(tmp_path, *base, "--verifier_devices=4",
                          "--verifier_requests=2")
-  multi, _, _ = _run(tmp_path, *base, "--multiprocess")
   # A TP-2 worker (sparse: its ranks draw together, rank 0 sends the k
-  # entries of the global top-k) and a TP-2 verifier: 4 processes.
+  # entries of the global top-k) and a TP-2 verifier (two gloo ranks, what
+  # --multiprocess runs): 4 processes.
   tp, tp_out, _ = _run(tmp_path, *base, "--worker_ranks=2",
                        "--verifier_ranks=2")
   assert tp["config"]["worker_ranks"] == 2 and not tp["config"]["rank_links"]
   assert "worker ranks 2" in tp_out
-  _healthy(multi)
-  assert multi["errors"] == {} and multi["config"]["multiprocess"]
+  _healthy(tp)
+  assert tp["errors"] == {}
   assert grid["config"]["verifier_mesh"] == {"requests": 2, "vocab": 2}
   assert "verifier mesh 2x2" in stdout
-  # Two gloo ranks, and a TP-2 worker beside a TP-2 verifier, commit
-  # exactly what one process with a 2x2 mesh does (which commits what one
-  # device does: tests/sharding/test_requests_mesh.py).
+  # The ranks commit exactly what one process with a 2x2 mesh does (which
+  # commits what one device does: tests/sharding/test_requests_mesh.py).
   for key in ("tokens", "outputs", "committed", "rounds", "mean_accepted",
               "acceptance_by_position"):
-    assert multi[key] == grid[key], key
     assert tp[key] == grid[key], key
 
 
@@ -176,7 +175,9 @@ def test_distribution_check_passes_with_faults(tmp_path):
   assert "refused" in stderr        # the warnings _run checks for glue
 
 
-@pytest.mark.long
+# The check's power by default: the audit drill's run without the audit
+# (tests/system/test_audit_drill.py), through the same --check_distribution.
+@pytest.mark.slow
 def test_distribution_check_rejects_the_mutant(tmp_path):
   record, stdout, _ = _run(tmp_path, "--check_distribution",
                            f"--alpha={_ALPHA}", "--mutant=uniform_q",

@@ -89,7 +89,7 @@ def psum_gather(monkeypatch):
 
 
 @pytest.mark.usefixtures("psum_gather")
-@pytest.mark.parametrize("n", [2, 8])
+@pytest.mark.parametrize("n", [2, pytest.param(8, marks=pytest.mark.slow)])
 def test_sharded_ops_through_the_psum_gather(n):
   mesh = _mesh(n)
   v = 1001
