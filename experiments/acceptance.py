@@ -84,13 +84,7 @@ _SEED = flags.DEFINE_integer(
 _MODEL_SEED = flags.DEFINE_integer(
     "model_seed", 0, "Seed of the toy models' factors, in [0, 2^31 - 1).",
     lower_bound=0, upper_bound=(1 << 31) - 2)
-_PENALTY = flags.DEFINE_float(
-    "repetition_penalty", 1.3, "Target processor: repetition penalty in "
-    "[1, 100] on tokens already in the context (1: off).")
-_GRAMMAR = flags.DEFINE_integer(
-    "grammar_modulus", 0, "Target processor: forbid b after a when "
-    "(a + b) % m == 0 (0: off; else m >= 2).", lower_bound=0,
-    upper_bound=(1 << 31) - 1)
+_PENALTY, _GRAMMAR = cli.define_target_processor()
 _EMPIRICAL = flags.DEFINE_integer(
     "empirical_rounds", 64, "Verified rounds per dyadic q and closeness for "
     "the empirical accepted length (the first contexts); 0 skips them.",
@@ -107,10 +101,6 @@ cli.check("closeness", lambda c: cli.float_list(c, 0.0, 1.0),
           "--closeness must be numbers in [0, 1]")
 cli.check(["ks", "vocab"], lambda ks, vocab: cli.int_list(ks, 1, vocab),
           "--ks must be integers in [1, --vocab]")
-cli.check("repetition_penalty", lambda r: 1.0 <= r <= 100.0,
-          "--repetition_penalty must be a number in [1, 100]")
-cli.check("grammar_modulus", lambda m: m != 1,
-          "--grammar_modulus must be 0 (off) or >= 2")
 cli.check_output_path("json_out")
 cli.check_output_path("plot_out")
 cli.parse_flags_early(__name__)

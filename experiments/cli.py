@@ -199,6 +199,24 @@ def check_output_path(name: str) -> None:
         f"--{name} must be a file path in an existing, writable folder")
 
 
+def define_target_processor() -> tuple[flags.FlagHolder[float],
+                                       flags.FlagHolder[int]]:
+  """Defines --repetition_penalty and --grammar_modulus, the toy target's
+  logits processor (dyadic_jax.testing.toy_models), with their checks."""
+  penalty = flags.DEFINE_float(
+      "repetition_penalty", 1.3, "Target processor: repetition penalty in "
+      "[1, 100] on tokens already in the context (1: off).")
+  grammar = flags.DEFINE_integer(
+      "grammar_modulus", 0, "Target processor: forbid b after a when "
+      "(a + b) % m == 0 (0: off; else m >= 2).", lower_bound=0,
+      upper_bound=(1 << 31) - 1)
+  check("repetition_penalty", lambda r: 1.0 <= r <= 100.0,
+        "--repetition_penalty must be a number in [1, 100]")
+  check("grammar_modulus", lambda m: m != 1,
+        "--grammar_modulus must be 0 (off) or >= 2")
+  return penalty, grammar
+
+
 def int_list(values: typing.Sequence[str], lo: int, hi: int) -> bool:
   """True if every item of a list flag is an integer in [lo, hi]."""
   try:

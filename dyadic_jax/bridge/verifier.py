@@ -139,7 +139,7 @@ class RoundHook:
     """A round begins: its STEP is made, not yet sent (None: a round
     without an exchange, every request falls back)."""
 
-  def exchange(self) -> contextlib.AbstractContextManager[None]:
+  def around_exchange(self) -> contextlib.AbstractContextManager[None]:
     """The context each exchange runs in: STEP out to its verdict."""
     return contextlib.nullcontext()
 
@@ -345,7 +345,7 @@ class Verifier:
         return self.execute(self.session.fallback(rids, e.code).plan)
     with contextlib.ExitStack() as scope:
       for hook in self.hooks:
-        scope.enter_context(hook.exchange())
+        scope.enter_context(hook.around_exchange())
       verify = self.exchange(rids, depth)
     return self.execute(verify.plan)
 

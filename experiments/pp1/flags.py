@@ -27,13 +27,7 @@ MAX_SEED = ((1 << 63) - 1 - MAX_RID) // 1_000_003
 TOKENS = flags.DEFINE_integer(
     "tokens", 48, "New tokens to generate per request (>= 1).",
     lower_bound=1, upper_bound=1_000_000)
-PENALTY = flags.DEFINE_float(
-    "repetition_penalty", 1.3, "Target processor: repetition penalty in "
-    "[1, 100] (1: off).")
-GRAMMAR = flags.DEFINE_integer(
-    "grammar_modulus", 0, "Target processor: forbid b after a when (a + b) "
-    "% m == 0 (0: off; else m >= 2).", lower_bound=0,
-    upper_bound=(1 << 31) - 1)
+PENALTY, GRAMMAR = cli.define_target_processor()
 MULTIPROCESS = flags.DEFINE_bool(
     "multiprocess", False, "Verifier as 2 jax.distributed ranks (gloo, one "
     "CPU device each) plus the worker: 3 processes.")
@@ -132,10 +126,6 @@ def _finite_in(lo: float, hi: float, *,
   return ok
 
 
-cli.check("repetition_penalty", _finite_in(1.0, 100.0),
-          "--repetition_penalty must be a number in [1, 100]")
-cli.check("grammar_modulus", lambda m: m != 1,
-          "--grammar_modulus must be 0 (off) or >= 2")
 cli.check("inject_faults", _finite_in(0.0, 1.0),
           "--inject_faults must be a fraction in [0, 1]")
 cli.check("timeout", _finite_in(0.0, 3600.0, open_lo=True),

@@ -71,7 +71,7 @@ class TimingHook(bridge.RoundHook):
   def __init__(self, watch: stopwatch.Stopwatch):
     self.watch = watch
 
-  def exchange(self) -> contextlib.AbstractContextManager[None]:
+  def around_exchange(self) -> contextlib.AbstractContextManager[None]:
     return self.watch.phase("exchange")
 
 
