@@ -144,9 +144,9 @@ def _fast_compile(config):
   run; what is skipped is LLVM's optimization of the emitted code, which
   preserves its semantics (no fast-math flags are set, so nothing is
   reassociated), and about 40% of each compile: tests/core/test_proposal.py
-  took 62 s as users compile, 47 s this way. --runslow, the GPU
-  qualification and Bazel's smoke tests compile as users do. Set before any
-  worker or subprocess starts; `tests.paths.subprocess_env` passes it on.
+  took 62 s as users compile, 47 s this way. --runslow (and so the GPU
+  qualification) compiles as users do. Set before any worker or subprocess
+  starts; `tests.paths.subprocess_env` passes it on.
   """
   flags = os.environ.get("XLA_FLAGS", "")
   if not config.getoption("--runslow") and "optimization_level" not in flags:

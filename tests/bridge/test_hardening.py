@@ -40,6 +40,7 @@ from tests import bridge_harness as h
 
 SPARSE = h.caps()
 EXTREMES = (0, 2 ** 31, 2 ** 32 - 1, 2 ** 63, 2 ** 64 - 1)
+from tests import paths  # pylint: disable=g-import-not-at-top
 from tests.paths import ROOT as _ROOT  # pylint: disable=g-import-not-at-top
 
 
@@ -519,7 +520,7 @@ def test_a_500_mb_message_does_not_grow_the_worker_process(tmp_path):
   as soon as the size is read; the worker keeps serving."""
   proc = subprocess.Popen(
       [sys.executable, "-m", "tests.bridge_harness"], cwd=_ROOT,
-      env=dict(os.environ, PYTHONPATH=_ROOT, JAX_PLATFORMS="cpu"),
+      env=paths.subprocess_env(JAX_PLATFORMS="cpu"),
       stdin=subprocess.PIPE, stdout=subprocess.PIPE,
       stderr=subprocess.DEVNULL, text=True)
   try:

@@ -12,13 +12,14 @@ from dyadic_jax.bridge import keys
 from dyadic_jax.wire.refusals import Code, ProtocolError
 from tests import bridge_harness as h
 
+from tests import paths  # pylint: disable=g-import-not-at-top
 from tests.paths import ROOT as _ROOT  # pylint: disable=g-import-not-at-top
 
 
 def _run(*args):
   return subprocess.run([sys.executable, "-m", "dyadic_jax.bridge.keys",
                          *args], cwd=_ROOT, capture_output=True, text=True,
-                        env=dict(os.environ, PYTHONPATH=_ROOT), timeout=120)
+                        env=paths.subprocess_env(), timeout=120)
 
 
 def test_one_command_makes_the_key_files(tmp_path):

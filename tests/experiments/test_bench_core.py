@@ -5,12 +5,12 @@ checked here: each bad value exits nonzero with the flag's message and no
 traceback, before any benchmark work starts.
 """
 
-import os
 import subprocess
 import sys
 
 import pytest
 
+from tests import paths  # pylint: disable=g-import-not-at-top
 from tests.paths import ROOT as _ROOT  # pylint: disable=g-import-not-at-top
 
 
@@ -27,7 +27,7 @@ from tests.paths import ROOT as _ROOT  # pylint: disable=g-import-not-at-top
     ("--hf_threads=0", "--hf_threads must be in"),
 ])
 def test_bad_flag_is_a_usage_error(flag, message):
-  env = dict(os.environ, PYTHONPATH=_ROOT, JAX_PLATFORMS="cpu")
+  env = paths.subprocess_env(JAX_PLATFORMS="cpu")
   run = subprocess.run([sys.executable, "-m", "experiments.bench_core", flag],
                        capture_output=True, text=True, cwd=_ROOT, env=env,
                        timeout=120, check=False)
