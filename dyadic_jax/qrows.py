@@ -8,6 +8,8 @@ One kernel per q format, written once against an array namespace `xp`
     sparse(bits, ids, n, token=None, *, vocab, xp) -> (counts [..., k], status [...])
     sparse_counts(counts, ids, n, token=None, *, vocab, xp)   (a SparseQ's
                                                    integer counts, same order)
+    fine_counts(bits, bad, xp)  -> each entry's count if fine, else `bad`
+                                   (the verifier's dense pass on CPU)
 
 `bits` is the float32 q viewed as uint32 (`q.view(np.uint32)`,
 `lax.bitcast_convert_type(q, jnp.uint32)`). Every check is an integer
@@ -114,6 +116,32 @@ def classify(bits: Any, xp: types.ModuleType) -> tuple[Any, Any]:
   fine = cls == _FINE
   count = xp.where(fine & (mag != u32(0)), sig2 >> shift, u32(0))
   return cls, count.astype(xp.int32)
+
+
+_GRID_BITS = _GRID_EXPONENT << 23   # 2^-24, the smallest positive fine q
+
+
+def fine_counts(bits: Any, bad: int, xp: types.ModuleType) -> Any:
+  """int32 of every entry of uint32 bits: its count where `classify` calls
+  it fine, `bad` everywhere else; exactly
+  `where(classify(bits)[0] == FINE, classify(bits)[1], bad)`.
+
+  The same predicate in a third of the operations (no class chain), for
+  the verifier's dense pass on XLA CPU: a fine entry is +-0.0, or a q in
+  [2^-24, 1] (bits 0x33800000..0x3f800000: no sign, no NaN or INF, no
+  subnormal) whose count c = 2 significand >> (127 - e) shifts back to the
+  significand (no bit below 2^-24). `bad` must fit in int32.
+  """
+  u32 = xp.uint32
+  positive = (bits >= u32(_GRID_BITS)) & (bits <= u32(_ONE_BITS))
+  exponent = (bits >> u32(23)).astype(xp.int32)
+  shift = xp.clip(_ONE_EXPONENT - exponent, 0, 31).astype(u32)
+  sig2 = ((bits & u32(_MANTISSA)) | u32(_HIDDEN)) << u32(1)
+  count = sig2 >> shift
+  fine = positive & ((count << shift) == sig2)
+  zero = (bits & u32(_MAGNITUDE)) == u32(0)
+  return xp.where(fine, count, xp.where(zero, u32(0), u32(bad))).astype(
+      xp.int32)
 
 
 _INT32_MIN, _INT32_MAX = -2 ** 31, 2 ** 31 - 1

@@ -104,6 +104,14 @@ def test_every_bit_class_entry_by_entry():
     assert count.tolist() == [w[1] for w in want], xp.__name__
   kinds = {s for s, _ in want}
   assert kinds == {S.OK, S.NAN, S.INF, S.NEGATIVE, S.WRONG_MASS, S.NON_DYADIC}
+  # fine_counts: the count of a fine entry, `bad` of any other.
+  bad = M + 1
+  fine = [c if s == S.OK else bad for s, c in want]
+  for xp in (np, jnp):
+    got = (jax.jit(lambda b: qrows.fine_counts(b, bad, jnp))(bits)
+           if xp is jnp else qrows.fine_counts(bits, bad, np))
+    assert np.asarray(got).dtype == np.int32
+    assert np.asarray(got).tolist() == fine, xp.__name__
 
 
 @pytest.mark.parametrize("pattern,status", [

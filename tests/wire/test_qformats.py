@@ -13,8 +13,10 @@ import pytest
 
 import dyadic_jax as dj
 from dyadic_jax import qrows, wire
+from dyadic_jax import reference as ref
 from dyadic_jax.bridge import audit
 from dyadic_jax.wire import qformats, status
+from dyadic_jax.wire.qformats import kernels
 from dyadic_jax.wire.layouts import Representation
 from dyadic_jax.wire.refusals import Code, ProtocolError
 
@@ -99,8 +101,14 @@ def test_dense_batch_path_agrees_with_the_kernel_and_validate_q_row():
 
 
 def test_dense_sums_that_only_an_exact_reduction_tells_apart():
-  v = 512
-  fills = ([1.0, T], [0.5, 0.5, T], [1.0] * 256, [T] * v)
+  v = 600
+  nan = np.float32(np.nan)
+  fills = ([1.0, T], [0.5, 0.5, T], [1.0] * 256,
+           [1.0] * 257,                 # 257 M: M modulo 2^32
+           [T] * v,
+           [nan] * 128 + [1.0],         # 128 (M + 1) + M: M modulo 2^32
+           [nan] * 255 + [1.0],         # one whole segment of non-fine
+           [0.0] * 254 + [0.5] * 2)     # across a segment boundary: valid
   rows = []
   for fill in fills:
     q = np.zeros(v, np.float32)
@@ -111,10 +119,62 @@ def test_dense_sums_that_only_an_exact_reduction_tells_apart():
   rows.append(exact)
   staged = qformats.aligned_empty((len(rows), 1, v), np.float32)
   staged[:, 0] = np.stack(rows)
-  batch = qformats.Rows(np.zeros((len(rows), 1), np.int32),
-                        np.full((len(rows), 1), v, np.int32), None, staged)
+  tokens = np.array([0] * 7 + [254, 0], np.int32)[:, None]
+  batch = qformats.Rows(tokens, np.full((len(rows), 1), v, np.int32), None,
+                        staged)
+  want = [False] * 7 + [True, True]
   got = DENSE.validate(batch, vocab=v, device=True).codes[:, 0]
-  assert (got == 0).tolist() == [False, False, False, False, True]
+  assert (got == 0).tolist() == want
+  for host in (True, False):
+    _, valid, _ = kernels.dense_verdict(staged, tokens, None, host=host)
+    assert np.asarray(valid)[:, 0].tolist() == want, host
+
+
+def _audit_oracle(counts, token, u):
+  """The sampling audit in Python integers: sum(c[:x]) <= u < sum(c[:x+1])."""
+  before = sum(int(c) for c in counts[:token])
+  return before <= int(u) < before + int(counts[token])
+
+
+@pytest.mark.parametrize("v", [16, 600])
+def test_dense_host_path_is_the_device_kernel_and_the_oracle(v):
+  """The CPU path (XLA entries, exact numpy segment sums) and the jitted
+  verdict agree with each other and with `reference` on every class, the
+  audit included, with tokens on and around segment boundaries."""
+  rng = np.random.default_rng(5)
+  rows, tokens = _dense_rows(v, rng)
+  # Valid rows with their mass across segments, tokens where the draws
+  # land (at boundaries 254/255/256, 509/510 when v = 600) and beside.
+  places = [p for p in (0, 1, 254, 255, 256, 509, 510, v - 1) if p < v]
+  draws = list(rng.integers(0, M, len(rows)))
+  for p in places:
+    c = rng.multinomial(M - v, rng.dirichlet(np.ones(v))) + 1
+    cum = np.cumsum(c)
+    for token, u in ((p, cum[p] - 1), (p, cum[p] - c[p]),
+                     (p, cum[p] % M), (max(p - 1, 0), cum[p] - 1)):
+      rows = np.concatenate([rows, (c * 2.0 ** -24).astype(np.float32)[None]])
+      tokens = np.append(tokens, np.int32(token))
+      draws.append(u)
+  r = len(rows)
+  staged = qformats.aligned_empty((r, 1, v), np.float32)
+  staged[:, 0] = rows
+  draws = np.asarray(draws, np.uint32)[:, None]
+  host = kernels.dense_verdict(staged, tokens[:, None], draws, host=True)
+  dev = kernels.dense_verdict(staged, tokens[:, None], draws, host=False)
+  valid = np.asarray(host[1])[:, 0]
+  assert np.array_equal(valid, np.asarray(dev[1])[:, 0])
+  counts = np.asarray(host[0])[:, 0]
+  assert np.array_equal(counts[valid], np.asarray(dev[0])[valid, 0])
+  assert not counts[~valid].any()        # refused rows: zeros
+  drawn = np.asarray(host[2])[:, 0]
+  assert np.array_equal(drawn[valid], np.asarray(dev[2])[valid, 0])
+  for i in range(r):
+    want, code = ref.q_to_counts(rows[i], token=int(tokens[i]))
+    assert valid[i] == (code == dj.Status.OK), i
+    if valid[i]:
+      assert counts[i].tolist() == want, i
+      assert drawn[i] == _audit_oracle(want, tokens[i], draws[i, 0]), i
+  assert 0 < valid.sum() < r and 0 < drawn[valid].sum() < valid.sum()
 
 
 def _sparse_cases(rng, vocab, k, count):

@@ -1,18 +1,26 @@
 """Dense q rows: float32 q[D, V], every entry of the vocabulary.
 
 Validation is `dyadic_jax.qrows` on the bit patterns. A batch staged in
-aligned buffers (`validate(..., device=True)`) is checked in one jitted
-pass built for XLA CPU: `qrows.classify` judges every entry (the kernel's
-own entry classification), and ONE float64 reduction per row decides the
-row: a fine entry adds its count, any other entry adds 2^25 (> 2^24), so a
-row is valid exactly when the sum is 2^24 and its token has a nonzero
-count (float64 sums of at most MAX_VOCAB = 2^18 terms below 2^26 stay
-below 2^44, exact in any order). That is `qrows.dense`'s OK verdict on a
-dense wire row (no padding: V = N); tests/wire/test_qformats.py checks
-the two agree on every class. A refused row's code is then taken from `qrows.dense` itself, on
-the host, for that row only. The sampling audit is one more reduction
-(the count mass before each drafted token). `qrows.dense` on the whole
-batch reads the rows about six times on XLA CPU; this path twice.
+aligned buffers (`validate(..., device=True)`) is judged in one pass that
+decides only whether each row is valid (`qrows.dense`'s OK: every entry
+fine, the exact count sum 2^24, the token in range with a nonzero count)
+and runs the sampling audit; a refused row's code is then taken from
+`qrows.dense` itself, on the host, for that row only
+(tests/wire/test_qformats.py holds both to the kernel and the oracle on
+every class). Two shapes of that pass (`kernels.dense_verdict`):
+
+* on CPU (the default there): one elementwise XLA pass writes each entry's
+  count, or 2^24 + 1 for an entry that is not fine (`qrows.fine_counts`),
+  into the counts' buffer, and numpy sums it exactly (uint32 sums of
+  segments of 255 entries, int64 sums of those): a row is valid exactly
+  when its sum is 2^24, and the audit's mass before the token is the
+  whole segments before it plus part of one. XLA CPU's row reductions
+  (integer or several at once) ran at a tenth of memory speed; this reads
+  the rows once and writes the counts once (about 3x a numpy row sum;
+  experiments/bench_bridge.py, `validate`);
+* on an accelerator: one jitted verdict, `qrows.classify` per entry and
+  ONE float64 reduction per row (a fine entry adds its count, any other
+  2^25), plus one for the audit (exact in any order: below 2^44).
 """
 
 from __future__ import annotations   # JAX's types, without importing JAX

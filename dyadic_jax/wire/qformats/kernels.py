@@ -1,13 +1,16 @@
-"""The q formats' device verdicts: one jitted pass over a staged batch.
+"""The q formats' batch verdicts: one jitted pass over a staged batch.
 
 JAX's half of `dense` and `sparse` validation (`validate(...,
 device=True)`, the verifier's staged batch), loaded on first use so that
 the formats, the codec and the protocol sessions import without JAX. The
-dense pass and why it is shaped so: `dense`'s docstring; the sparse one
-is the core kernel `qrows.sparse` under one jit with the sampling audit.
+dense pass and why it is shaped so: `dense`'s docstring (on CPU one
+elementwise XLA pass and exact numpy partial sums, `_host_dense`; on an
+accelerator one jitted verdict, `_dense`); the sparse one is the core
+kernel `qrows.sparse` under one jit with the sampling audit.
 """
 
 import functools
+import math
 
 import jax
 from jax import lax
@@ -46,14 +49,113 @@ def _dense(values: jax.Array, tokens: jax.Array, draws: jax.Array, *,
   return counts, ok, drawn
 
 
-@x64.scoped
+# A non-fine entry's value in `_entries`: above M, so one such entry puts
+# its row's exact sum above M whatever the other (nonnegative) entries are.
+_BAD_ENTRY = M + 1
+# Entries per exact partial sum: 255 (M + 1) < 2^32, so a uint32 sum of a
+# segment never wraps (256 could: 256 (M + 1) > 2^32).
+_SEGMENT = 255
+
+
+@jax.jit
+def _entries(values: jax.Array) -> jax.Array:
+  return qrows.fine_counts(lax.bitcast_convert_type(values, jnp.uint32),
+                           _BAD_ENTRY, jnp)
+
+
+@functools.lru_cache(maxsize=16)
+def _segment_starts(rows: int, vocab: int) -> np.ndarray:
+  """Flat offsets of each row's segments of _SEGMENT entries (the last
+  one of a row shorter), for `np.add.reduceat`: [rows * segments]."""
+  per_row = np.arange(0, vocab, _SEGMENT, dtype=np.int64)
+  return (np.arange(rows, dtype=np.int64)[:, None] * vocab
+          + per_row[None, :]).reshape(-1)
+
+
+def _host_dense(values: jax.Array, tokens: np.ndarray,
+                draws: np.ndarray | None
+                ) -> tuple[jax.Array, np.ndarray, np.ndarray]:
+  """`_dense`'s verdict with the reductions on the host (XLA CPU).
+
+  XLA CPU runs integer and multi-output row reductions several times
+  slower than a pass over memory, and numpy runs a uint32 sum at memory
+  speed; so one elementwise XLA pass writes e = count (fine) or M + 1 (any
+  other entry) per entry, the counts' own buffer, and numpy reduces e
+  exactly: uint32 sums of segments of 255 entries (never wrap), then int64
+  sums of those per row. A row is valid iff its sum is M (one non-fine
+  entry alone makes it > M), its token is in range and e > 0 there; the
+  audit's count mass before the token is the sum of the whole segments
+  before it plus the entries of its own segment before it, exact the same
+  way (read only where the row is valid, so e is then its counts).
+  docs/numerics.md section 4.
+  """
+  shape = values.shape
+  vocab = shape[-1]
+  rows = math.prod(shape[:-1])
+  entries = _entries(values)
+  if rows == 0:
+    empty = np.zeros(shape[:-1], bool)
+    return entries, empty, empty
+  e = np.asarray(entries).reshape(rows, vocab)   # a view, no copy (CPU)
+  flat = e.reshape(-1).view(np.uint32)           # every e >= 0
+  per_row = -(-vocab // _SEGMENT)
+  sums = np.add.reduceat(flat, _segment_starts(rows, vocab),
+                         dtype=np.uint32).reshape(rows, per_row)
+  sums = sums.astype(np.int64)
+  index = np.arange(rows)
+  tokens = tokens.reshape(rows).astype(np.int64)
+  token = np.clip(tokens, 0, vocab - 1)
+  at = e[index, token].astype(np.int64)
+  valid = ((sums.sum(-1) == M) & (tokens >= 0) & (tokens < vocab)
+           & (at > 0))
+  if draws is None:
+    drawn = np.ones(rows, bool)
+  else:
+    segment = token // _SEGMENT
+    whole = np.cumsum(sums, -1)[index, segment] - sums[index, segment]
+    start = segment * _SEGMENT
+    offset = np.arange(_SEGMENT)
+    inside = np.minimum(start[:, None] + offset, vocab - 1)
+    part = np.where(offset < (token - start)[:, None], e[index[:, None],
+                                                           inside], 0)
+    before = whole + part.sum(-1, dtype=np.int64)
+    u = draws.reshape(rows).astype(np.int64)
+    drawn = (before <= u) & (u < before + at)
+  counts = entries
+  if not valid.all():   # rare: refused rows' counts are zeros (qrows.dense)
+    counts = jnp.asarray(np.where(valid[:, None], e, 0).reshape(shape))
+  return counts, valid.reshape(shape[:-1]), drawn.reshape(shape[:-1])
+
+
 def dense_verdict(values: np.ndarray | jax.Array, tokens: ArrayLike,
-                    draws: ArrayLike | None
-                    ) -> tuple[jax.Array, jax.Array, jax.Array]:
+                  draws: ArrayLike | None, *, host: bool | None = None
+                  ) -> tuple[jax.Array, np.ndarray | jax.Array,
+                             np.ndarray | jax.Array]:
+  """(counts, valid, drawn) of dense rows [..., V]: counts where a row is
+  valid (zeros elsewhere on the host path; on the device path each fine
+  entry's count), valid as `qrows.dense`'s OK without the audit, drawn the
+  audit's verdict (meaningful where valid; True without draws).
+
+  host: reductions on the host (`_host_dense`; default on a CPU backend)
+  or the one jitted verdict (`_dense`; default on an accelerator). Both
+  give the same valid, drawn where valid and counts of valid rows.
+  """
   if isinstance(values, np.ndarray):
     values = (jax.dlpack.from_dlpack(values)
               if values.ctypes.data % 64 == 0 and values.flags.c_contiguous
               else jnp.asarray(values))
+  if host is None:
+    host = jax.default_backend() == "cpu"
+  if host:
+    return _host_dense(values, np.asarray(tokens, np.int32),
+                       None if draws is None else np.asarray(draws, np.uint32))
+  return _device_dense(values, tokens, draws)
+
+
+@x64.scoped
+def _device_dense(values: jax.Array, tokens: ArrayLike,
+                  draws: ArrayLike | None
+                  ) -> tuple[jax.Array, jax.Array, jax.Array]:
   audit = draws is not None
   draws = jnp.asarray(draws if audit else np.zeros(np.shape(tokens),
                                                    np.uint32), jnp.uint32)
