@@ -20,12 +20,17 @@ Dense rows (one request: D rows of V float32; one batch: R requests):
                 written into the REPLY frames of its slot buffer (one copy
                 of q, what the proposer's `out=` does), header and body,
                 and the REPLY's MAC
-  completion    the COMPLETION frames (they bind each REPLY by its tag)
+  completion    the COMPLETION frames (they bind each REPLY by its tag);
+                the message is the slot's bytes, as `finish` sends them
   decode        the verifier's `VerifierSession.receive` of the reply
                 message: split, headers, every frame's MAC checked, bodies
                 decoded, rows copied into the aligned staging slot
-  validate      the staged rows validated (`qformats` dense: one jitted
-                pass, counts out), with the sampling audit, blocked on
+  plan          `VerifierSession.staged`: the audited verdicts, the Plan
+  validate      the staged rows validated (`qformats` dense: on CPU one
+                elementwise XLA pass and exact numpy sums, counts out),
+                with the sampling audit, blocked on
+  validate_device  the same verdict in the accelerator's form (one jitted
+                pass; what CPU ran before), for comparison
   audit         validate minus the same without the audit, and `draws`
                 the PROPOSAL draws of a round (one jitted call, made while
                 the worker drafts)
@@ -38,13 +43,26 @@ Dense rows (one request: D rows of V float32; one batch: R requests):
 
 Floors in the same run: `memcpy` (np.copyto of the batch's q, interleaved,
 as cold as the stages' bytes), `memcpy_hot` (back to back), `read` (a
-fused jitted sum of the staged slot), `blake3` (keyed BLAKE3 of the q
-bytes: one MAC pass), `crc32c` and `hmac_sha256` of the same bytes (the
-v2 check and the standard-library MAC), and the seed's ideal: q bytes at
---link_gbps (40 Gb/s: 2.068 ms per batch at V = 129280). The headline,
-"host work for a dense batch", is encode + completion + decode + validate
-(both MACs included), against the targets <= the 40 Gb/s ideal and
-<= 4x memcpy.
+fused jitted sum of the staged slot), `rowsum` (numpy's one-pass row sum
+of the staged slot), `blake3` (keyed BLAKE3 of the q bytes, one thread:
+one MAC pass; `blake3_threads` with blake3's thread pool, which the wire no
+longer uses), `crc32c` and `hmac_sha256` of the same bytes (the v2 check
+and the standard-library MAC), and the seed's ideal: q bytes at
+--link_gbps (40 Gb/s: 2.068 ms per batch at V = 129280).
+
+Per side of a dense round (`sides`), each as a ratio to memcpy of its
+bytes, to one BLAKE3 pass, to the link's ideal and to its own floor, with
+its target:
+
+  worker         encode + completion; floor one write + one MAC (memcpy +
+                 blake3); target <= 2.5x memcpy
+  verifier_host  decode + plan; floor one MAC + the staging copy (blake3 +
+                 memcpy); target <= 2.5x memcpy
+  validation     validate; floor `rowsum`; target <= 3x rowsum
+
+The headline, "host work for a dense batch", is the three sides together
+(both MACs included), against the targets <= the 40 Gb/s ideal and <= 4x
+memcpy.
 
 Sparse round trips (k = --k), tcp loopback, p50/p90/p99 in us:
 `pyzmq_floor` (a raw pyzmq DEALER -> ROUTER -> DEALER echo of the same
@@ -54,9 +72,12 @@ behind `Endpoint.bind` with a proposer that writes precomputed rows; the
 verifier's session sends its STEPs, reads, validates and audits until the
 round's Plan: everything but verification), `exchange_insecure` (CRC32C
 tags) and `exchange_curve` (CURVE), and `round`, a whole `Verifier.round`
-with a constant verify_fn (for information). Target: exchange p50 <= 2x
-the pyzmq floor's p50. Every server runs in a thread of this process; the
-garbage collector is off while timing.
+with a constant verify_fn (for information). Each timed round trip follows
+an untimed one to the same server, so all are timed equally idle (a
+server thread that slept through the other stages answers about 2.5x
+slower). Target: exchange p50 <= 2x the pyzmq floor's p50. Every server
+runs in a thread of this process; the garbage collector is off while
+timing.
 """
 
 import collections
@@ -134,6 +155,7 @@ from dyadic_jax.bridge.counters import Counters
 from dyadic_jax.testing import session_pair
 from dyadic_jax.wire import auth as bridge_auth
 from dyadic_jax.wire import codec, qformats, validate_q_row
+from dyadic_jax.wire.qformats import kernels
 from dyadic_jax.wire.layouts import FIXED_BYTES, Kind, Representation
 # pylint: enable=g-import-not-at-top,g-bad-import-order
 
@@ -141,7 +163,23 @@ _M = dj.M
 _WARMUP = 3
 _MAX_X_MEMCPY = 4.0
 _MAX_X_FLOOR = 2.0
-_HEADLINE_PARTS = ("encode", "completion", "decode", "validate")
+_HEADLINE_PARTS = ("encode", "completion", "decode", "plan", "validate")
+# Each side of a dense round, its stages, the floor it is held to (a stage
+# or a sum of stages of the same run) and its target (x that floor's name).
+_SIDES = {
+    "worker": {"parts": ("encode", "completion"),
+               "floor": ("memcpy", "blake3"),
+               "about": "rows written into the frames, sealed, COMPLETIONs",
+               "target": ("memcpy", 2.5)},
+    "verifier_host": {"parts": ("decode", "plan"),
+                      "floor": ("blake3", "memcpy"),
+                      "about": "received message authenticated, staged, "
+                               "planned (validation apart)",
+                      "target": ("memcpy", 2.5)},
+    "validation": {"parts": ("validate",), "floor": ("rowsum",),
+                   "about": "the staged batch validated with the audit",
+                   "target": ("rowsum", 3.0)},
+}
 _SECRET = bytes(range(32))
 _COMPLETION = FIXED_BYTES[Kind.COMPLETION]
 
@@ -158,8 +196,14 @@ def summarize(samples_s, unit=1e3):
           "mean": float(x.mean()), "n": int(x.size)}
 
 
-def interleaved(stages, repeats, warmup=_WARMUP):
-  """{name: [seconds]}: each repetition runs every stage once, in order."""
+def interleaved(stages, repeats, warmup=_WARMUP, prime=False):
+  """{name: [seconds]}: each repetition runs every stage once, in order.
+
+  prime: run each stage once, untimed, right before its timed run, so
+  that every server thread is timed equally idle (a thread that slept
+  through the other stages wakes several times slower, 44 vs 113 us for
+  the raw pyzmq echo: the floor and the exchanges must not differ there).
+  """
   for _ in range(warmup):
     for fn in stages.values():
       fn()
@@ -169,6 +213,8 @@ def interleaved(stages, repeats, warmup=_WARMUP):
   try:
     for _ in range(repeats):
       for name, fn in stages.items():
+        if prime:
+          fn()
         start = time.perf_counter()
         fn()
         samples[name].append(time.perf_counter() - start)
@@ -368,7 +414,9 @@ def dense_scale(requests, depth, vocab, rng, transports, tmpdir, repeats,
                        "reply_bytes": len(e.reply), "anchor": e.anchor,
                        "context_version": e.context,
                        "reply_tag": bridge_auth.tag_of(e.reply)})
-    state["message"] = bytes(buf[:offset + _COMPLETION])
+    # The slot's bytes as `finish` sends them (no copy: the next encode
+    # writes the other slot).
+    state["message"] = buf[:offset + _COMPLETION]
 
   def decode():
     state["effects"] = v.receive(state["message"], pair.now)
@@ -383,8 +431,17 @@ def dense_scale(requests, depth, vocab, rng, transports, tmpdir, repeats,
       state["verdict", audit_on] = verdict
     return run
 
-  def settle():    # untimed: the audited verdicts staged, the round ends
-    _accepted(v.staged(state["verdict", True]).plan)
+  def validate_device():   # the accelerator's form on this CPU (before)
+    stage = state["effects"][0]
+    out = kernels.dense_verdict(stage.rows.values, stage.rows.tokens,
+                                state["draws"], host=False)
+    jax.block_until_ready(out)
+
+  def plan():      # the audited verdicts staged: the round's Plan
+    state["plan"] = v.staged(state["verdict", True]).plan
+
+  def settle():    # untimed: the Plan checked
+    _accepted(state["plan"])
 
   start()
   encode()
@@ -392,7 +449,7 @@ def dense_scale(requests, depth, vocab, rng, transports, tmpdir, repeats,
   # The same round served by `finish`, in a pair that says the same bytes.
   twin = host_pair(caps, rounds)
   reference = twin.to_worker(twin.begin(rids, depth))[-1]
-  if bytes(reference) != state["message"]:
+  if bytes(reference) != bytes(state["message"]):
     raise RuntimeError("bench_bridge: the staged encode differs from finish")
   message = state["message"]
   draw_inputs = v.draw_inputs()
@@ -414,6 +471,7 @@ def dense_scale(requests, depth, vocab, rng, transports, tmpdir, repeats,
   want = np.stack(naive()).reshape(requests, depth, vocab)
   if not np.array_equal(np.asarray(state["verdict", True].counts), want):
     raise RuntimeError("bench_bridge: validate != validate_q_row")
+  plan()
   settle()
 
   q = np.stack([p.values for p in props])
@@ -445,11 +503,15 @@ def dense_scale(requests, depth, vocab, rng, transports, tmpdir, repeats,
 
   stages = {"start": start, "encode": encode, "completion": completion,
             "decode": decode, "validate": validate(True),
-            "validate_no_audit": validate(False), "settle": settle,
+            "validate_no_audit": validate(False),
+            "validate_device": validate_device, "plan": plan,
+            "settle": settle,
             "draws": draws, "naive": naive,
             "objects": round_trip(pair, rounds),
             "memcpy": lambda: np.copyto(copy_dst, q),
             "read": lambda: read(slot_view).block_until_ready(),
+            # The validation's floor: numpy's one-pass row sum of the slot.
+            "rowsum": lambda: state["effects"][0].rows.values.sum(-1),
             "blake3": lambda: blake3.blake3(q_bytes, key=mac_key).digest(16),
             "blake3_threads": lambda: blake3.blake3(
                 q_bytes, key=mac_key,
@@ -500,7 +562,27 @@ def dense_scale(requests, depth, vocab, rng, transports, tmpdir, repeats,
   return {"requests": requests, "depth": depth, "rows": requests * depth,
           "q_bytes": nbytes, "message_bytes": len(message),
           "frames": 2 * requests, "ideal_ms": ideal, "stages": result,
-          "headline": headline}
+          "headline": headline, "sides": sides(figures, ideal)}
+
+
+def sides(figures, ideal):
+  """Per side of the round: its time, as a ratio to memcpy of its bytes,
+  to one BLAKE3 pass, to the link's ideal and to its own floor (all
+  measured in this run), and its target."""
+  med = {name: f["median"] for name, f in figures.items()}
+  out = {}
+  for side, spec in _SIDES.items():
+    ms = sum(med[p] for p in spec["parts"])
+    floor = sum(med[p] for p in spec["floor"])
+    against, most = spec["target"]
+    x = ms / med[against]
+    out[side] = {"ms": ms, "parts": list(spec["parts"]),
+                 "about": spec["about"], "x_memcpy": ms / med["memcpy"],
+                 "x_blake3": ms / med["blake3"], "x_link": ms / ideal,
+                 "floor": list(spec["floor"]), "floor_ms": floor,
+                 "x_floor": ms / floor, "target": f"<= {most:g}x {against}",
+                 "target_x": x, "pass": bool(x <= most)}
+  return out
 
 
 # ---------------------------------------------------------------------------
@@ -572,8 +654,9 @@ def sparse_round_trips(requests, depth, vocab, k, rng, round_trips,
                              representation=Representation.SPARSE,
                              max_support=k)
   props = proposals(rng, caps, depth, requests)
-  # Every exchange begins warm-up + timed rounds; the host pair one more.
-  rounds = Rounds(props, depth, 20 + round_trips + 2)
+  # Every exchange begins warm-up + twice the timed rounds (each timed one
+  # primed); the host pair one more.
+  rounds = Rounds(props, depth, 20 + 2 * round_trips + 2)
   pair = host_pair(caps, rounds)
   step_bytes = bytes(pair.begin(list(range(requests)), depth))
   reply_bytes = bytes(pair.to_worker(step_bytes)[-1])
@@ -615,7 +698,7 @@ def sparse_round_trips(requests, depth, vocab, k, rng, round_trips,
                            "exchange_insecure": insecure,
                            "exchange_curve": curved,
                            "host": round_trip(pair, rounds)},
-                          round_trips, warmup=20)
+                          round_trips, warmup=20, prime=True)
 
     # Whole rounds (information): a real Verifier driver.
     worker = bridge.Worker(caps, _AnyRound(rounds), secret=_SECRET,
@@ -694,6 +777,14 @@ def _print_dense(title, rec):
     print(f"  {name:<18} {s['median_ms']:10.3f} {s['p90_ms']:8.3f} "
           f"{s['x_memcpy']:9.2f} {s['x_read']:7.2f} {s['x_ideal']:8.2f} "
           f"{s['gb_per_s']:7.1f}")
+  print(f"  {'side':<14} {'ms':>7} {'x memcpy':>9} {'x blake3':>9} "
+        f"{'x link':>7} {'x floor':>8}  floor; target")
+  for side, f in rec["sides"].items():
+    print(f"  {side:<14} {f['ms']:7.3f} {f['x_memcpy']:9.2f} "
+          f"{f['x_blake3']:9.2f} {f['x_link']:7.2f} {f['x_floor']:8.2f}  "
+          f"{' + '.join(f['floor'])} {f['floor_ms']:.3f} ms; "
+          f"{f['target']}: {f['target_x']:.2f} "
+          f"[{'PASS' if f['pass'] else 'MISS'}]")
   h = rec["headline"]
   share = ", ".join(f"{n} {h['share'][n]:.0%}" for n in h["parts"])
   print(f"  host work = {' + '.join(h['parts'])} = {h['ms']:.3f} ms = "
@@ -757,6 +848,9 @@ def main(argv):
   h = dense["batch"]["headline"]
   ex = rt["exchange"]
   verdicts = [
+      (f"dense {requests}-request batch {side} {f['target']}", f["pass"],
+       f"{f['ms']:.3f} ms = {f['target_x']:.2f}x")
+      for side, f in dense["batch"]["sides"].items()] + [
       (f"dense {requests}-request batch host work <= 40 Gb/s ideal "
        f"({h['ideal_ms']:.3f} ms)", h["ms"] <= h["ideal_ms"],
        f"{h['ms']:.3f} ms, {h['x_ideal']:.2f}x"),
@@ -788,6 +882,7 @@ def main(argv):
         "dense": dense, "sparse": sparse,
         "headline": dict(h, name="host work for a dense "
                          f"{requests}-request batch"),
+        "sides": dense["batch"]["sides"],
         "targets": [{"target": t, "pass": bool(ok), "detail": d}
                     for t, ok, d in verdicts],
         "wall_s": wall}

@@ -14,16 +14,23 @@ import pytest
 from tests import paths  # pylint: disable=g-import-not-at-top
 from tests.paths import ROOT as _ROOT  # pylint: disable=g-import-not-at-top
 
-_STAGES = ("encode", "completion", "decode", "validate",
-           "validate_no_audit", "draws", "naive", "objects", "memcpy",
-           "memcpy_hot", "read", "blake3", "blake3_threads", "crc32c",
-           "hmac_sha256", "send_tcp", "send_ipc", "send_curve")
+_STAGES = ("encode", "completion", "decode", "plan", "validate",
+           "validate_no_audit", "validate_device", "draws", "naive",
+           "objects", "memcpy", "memcpy_hot", "read", "rowsum", "blake3",
+           "blake3_threads", "crc32c", "hmac_sha256", "send_tcp", "send_ipc",
+           "send_curve")
 _STAGE_KEYS = ("median_ms", "p90_ms", "min_ms", "mean_ms", "x_memcpy",
                "x_read", "x_ideal", "gb_per_s")
 _HEADLINE_KEYS = ("ms", "x_memcpy", "x_memcpy_hot", "x_read", "x_ideal",
                   "ideal_ms", "memcpy_ms", "objects_ms", "objects_x_memcpy",
                   "draws_ms", "mac_share", "curve_over_clear")
-_HEADLINE_PARTS = ("encode", "completion", "decode", "validate")
+_HEADLINE_PARTS = ("encode", "completion", "decode", "plan", "validate")
+# Each side: its stages and the stages of its floor.
+_SIDES = {"worker": (("encode", "completion"), ("memcpy", "blake3")),
+          "verifier_host": (("decode", "plan"), ("blake3", "memcpy")),
+          "validation": (("validate",), ("rowsum",))}
+_SIDE_KEYS = ("ms", "x_memcpy", "x_blake3", "x_link", "floor_ms", "x_floor",
+              "target_x")
 _ROUND_TRIPS = ("pyzmq_floor", "exchange", "exchange_insecure",
                 "exchange_curve", "host", "round")
 _ROUND_TRIP_KEYS = ("p50_us", "p90_us", "p99_us", "min_us", "mean_us",
@@ -47,7 +54,8 @@ def record(tmp_path_factory):
   assert run.returncode == 0, run.stdout + run.stderr
   for word in ("host work =", "pyzmq_floor", "exchange"):
     assert word in run.stdout, run.stdout
-  assert run.stdout.count("[PASS]") + run.stdout.count("[MISS]") == 3
+  # 3 sides x 2 scales in the tables, then 6 targets.
+  assert run.stdout.count("[PASS]") + run.stdout.count("[MISS]") == 12
   return json.loads(out.read_text())
 
 
@@ -86,6 +94,18 @@ def test_dense_stages_and_ratios(record, scale, requests):
   assert math.isclose(sum(head["share"].values()), 1.0, rel_tol=1e-9)
   for part in _HEADLINE_PARTS:
     _positive(head["share"][part], f"{scale} share {part}")
+  stages = rec["stages"]
+  for side, (parts, floor) in _SIDES.items():
+    got = rec["sides"][side]
+    for key in _SIDE_KEYS:
+      _positive(got[key], f"{scale} {side} {key}")
+    assert (tuple(got["parts"]), tuple(got["floor"])) == (parts, floor)
+    ms = sum(stages[p]["median_ms"] for p in parts)
+    assert math.isclose(got["ms"], ms, rel_tol=1e-9)
+    assert math.isclose(got["floor_ms"], sum(stages[p]["median_ms"]
+                                             for p in floor), rel_tol=1e-9)
+    assert math.isclose(got["x_link"], ms / rec["ideal_ms"], rel_tol=1e-9)
+    assert isinstance(got["pass"], bool) and got["target"]
 
 
 def test_headline_and_targets(record):
@@ -96,8 +116,9 @@ def test_headline_and_targets(record):
   # The seed's 40 Gb/s ideal of the batch's q bytes (2.068 ms at V=129280).
   assert math.isclose(head["ideal_ms"], 20 * vocab * 4 / 5e9 * 1e3,
                       rel_tol=1e-9)
+  assert record["sides"] == record["dense"]["batch"]["sides"]
   targets = record["targets"]
-  assert len(targets) == 3
+  assert len(targets) == 6
   for t in targets:
     assert isinstance(t["pass"], bool) and t["target"] and t["detail"]
 

@@ -26,3 +26,8 @@ def test_seed_table_reproduced(tmp_path):
   # plus tokens and n (8 bytes per row) around its D rows.
   assert rows["k32"]["frames_request"] == 64 + 5 * (8 + 8 * 32)
   assert rows["dense"]["frames_request"] == 64 + 5 * (8 + 4 * 129280)
+  # The 40 Gb/s ideal per request and per 4-request batch (the seed's
+  # 0.517 and 2.068 ms), printed side by side.
+  assert round(rows["dense"]["ideal_ms_request"], 3) == 0.517
+  assert round(rows["dense"]["ideal_ms_batch"], 3) == 2.068
+  assert "ideal ms/batch" in run.stdout and "2.0685" in run.stdout
