@@ -515,7 +515,7 @@ def _rss_kb(pid):
                     reason="needs /proc (Linux) to read a process's RSS")
 def test_a_500_mb_message_does_not_grow_the_worker_process(tmp_path):
   """The stated bound: a worker process's RSS grows by less than 64 MB
-  while a peer sends it one 500 MB message and ten 100 MB messages (it
+  while a peer sends it one 500 MB message and three 100 MB messages (it
   grew by 480 MB before: no ZMQ_MAXMSGSIZE). libzmq disconnects the peer
   as soon as the size is read; the worker keeps serving."""
   proc = subprocess.Popen(
@@ -532,7 +532,7 @@ def test_a_500_mb_message_does_not_grow_the_worker_process(tmp_path):
     before = _rss_kb(proc.pid)
     peak = before
     big = bytes(500 * 10 ** 6)
-    for size in [len(big)] + [100 * 10 ** 6] * 10:
+    for size in [len(big)] + [100 * 10 ** 6] * 3:
       sock = zmq.Context.instance().socket(zmq.DEALER)
       sock.setsockopt(zmq.LINGER, 0)
       sock.connect(address)
@@ -558,11 +558,12 @@ def test_a_500_mb_message_does_not_grow_the_worker_process(tmp_path):
 
 def test_verifier_and_worker_memory_is_bounded_by_live_requests():
   """used_tags grew forever and finished requests could not be removed.
-  1,000 requests, each living for 2 rounds then removed: both sides end
-  with state for the live requests only."""
+  200 requests, each living for 2 rounds then removed: both sides end
+  with state for the live requests only (200 < the worker's max_views, so
+  only the removals can have freed the others' state)."""
   c = h.caps(max_requests=2)
   with h.running(c, requests=0) as (worker, verifier):
-    for rid in range(1000):
+    for rid in range(200):
       verifier.add_request(rid, [1], seed=rid)
       for _ in range(2):
         verifier.round([rid])

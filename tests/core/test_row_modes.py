@@ -140,8 +140,10 @@ def test_modes_trace_different_programs():
 # take that kernel while its rows do not.
 @pytest.mark.qualify
 @pytest.mark.parametrize("rows,v", [
-    (3, 7), (8, 1000),    # by default: k > V, and several scan blocks
-    # 16 rows (verify_chain at depth 15) and the full vocabulary: --runslow.
+    (8, 1000),            # by default: several scan blocks
+    # k = V, 16 rows (verify_chain at depth 15) and the full vocabulary:
+    # --runslow.
+    pytest.param(3, 7, marks=pytest.mark.slow),
     pytest.param(16, 1000, marks=pytest.mark.slow),
     pytest.param(2, dj.DEFAULT_VOCAB, marks=pytest.mark.slow)])
 def test_modes_give_the_same_bits(rows, v):
@@ -207,7 +209,8 @@ def _chains(rng, batch, depth, v, spread):
 
 
 @pytest.mark.qualify
-@pytest.mark.parametrize("v", [7, 1001])
+# V = 1001 (several scan blocks) by default; V = 7 under --runslow.
+@pytest.mark.parametrize("v", [pytest.param(7, marks=pytest.mark.slow), 1001])
 def test_walked_chains_equal_the_batched_summaries(v):
   # Loop mode walks each chain and never normalizes rows past its first
   # rejection (verification.walk_chains); batched mode summarizes every

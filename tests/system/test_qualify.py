@@ -198,6 +198,9 @@ _BENCH_FULL = [f"--vocab={dj.DEFAULT_VOCAB}", "--repeats=5"]
 
 
 @pytest.mark.qualify
+# Under --runslow (which the qualification command passes): on CPU it is
+# compile time (about 30 s) for ops whose results tests/core checks.
+@pytest.mark.slow
 @pytest.mark.long(minutes=2)
 def test_benchmark(qualify_full, without_extras, record_property, tmp_path):
   # bench_core asserts that the library's results equal the numpy ones; its

@@ -57,8 +57,8 @@ exact law there is computed in `_mutant_law`; run through the same harness
 power at ALPHA is 1 - 3e-13 (the test recomputes this from the run's own
 counts and requires at least stats.POWER = 1 - 1e-4).
 
-Runtime on 2 shared CPU cores: the CI soak (1,000 rounds, worker process)
-about 45 s; the mutant run and the 16 per-kind runs about half a
+Runtime on 2 shared CPU cores: the CI soak (600 rounds, worker process)
+about 30 s; the mutant run and the 16 per-kind runs about half a
 minute each; each slow soak (20,000 rounds, sparse or dense q, worker
 process, `--runslow`) several minutes. `pytest -s` prints the tables.
 """
@@ -106,7 +106,7 @@ EPOCH = 200             # rounds per request lifetime (the last one clean)
 SEED = 20261201
 SECRET = bytes(range(32, 64))
 RATE = 0.04             # per eligible message: ~8% of exchanges faulted
-ROUNDS = 1_000
+ROUNDS = 600
 LONG_ROUNDS = 20_000
 MUTANT_ROUNDS = 400
 MUTANT_SHIFT = 4        # the mutant moves c_x // 4 away from the drafted x
