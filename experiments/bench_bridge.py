@@ -70,7 +70,9 @@ bytes: the STEP message out, the reply message back, through a thread
 that only forwards), `exchange` (a real `Worker.serve` loop in a thread
 behind `Endpoint.bind` with a proposer that writes precomputed rows; the
 verifier's session sends its STEPs, reads, validates and audits until the
-round's Plan: everything but verification), `exchange_insecure` (CRC32C
+round's Plan: everything but verification; PACKED answers, the default),
+`exchange_frames` (the same with per-frame answers: a peer without the
+PACKED_REPLY feature), `exchange_insecure` (CRC32C
 tags) and `exchange_curve` (CURVE), and `round`, a whole `Verifier.round`
 with a constant verify_fn (for information). Each timed round trip follows
 an untimed one to the same server, so all are timed equally idle (a
@@ -81,6 +83,7 @@ timing.
 """
 
 import collections
+import dataclasses
 import gc
 import hashlib
 import hmac
@@ -376,9 +379,12 @@ def _link(address, curve_keys=None):
 def dense_scale(requests, depth, vocab, rng, transports, tmpdir, repeats,
                 curve_keys):
   """Every dense stage for one batch of `requests`; returns its record."""
+  # Per-frame answers: the stages below split a round by its frames (a
+  # PACKED answer makes the same passes over q: one write, one MAC).
   caps = bridge.Capabilities(vocab=vocab, max_depth=depth,
                              max_requests=requests, max_slots=2,
-                             representation=Representation.DENSE)
+                             representation=Representation.DENSE,
+                             features=0)
   props = proposals(rng, caps, depth, requests)
   # Each repetition begins two rounds (`start`, `objects`); one more checks.
   rounds = Rounds(props, depth, 2 * (_WARMUP + repeats) + 2)
@@ -603,7 +609,8 @@ class _Server:
 
 
 def _exchange_setup(caps, rounds, secret, curve=None):
-  """A real Worker loop (thread) and a verifier session on a DEALER."""
+  """A real Worker loop (thread) and a verifier session on a DEALER (the
+  answers' form is what `caps.features` agree on)."""
   worker = bridge.Worker(caps, rounds.propose, secret=secret,
                          counters=Counters(log=False))
   endpoint = bridge.Endpoint.bind(
@@ -690,11 +697,15 @@ def sparse_round_trips(requests, depth, vocab, k, rng, round_trips,
 
     exchange, close = _exchange_setup(caps, rounds, _SECRET)
     closers.append(close)
+    frames, close = _exchange_setup(
+        dataclasses.replace(caps, features=0), rounds, _SECRET)
+    closers.append(close)
     insecure, close = _exchange_setup(caps, rounds, None)
     closers.append(close)
     curved, close = _exchange_setup(caps, rounds, _SECRET, curve_keys)
     closers.append(close)
     samples = interleaved({"pyzmq_floor": floor, "exchange": exchange,
+                           "exchange_frames": frames,
                            "exchange_insecure": insecure,
                            "exchange_curve": curved,
                            "host": round_trip(pair, rounds)},
@@ -741,7 +752,8 @@ def sparse_round_trips(requests, depth, vocab, k, rng, round_trips,
     f["x_floor_p50"] = f["p50_us"] / floor_p50
   return {"k": k, "requests": requests, "depth": depth,
           "rows": requests * depth, "step_bytes": len(step_bytes),
-          "reply_bytes": len(reply_bytes), "reply_frames": 2 * requests,
+          "reply_bytes": len(reply_bytes), "reply_frames": len(codec.split(
+              reply_bytes, max_frames=2 * requests, max_bytes=1 << 40)),
           "max_x_floor": _MAX_X_FLOOR, "round_trips": out}
 
 
@@ -839,8 +851,8 @@ def main(argv):
   header = (f"  {'round trip':<18} {'p50 us':>8} {'p90 us':>8} "
             f"{'p99 us':>8} {'x floor':>8}")
   print(header + "\n  " + "-" * (len(header) - 2))
-  for name in ("pyzmq_floor", "exchange", "exchange_insecure",
-               "exchange_curve", "host", "round"):
+  for name in ("pyzmq_floor", "exchange", "exchange_frames",
+               "exchange_insecure", "exchange_curve", "host", "round"):
     f = rt[name]
     print(f"  {name:<18} {f['p50_us']:8.1f} {f['p90_us']:8.1f} "
           f"{f['p99_us']:8.1f} {f['x_floor_p50']:8.2f}")

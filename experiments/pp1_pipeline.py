@@ -97,7 +97,11 @@ worker's proposal time), bridge (the rest of each exchange: encode,
 transport, decode, validation), verification (target rows, verify_batch,
 fallback samples), host (everything else in the loop: STEP/COMMIT,
 bookkeeping, the plan broadcast with --multiprocess), shutdown, and other
-(what no phase claims: the gaps between phases). The wall
+(what no phase claims: the gaps between phases). The bridge's share of a
+round (`bridge_share` in the JSON, a summary line) is its exposed cost:
+bridge / (draft + bridge + verification + host), in total and per round
+(nothing of a round overlaps the next, so all of it is on the round's
+path). The wall
 time runs from the program's start to the end of the shutdown; the Python
 interpreter's own start before it and writing the JSON and the plot after
 it are not in it.

@@ -36,6 +36,10 @@ def toy(vocab=V):
 
 
 def caps(representation=Representation.SPARSE, **kw):
+  """Test capabilities. Per-frame answers (REPLY + COMPLETION, features 0)
+  unless `features` is given: the tests that edit those frames keep
+  testing that form; tests/bridge/test_packed.py tests PACKED answers."""
+  kw.setdefault("features", 0)
   kw.setdefault("vocab", V)
   kw.setdefault("max_depth", DEPTH)
   kw.setdefault("max_requests", 2)

@@ -1,6 +1,8 @@
 """Atheris fuzz target: arbitrary frame SEQUENCES into both protocol sessions.
 
 Each input drives one `WorkerSession` and one `VerifierSession` (sans I/O,
+a sparse, dense or greedy session answering with PACKED frames, or a
+sparse or dense one with per-frame REPLY + COMPLETION answers;
 `dyadic_jax.testing.session_pair`: fixed secret, deterministic nonces, a
 fake proposer: no JAX), the verifier's session opened by a real HELLO and
 the worker then restarted (see `Pair`), through a sequence of operations
@@ -33,6 +35,7 @@ default, the 200,000-execution campaign under --runslow).
 """
 
 import contextlib
+import dataclasses
 import logging
 import pathlib
 import shlex
@@ -96,6 +99,10 @@ CAPS = {
     "greedy": hello.Capabilities(mode=Mode.GREEDY, vocab=V,
                                  max_depth=DEPTH, max_requests=REQUESTS),
 }
+# The sessions above agree on PACKED replies (the default); these speak
+# the per-frame v3 form (REPLY + COMPLETION per request).
+CAPS.update({f"{name}.frames": dataclasses.replace(CAPS[name], features=0)
+             for name in ("dense", "sparse")})
 MAX_OPS = 6
 _U64 = (1 << 64) - 1
 

@@ -3,7 +3,8 @@
 Each input is decoded as received and, when it holds a whole header, once
 more repaired (length field set to its size and the tag resealed with the
 corpus key, else most mutations would only ever reach those checks),
-under a sampled sparse, a sampled dense and a greedy session's `Bounds`,
+under a sampled sparse, a sampled dense and a greedy session's `Bounds`
+and the sparse and dense ones of a session with PACKED replies,
 with rows validated (`validate_rows=True`, the q formats on qrows). It is
 also split as a message. The only allowed outcomes are a decoded frame or
 `ProtocolError`. A crash is any other exception, a code that `decode` must
@@ -16,12 +17,16 @@ never raise (a session-level code), or a broken invariant:
     with q: counts int32 of the rows' shape, nonnegative, equal to q 2^24
     on live entries, each row summing to 2^24 and nonzero at its token;
     sparse ids strictly ascending in [0, vocab) on live entries; greedy:
-    tokens in [0, vocab), no q.
+    tokens in [0, vocab), no q;
+  - an accepted PACKED frame: the session's form, 1..max_requests
+    records, depth <= the bound, width, mass and size the layout's, the
+    rows [R, D, ...]; the rows of records whose status is 0 hold what an
+    accepted REPLY's do (their counts checked as above).
 
 Fuzz (libFuzzer flags; new inputs go to the first directory; see
 docs/fuzzing.md):
 
-    python tests/fuzz_wire.py /tmp/corpus tests/fuzz_corpus/wire -max_len=920
+    python tests/fuzz_wire.py /tmp/corpus tests/fuzz_corpus/wire -max_len=1776
 
 `run_fuzz` runs a fixed-seed, fixed-count campaign in a subprocess
 (tests/system/test_fuzz_wire.py runs it in CI).
@@ -61,15 +66,18 @@ else:  # imported (tests, tools): TestOneInput without atheris
 
 with _instrumented:
   # pylint: disable=g-import-not-at-top
-  from dyadic_jax.wire import auth, codec, layouts
+  from dyadic_jax.wire import auth, codec, layouts, qformats
   from dyadic_jax.wire.refusals import ProtocolError
   from dyadic_jax.wire.layouts import FIXED_BYTES, Kind
   from tests.fuzz_corpus.make_wire_corpus import (BOUNDS, DENSE_BOUNDS,
                                                   GREEDY_BOUNDS, KEY,
-                                                  NEVER_FROM_DECODE)
+                                                  NEVER_FROM_DECODE,
+                                                  PACKED_BOUNDS,
+                                                  PACKED_DENSE_BOUNDS)
 
 M = 1 << 24
-ALL_BOUNDS = (BOUNDS, DENSE_BOUNDS, GREEDY_BOUNDS)
+ALL_BOUNDS = (BOUNDS, DENSE_BOUNDS, GREEDY_BOUNDS, PACKED_BOUNDS,
+              PACKED_DENSE_BOUNDS)
 CORPUS = _ROOT / "tests" / "fuzz_corpus" / "wire"
 # Longer than any frame the bounds admit, so oversized inputs get tried.
 MAX_LEN = max(b.max_frame for b in ALL_BOUNDS) + 64
@@ -83,20 +91,38 @@ def _repair(buf):
   return bytes(buf)
 
 
+def _check_packed(frame, bounds):
+  body, rows, records = frame.body, frame.rows, frame.records
+  assert bounds.packed and body.representation == bounds.representation
+  r, d = body.requests, body.depth
+  assert 1 <= r <= bounds.max_requests and 0 <= d <= bounds.depth
+  assert body.width == bounds.width and body.mass == bounds.format.mass
+  assert len(frame.raw) == bounds.packed_bytes(r, d)
+  assert records.shape == (r,) and rows.tokens.shape == (r, d)
+  ok = np.flatnonzero(records["status"] == 0)
+  counts = None if frame.counts is None else np.asarray(frame.counts)
+  for i, j in enumerate(ok):
+    _check_rows(qformats.Rows(*(None if a is None else a[j] for a in rows)),
+                None if counts is None else counts[i], d, bounds)
+
+
 def _check_reply(frame, bounds):
   body, rows = frame.body, frame.rows
   assert body.representation == bounds.representation
   assert 1 <= body.depth <= bounds.depth and body.width == bounds.width
   assert len(frame.raw) == bounds.reply_bytes(body.depth)
-  d = body.depth
+  assert body.mass == bounds.format.mass
+  _check_rows(rows, frame.counts, body.depth, bounds)
+
+
+def _check_rows(rows, counts, d, bounds):
   assert rows.tokens.shape == (d,) and rows.n.shape == (d,)
   fmt = bounds.format
-  assert body.mass == fmt.mass
   if not fmt.sampled:
-    assert rows.values is None and frame.counts is None
+    assert rows.values is None and counts is None
     assert np.all((rows.tokens >= 0) & (rows.tokens < bounds.vocab))
     return
-  counts = np.asarray(frame.counts)
+  counts = np.asarray(counts)
   assert counts.dtype == np.int32 and counts.shape == (d, bounds.width)
   assert np.all(counts >= 0)
   values = rows.values.astype(np.float64)
@@ -132,6 +158,8 @@ def _check(buf, bounds):
   kind = Kind(header.kind)
   if kind == Kind.REPLY:
     _check_reply(frame, bounds)
+  elif kind == Kind.PACKED:
+    _check_packed(frame, bounds)
   else:
     assert header.length == FIXED_BYTES[kind]
     assert frame.rows is None and frame.counts is None

@@ -8,6 +8,12 @@ hash of a peer's vocabulary, no allocation of its sizes), and a session
 opens only when every field is equal (no auto-upgrade, no fallback to a
 default, nothing enabled by an environment variable). Slots are sized from
 the local capabilities after agreement.
+
+The one exception is `features` (`layouts.Feature`): optional forms of
+the same protocol, not identities. The verifier offers its own; the
+worker answers with the part of the offer it also has (`agree`), and the
+verifier accepts an answer only within its offer. The session uses what
+the answer holds (the PACKED reply: `Feature.PACKED_REPLY`).
 """
 
 import dataclasses
@@ -18,7 +24,7 @@ import numpy as np
 
 from dyadic_jax.constants import DEFAULT_VOCAB, MAX_VOCAB, SEMANTIC_ID
 from dyadic_jax.wire import auth, codec, layouts, qformats
-from dyadic_jax.wire.layouts import Kind, Mode, Representation
+from dyadic_jax.wire.layouts import Feature, Kind, Mode, Representation
 
 RNG_ABI = 1      # dyadic_jax.rng: seed -> generation -> round -> position ...
 PRECISION = 1    # float32 q on the 2^-24 grid
@@ -27,6 +33,8 @@ MAX_DEPTH = 255
 MAX_SLOTS = 16
 MAX_REQUESTS = 1024
 MAX_SHARDS = 64
+# The features this build offers and accepts (HELLO `features`).
+FEATURES = Feature.PACKED_REPLY
 # Positions are folded into RNG keys and held in int64 by the proposer: a
 # STEP whose anchor + depth exceeds this is refused (ABSURD_LENGTH).
 MAX_POSITION = 1 << 62
@@ -70,6 +78,10 @@ class Capabilities:
       ceil(V / shards) ids and this link carries block `shard`
       (`shard_range`); its rows are that block's counts (`width`), the
       last block's ids >= V zero. 1, 0: the whole vocabulary.
+    features: the `layouts.Feature`s this side offers (a verifier) or
+      accepts (a worker); default all of this build's (`FEATURES`), 0 for
+      the v3 per-frame protocol only (a peer from before features: it
+      refuses a HELLO offering any, IDENTITY_MISMATCH).
   """
   mode: int = Mode.SAMPLED
   vocab: int = DEFAULT_VOCAB
@@ -87,6 +99,7 @@ class Capabilities:
   precision: int = PRECISION
   shards: int = 1
   shard: int = 0
+  features: int = FEATURES
 
   def __post_init__(self) -> None:
     if self.mode not in tuple(Mode):
@@ -106,8 +119,12 @@ class Capabilities:
       raise ValueError(f"Capabilities: shard {self.shard} of {self.shards} "
                        f"not in [0, shards), shards in [1, {MAX_SHARDS}] "
                        "and <= vocab")
+    if int(self.features) & ~int(FEATURES):
+      raise ValueError(f"Capabilities: features {self.features} not within "
+                       f"{int(FEATURES)}")
     set_ = functools.partial(object.__setattr__, self)
     set_("mode", Mode(self.mode))
+    set_("features", Feature(int(self.features)))
     try:
       fmt = qformats.negotiated(self.mode, self.representation)
       if self.shards > 1 and not fmt.shardable:
@@ -144,8 +161,11 @@ class Capabilities:
     return lo, min(self.vocab, lo + self.width)
 
   def link(self, shard: int) -> "Capabilities":
-    """These capabilities on the rank link of `shard`."""
-    return dataclasses.replace(self, shard=shard)
+    """These capabilities on the rank link of `shard`. Links s >= 1 carry
+    one REPLY per request and never a batch answer: they offer no
+    features (rank 0's link is the leader's session, packed if agreed)."""
+    return dataclasses.replace(self, shard=shard,
+                               features=self.features if shard == 0 else 0)
 
   @functools.cached_property
   def bounds(self) -> codec.Bounds:
@@ -179,25 +199,38 @@ class Capabilities:
   def _expected(self) -> layouts.Body:
     body = codec.decode(hello_frame(self, 0, bytes(32)),
                         codec.HELLO_BOUNDS).body
-    return body._replace(nonce=b"")
+    return body._replace(nonce=b"", features=0)
 
 
 def mismatches(mine: Capabilities, body: layouts.Body) -> list[str]:
-  """The fields of a received HELLO body that differ from `mine`.
+  """The fields of a received HELLO body that differ from `mine`
+  (`features` apart: see `agree`).
 
   Plain comparisons of fixed-size fields: nothing proportional to a
   peer-chosen value is computed or allocated. Empty: the sides agree.
   """
-  theirs = body._replace(nonce=b"")
+  theirs = body._replace(nonce=b"", features=0)
   want = mine._expected
   return [f"{name}: {getattr(want, name)!r} != {getattr(theirs, name)!r}"
           for name in want._fields if getattr(want, name) != getattr(
               theirs, name)]
 
 
+def agree(mine: Capabilities, offered: int) -> Feature:
+  """The features a worker answers an offer with: those of the offer it
+  has too (bits it does not know are ignored, never an error)."""
+  return Feature(int(mine.features) & int(offered))
+
+
 def hello_frame(caps: Capabilities, session: int, nonce: bytes,
-                send: auth.Tagger | None = None) -> bytes:
-  """A HELLO frame of `caps` for `session` with `nonce`, sealed by `send`."""
+                send: auth.Tagger | None = None,
+                features: int | None = None) -> bytes:
+  """A HELLO frame of `caps` for `session` with `nonce`, sealed by `send`.
+  features: what it says (default: `caps.features`, the verifier's offer;
+  a worker's answer says what it agreed to)."""
+  body = caps.body(nonce)
+  if features is not None:
+    body["features"] = int(features)
   return codec.encode(Kind.HELLO, session=session, generation=0, round_id=0,
-                      body=caps.body(nonce), send=send)
+                      body=body, send=send)
 

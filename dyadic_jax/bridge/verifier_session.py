@@ -27,7 +27,13 @@ copied. For this exchange, per request: its COMPLETION's status (a known
 Code or BAD_STATUS), anchor and context (STATE_MISMATCH), its REPLY
 (depth, rows of this request and tag: BAD_SEQUENCE; size: UNEXPECTED_SIZE;
 the REPLY's tag: CHECKSUM_MISMATCH); then its rows are copied into the
-staging slot. Once every request is answered, `Stage` asks the driver to
+staging slot. On a session that agreed on PACKED replies
+(`Feature.PACKED_REPLY`) the answer is one frame under one tag: its
+records are compared with the exchange's expected ones at once (numpy),
+the rows of those that match are copied in bulk, and any other record
+goes through the same per-request checks (a stale or duplicate tag, a
+status, anchor and context, its depth: BAD_SEQUENCE). Once every
+request is answered, `Stage` asks the driver to
 validate the rows (the q format's kernel) and audit the tokens against
 the PROPOSAL draws; only `staged` turns the verdicts into a `Plan`.
 
@@ -53,7 +59,8 @@ from dyadic_jax.bridge import hello, staging
 from dyadic_jax.bridge.counters import Counters
 from dyadic_jax.bridge.effects import Counts, Plan, Send, Stage, Verify
 from dyadic_jax.wire import auth, codec, layouts, qformats
-from dyadic_jax.wire.layouts import ALL_REQUESTS, Kind, Policy, Reason
+from dyadic_jax.wire.layouts import (ALL_REQUESTS, Feature, Kind, Policy,
+                                     Reason)
 from dyadic_jax.wire.refusals import Code, ProtocolError
 
 _U32 = (1 << 32) - 1
@@ -108,6 +115,9 @@ class Exchange:
     self.codes = np.zeros(r, np.int32)
     self.rows = slot.rows(r, depth)
     self.staging = False          # a Stage was handed out: await `staged`
+    # The PACKED records a worker answers with when all is well, in STEP
+    # order (set by `begin`; the reserved fields zero).
+    self.expected = np.zeros(r, layouts.PACKED_RECORD)
 
   @property
   def complete(self) -> bool:
@@ -284,7 +294,15 @@ class VerifierSession:
       self.counters.reject(Code.IDENTITY_MISMATCH, "; ".join(differ))
       self.state, self.refused = CLOSED, Code.IDENTITY_MISMATCH
       return
+    if int(f.body.features) & ~int(self.caps.features):
+      self.counters.reject(Code.IDENTITY_MISMATCH, f"features "
+                           f"{f.body.features} beyond the offer "
+                           f"{int(self.caps.features)}")
+      self.state, self.refused = CLOSED, Code.IDENTITY_MISMATCH
+      return
     self.keys, self.state = keys, OPEN
+    self.bounds = self.caps.bounds._replace(
+        packed=bool(f.body.features & Feature.PACKED_REPLY))
     if self.slots is None:        # nothing is allocated before agreement
       self.slots = staging.slots_for(self.caps)
     self.counters.event("hellos")
@@ -315,7 +333,11 @@ class VerifierSession:
     session, keys = self.open_keys()
     slot = self.slots[self._next_slot]
     self._next_slot = (self._next_slot + 1) % len(self.slots)
-    self.exchange = Exchange(rids, tags, depth, now + self.timeout_s, slot)
+    ex = self.exchange = Exchange(rids, tags, depth, now + self.timeout_s,
+                                  slot)
+    for j, req in enumerate(reqs):
+      ex.expected[j] = (req.rid, depth, 0, 0, req.generation, req.round,
+                        req.anchor, req.context_version)
     policy = Policy.GREEDY if self.caps.greedy else Policy.SAMPLED
     message = b"".join(codec.encode(
         Kind.STEP, session=session, generation=req.generation,
@@ -464,6 +486,14 @@ class VerifierSession:
     while i < len(decoded):
       got, code = decoded[i]
       kind = headers[i].kind
+      if kind == Kind.PACKED:
+        if code is not None:
+          self._broken(code, headers[i], "PACKED")
+          return
+        assert got is not None
+        self._packed(got)
+        i += 1
+        continue
       if kind == Kind.REPLY and i + 1 < len(decoded) and (
           headers[i + 1].kind == Kind.COMPLETION):
         reply, reply_code = got, code
@@ -494,6 +524,83 @@ class VerifierSession:
     self.counters.reject(code, detail)
     for i in np.flatnonzero(~ex.answered):
       ex.answered[i], ex.codes[i] = True, code
+
+  def _packed(self, f: codec.Frame) -> None:
+    """A PACKED answer: records as expected are taken in bulk; the others
+    one by one, with the per-frame answer's checks."""
+    records, rows = f.records, f.rows
+    assert records is not None and rows is not None   # decoded PACKED
+    if (f.header.generation, f.header.round) != (
+        int(records["generation"][0]), int(records["round"][0])):
+      self._broken(Code.BAD_SEQUENCE, f.header, "PACKED header tag")
+      return
+    ex = self.exchange
+    r = len(records)
+    good = np.zeros(r, bool)
+    if ex is not None and f.body.depth == ex.depth:
+      m = min(r, len(ex.rids))
+      # Field by field: a reserved field is not the worker's to fill.
+      good[:m] = ~ex.answered[:m]
+      for name in ("request", "depth", "status", "generation", "round",
+                   "anchor", "context_version"):
+        good[:m] &= records[name][:m] == ex.expected[name][:m]
+    if good.all() and ex is not None and r == len(ex.rids):
+      self._take(slice(None), rows, slice(None))   # the usual answer
+      return
+    if good.any():
+      assert ex is not None
+      index = np.flatnonzero(good)
+      self._take(index, rows, index)
+    for j in np.flatnonzero(~good):
+      self._record(f, int(j))
+
+  def _take(self, into: slice | np.ndarray, rows: qformats.Rows,
+            src: slice | np.ndarray) -> None:
+    ex = self.exchange
+    assert ex is not None
+    staged = ex.rows
+    staged.tokens[into] = rows.tokens[src]
+    staged.n[into] = rows.n[src]
+    if rows.ids is not None and staged.ids is not None:
+      staged.ids[into] = rows.ids[src]
+    if rows.values is not None and staged.values is not None:
+      staged.values[into] = rows.values[src]
+    ex.answered[into] = True
+
+  def _record(self, f: codec.Frame, j: int) -> None:
+    """Record `j` of a PACKED answer that is not the expected one."""
+    records = f.records
+    assert records is not None and f.rows is not None
+    rec = records[j]
+    rid = int(rec["request"])
+    tag = (int(rec["generation"]), int(rec["round"]))
+    code = self._classify(rid, tag)
+    ex = self.exchange
+    if code is not None:
+      self.counters.reject(code, f"record of request {rid} {tag}")
+      if code == Code.BAD_SEQUENCE and ex is not None and rid in ex.index:
+        i = ex.index[rid]
+        if not ex.answered[i]:
+          ex.answered[i], ex.codes[i] = True, code
+      return
+    assert ex is not None         # the tag is this exchange's (_classify)
+    i = ex.index[rid]
+    if ex.answered[i]:
+      self.counters.reject(Code.DUPLICATE_ROUND, f"second record of {rid}")
+      return
+    req = self.requests[rid]
+    what = f"request {rid} {tag}"
+    status = int(rec["status"])
+    if status:
+      self._fail(i, Code.parse(status) or Code.BAD_STATUS,
+                 f"{what}: the worker refused the STEP (status {status})")
+    elif (int(rec["anchor"]), int(rec["context_version"])) != (
+        req.anchor, req.context_version):
+      self._fail(i, Code.STATE_MISMATCH, f"{what}: anchor or context")
+    elif int(rec["depth"]) != ex.depth or f.body.depth != ex.depth:
+      self._fail(i, Code.BAD_SEQUENCE, f"{what}: depth")
+    else:
+      self._take(np.array([i]), f.rows, np.array([j]))
 
   def _answer(self, reply: codec.Frame | None, reply_code: int | None,
               done: codec.Frame) -> None:

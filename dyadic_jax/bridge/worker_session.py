@@ -24,7 +24,11 @@ authenticate a frame becomes the established one. The same HELLO again
 
 One STEP message holds one STEP frame per request of a batch; the answer
 is one message with, per request, its REPLY (all D rows) then its
-COMPLETION, written into one of `max_slots` preallocated slot buffers. Per
+COMPLETION, written into one of `max_slots` preallocated slot buffers; on
+a session that agreed on PACKED replies, one PACKED frame instead (a
+record per request, then every request's rows, one tag; its depth is the
+first drawn STEP's, and a STEP of another depth in the same message is
+refused with BAD_SEQUENCE in its record). Per
 request the session keeps its committed view (anchor, last token, prefix
 digest, from COMMITs) and the reply of the latest round it served:
 
@@ -63,8 +67,8 @@ from dyadic_jax.bridge import hello
 from dyadic_jax.bridge.counters import Counters
 from dyadic_jax.bridge.effects import Propose, Send
 from dyadic_jax.wire import auth, codec, layouts, qformats
-from dyadic_jax.wire.layouts import (ALL_REQUESTS, FIXED_BYTES, Kind, Policy,
-                                     Reason)
+from dyadic_jax.wire.layouts import (ALL_REQUESTS, FIXED_BYTES, Feature, Kind,
+                                     Policy, Reason)
 from dyadic_jax.wire.refusals import Code, ProtocolError
 
 _COMPLETION = FIXED_BYTES[Kind.COMPLETION]
@@ -79,6 +83,7 @@ class _Session(typing.NamedTuple):
   nonce_v: bytes
   keys: auth.Keys
   answer: bytes          # the HELLO answer (sent again to a retried HELLO)
+  packed: bool = False   # agreed on PACKED replies
 
 
 class _View:
@@ -115,11 +120,14 @@ class _Entry(typing.NamedTuple):
 
 
 class WorkerAnswer(typing.NamedTuple):
-  """What `receive` returns: sends now; proposals to draw, then `finish`."""
+  """What `receive` returns: sends now; proposals to draw, then `finish`.
+  packed: the PACKED frame the entries' rows live in (a packed session;
+  an entry's `start` is then its record)."""
   send: list[Send]
   propose: list[Propose]
   slot: int | None = None
   entries: tuple[_Entry, ...] = ()
+  packed: codec.Packed | None = None
 
 
 _NOTHING = WorkerAnswer([], [])
@@ -265,14 +273,17 @@ class WorkerSession:
     nonce_w = bytes(self._entropy(layouts.NONCE_BYTES))
     keys = auth.session_keys(self._secret, header.session, body.nonce,
                              nonce_w, auth.WORKER)
-    answer = hello.hello_frame(self.caps, header.session, nonce_w, keys.send)
+    agreed = hello.agree(self.caps, body.features)
+    answer = hello.hello_frame(self.caps, header.session, nonce_w, keys.send,
+                               features=agreed)
     if self.pending is not None:
       self._older.pop(self.pending.id, None)
       self._older[self.pending.id] = self.pending
       while len(self._older) > MAX_PENDING - 1:
         self._older.popitem(last=False)
     self._older.pop(header.session, None)
-    self.pending = _Session(header.session, bytes(body.nonce), keys, answer)
+    self.pending = _Session(header.session, bytes(body.nonce), keys, answer,
+                            bool(agreed & Feature.PACKED_REPLY))
     if self.slots is None:   # sized from the agreed (local) bounds, once
       self.slots = [bytearray(self.bounds.max_reply_message)
                     for _ in range(self.caps.max_slots)]
@@ -352,6 +363,8 @@ class WorkerSession:
     message (a retried batch is its original message, byte for byte)."""
     merged: list[list[int]] = []
     for slot, start, end in regions:
+      if merged and merged[-1] == [slot, start, end]:
+        continue      # a PACKED answer: every request's region is the frame
       if merged and merged[-1][0] == slot and merged[-1][2] == start:
         merged[-1][2] = end
       else:
@@ -394,6 +407,8 @@ class WorkerSession:
     sends = self._retries(retries)
     if not fresh:
       return WorkerAnswer(sends, [])
+    if session.packed:
+      return self._packed_steps(fresh, session, sends)
     slot = self._take_slot()
     buf = memoryview(self._buffers()[slot])
     proposals: list[Propose] = []
@@ -401,21 +416,9 @@ class WorkerSession:
     offset = 0
     for f, view in fresh:
       body, tag = f.body, f.tag
-      if tag[0] > view.generation:
-        view.cached = view.proposal = None   # a new generation: drop it all
-      view.generation, view.round = tag
-      view.step = bytes(f.raw[layouts.HEADER_BYTES:])
-      view.proposal = None
-      seen_view = (body.anchor, body.last_token, body.prefix_digest)
-      if (view.anchor, view.last_token, view.digest) != seen_view:
-        if view.anchor is not None:
-          self.counters.event("resyncs")
-        view.anchor, view.last_token, view.digest = seen_view
-      status = self._check_step(body)
+      status = self._fresh_view(f, view)
       reply = rows = None
-      if status:
-        self.counters.reject(status, f"STEP of request {body.request}")
-      else:
+      if not status:
         reply, rows = codec.begin_reply(
             buf[offset:], bounds=self.bounds, session=session.id,
             generation=tag[0], round_id=tag[1], request=body.request,
@@ -430,6 +433,81 @@ class WorkerSession:
       self.counters.event("proposals")
     return WorkerAnswer(sends, proposals, slot, tuple(entries))
 
+  def _fresh_view(self, f: codec.Frame, view: _View) -> int:
+    """A fresh STEP's view moves to its tag; returns its refusal or 0."""
+    body, tag = f.body, f.tag
+    if tag[0] > view.generation:
+      view.cached = view.proposal = None   # a new generation: drop it all
+    view.generation, view.round = tag
+    view.step = bytes(f.raw[layouts.HEADER_BYTES:])
+    view.proposal = None
+    seen_view = (body.anchor, body.last_token, body.prefix_digest)
+    if (view.anchor, view.last_token, view.digest) != seen_view:
+      if view.anchor is not None:
+        self.counters.event("resyncs")
+      view.anchor, view.last_token, view.digest = seen_view
+    status = self._check_step(body)
+    if status:
+      self.counters.reject(status, f"STEP of request {body.request}")
+    return status
+
+  def _packed_steps(self, fresh: list[tuple[codec.Frame, _View]],
+                    session: _Session, sends: list[Send]) -> WorkerAnswer:
+    """A PACKED answer of the fresh STEPs: one record each, in order."""
+    statuses = [self._fresh_view(f, view) for f, view in fresh]
+    depth = next((f.body.depth for (f, _), s in zip(fresh, statuses)
+                  if not s), 0)
+    for j, (f, _) in enumerate(fresh):
+      if not statuses[j] and f.body.depth != depth:
+        statuses[j] = Code.BAD_SEQUENCE     # one depth per PACKED frame
+        self.counters.reject(Code.BAD_SEQUENCE, f"STEP of request "
+                             f"{f.body.request}: depth {f.body.depth} in a "
+                             f"batch of depth {depth}")
+    slot = self._take_slot()
+    first = fresh[0][0].tag
+    packed = codec.begin_packed(
+        self._buffers()[slot], bounds=self.bounds, session=session.id,
+        generation=first[0], round_id=first[1], requests=len(fresh),
+        depth=depth)
+    proposals: list[Propose] = []
+    entries: list[_Entry] = []
+    for j, ((f, _), status) in enumerate(zip(fresh, statuses)):
+      body, tag = f.body, f.tag
+      rows = None
+      if not status:
+        rows = codec.select(packed.rows, j)
+        proposals.append(Propose(j, body.request, body.seed, tag[0], tag[1],
+                                 body.anchor, body.last_token, depth, rows))
+      entries.append(_Entry(body.request, tag, j, None, rows, depth,
+                            body.anchor, body.context_version, int(status)))
+      self.counters.event("proposals")
+    return WorkerAnswer(sends, proposals, slot, tuple(entries), packed)
+
+  def _finish_packed(self, answer: WorkerAnswer,
+                     failed: dict[int, int]) -> list[Send]:
+    session = self.established
+    assert session is not None and answer.packed is not None
+    assert answer.slot is not None
+    frame, records, rows = answer.packed
+    epoch = self._epoch[answer.slot]
+    for j, e in enumerate(answer.entries):
+      status = e.status or int(failed.get(j, 0))
+      if status and e.status == 0:
+        self.counters.reject(status, f"proposal of request {e.request}")
+      records[j] = (e.request, 0 if status else e.depth, status, 0, e.tag[0],
+                    e.tag[1], e.anchor, e.context)
+      if status:    # no rows: zeros, not a previous message's bytes
+        for a in rows:
+          if a is not None:
+            a[j] = 0
+      view = self.views.get(e.request)
+      if view is not None and (view.generation, view.round) == e.tag:
+        view.cached = (answer.slot, epoch, 0, len(frame))
+        view.proposal = None if status else np.array(rows.tokens[j])
+    auth.seal(frame, session.keys.send)
+    self._busy[answer.slot] = True
+    return list(answer.send) + [Send(frame, answer.slot)]
+
   def finish(self, answer: WorkerAnswer,
              failed: dict[int, int] | None = None) -> list[Send]:
     """Seals a fresh answer once its proposals are drawn; returns its Sends.
@@ -441,6 +519,8 @@ class WorkerSession:
     if answer.slot is None:
       return list(answer.send)
     failed = failed or {}
+    if answer.packed is not None:
+      return self._finish_packed(answer, failed)
     session = self.established
     assert session is not None    # a fresh answer is the established's
     keys = session.keys

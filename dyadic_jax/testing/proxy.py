@@ -131,6 +131,18 @@ def _request_of(frame, kind):
   return int.from_bytes(frame[offset:offset + 2], "little")
 
 
+def _packed_tags(frame):
+  # (request, generation, round) of each record of a PACKED frame,
+  # unchecked (for records only): as many whole records as it holds.
+  start = layouts.FIXED_BYTES[Kind.PACKED]
+  count = int.from_bytes(frame[start - 16:start - 14], "little") if len(
+      frame) >= start else 0
+  count = min(count, (len(frame) - start) // layouts.PACKED_RECORD.itemsize)
+  records = np.frombuffer(frame, layouts.PACKED_RECORD, max(count, 0), start)
+  return {(int(r["request"]), int(r["generation"]), int(r["round"]))
+          for r in records}
+
+
 def split(message):
   """The wire frames of one message part (bytes); the whole part as one
   frame when its length fields do not cut it cleanly."""
@@ -151,6 +163,9 @@ def message_tags(frames):
     try:
       kind = Kind(peeked[0])
     except ValueError:
+      continue
+    if kind == Kind.PACKED:
+      tags.update(_packed_tags(frame))
       continue
     tags.add((_request_of(frame, kind), peeked[2], peeked[3]))
   return tuple(sorted(tags))
@@ -415,7 +430,7 @@ class Proxy:
         self._release(held)
 
   def _from_worker(self, frames):
-    if _kind_of(frames) in (Kind.REPLY, Kind.COMPLETION):
+    if _kind_of(frames) in (Kind.REPLY, Kind.COMPLETION, Kind.PACKED):
       self._maybe_fault(TO_VERIFIER, frames)
     else:
       self._send(TO_VERIFIER, frames)

@@ -13,7 +13,10 @@ failure (docs/wire.md, "Decoding order"):
      width, declared mass and payload size against the session's `Bounds`,
      then views of its rows (no copy). The rows' values are validated by
      their q format (`qformats`), by the caller, before any use
-     (`decode(..., validate_rows=True)` does it here, for tests and fuzz).
+     (`decode(..., validate_rows=True)` does it here, for tests and fuzz);
+     for a PACKED frame (a session that negotiated it: `Bounds.packed`)
+     the same checks once for the whole batch, then a view of its record
+     table and of its [R, D, ...] rows.
 
 Fields are read with `struct` (no numpy record per frame): the hot path
 reads a header in about a microsecond.
@@ -31,7 +34,12 @@ from dyadic_jax.wire.refusals import Code, ProtocolError
 
 _LENGTH = struct.Struct("<I")
 _LENGTH_OFFSET = 8
-_FIXED_KINDS = frozenset(k for k in Kind if k != Kind.REPLY)
+_FIXED_KINDS = frozenset(k for k in Kind if k not in (Kind.REPLY,
+                                                       Kind.PACKED))
+# The per-frame answer of a batch: refused on a PACKED session, as PACKED is
+# on a per-frame one (UNKNOWN_KIND: a form the session did not negotiate).
+_PER_FRAME = frozenset((Kind.REPLY, Kind.COMPLETION))
+_RECORD_BYTES = layouts.PACKED_RECORD.itemsize
 _KINDS = {int(k): k for k in Kind}
 _REPRESENTATIONS = {int(r): r for r in Representation}
 _MAX_FIXED = max(FIXED_BYTES[k] for k in _FIXED_KINDS)
@@ -40,13 +48,15 @@ _MAX_FIXED = max(FIXED_BYTES[k] for k in _FIXED_KINDS)
 class Bounds(typing.NamedTuple):
   """What a session negotiated (HELLO); checked before any allocation.
 
-  width: entries per q row (V dense, k sparse, 0 greedy).
+  width: entries per q row (V dense, k sparse, 0 greedy). packed: the
+  session answers batches with PACKED frames (HELLO agreed on it).
   """
   vocab: int
   depth: int
   width: int
   representation: int = Representation.SPARSE
   max_requests: int = 1
+  packed: bool = False
 
   @property
   def mode(self) -> Mode:
@@ -64,13 +74,22 @@ class Bounds(typing.NamedTuple):
     return FIXED_BYTES[Kind.REPLY] + self.format.payload_bytes(depth,
                                                                self.width)
 
+  def packed_bytes(self, requests: int, depth: int) -> int:
+    """Exact size of a PACKED frame of `requests` records of `depth` rows."""
+    return (FIXED_BYTES[Kind.PACKED] + _RECORD_BYTES * requests
+            + self.format.payload_bytes(requests * depth, self.width))
+
   @property
   def max_frame(self) -> int:
+    if self.packed:
+      return max(self.packed_bytes(self.max_requests, self.depth),
+                 _MAX_FIXED)
     return max(self.reply_bytes(), _MAX_FIXED)
 
   @property
   def max_reply_message(self) -> int:
-    """Largest worker -> verifier message: R (REPLY + COMPLETION)."""
+    """Largest worker -> verifier message: R (REPLY + COMPLETION); a
+    PACKED frame of R requests is smaller (one header, 32-byte records)."""
     return self.max_requests * (self.reply_bytes()
                                 + FIXED_BYTES[Kind.COMPLETION])
 
@@ -92,8 +111,9 @@ class Frame(typing.NamedTuple):
   header: layouts.Header
   body: layouts.Body                   # layouts.BODY_TYPES[kind]
   raw: memoryview                      # the frame's bytes
-  rows: qformats.Rows | None = None    # REPLY only
+  rows: qformats.Rows | None = None    # REPLY and PACKED ([R, D, ...])
   counts: typing.Optional[qformats.Counts] = None  # validate_rows=True only
+  records: np.ndarray | None = None    # PACKED only: PACKED_RECORD[R]
 
   @property
   def kind(self) -> Kind:
@@ -174,6 +194,13 @@ def decode(frame: layouts.Buffer, bounds: Bounds,
   if recv is not None and not auth.check(frame, recv):
     raise ProtocolError(Code.AUTH_FAILED, f"{Kind(h.kind).name} frame")
   kind = _KINDS[h.kind]
+  if (kind == Kind.PACKED) != bounds.packed and (
+      kind == Kind.PACKED or kind in _PER_FRAME):
+    raise ProtocolError(Code.UNKNOWN_KIND, f"{kind.name} frame on a "
+                        f"{'packed' if bounds.packed else 'per-frame'} "
+                        "session")
+  if kind == Kind.PACKED:
+    return _packed(h, frame, bounds, validate_rows)
   fixed = FIXED_BYTES[kind]
   if kind in _FIXED_KINDS:
     if h.length != fixed:
@@ -206,6 +233,67 @@ def decode(frame: layouts.Buffer, bounds: Bounds,
       raise ProtocolError(int(verdict.codes[bad[0]]), f"row {bad[0]}")
     counts = verdict.counts
   return Frame(h, body, frame, rows, counts)
+
+
+def _packed(h: layouts.Header, frame: memoryview, bounds: Bounds,
+            validate_rows: bool) -> Frame:
+  """A PACKED frame: REPLY's checks once for the batch (docs/wire.md)."""
+  fixed = FIXED_BYTES[Kind.PACKED]
+  if h.length < fixed:
+    raise ProtocolError(Code.TRUNCATED, "PACKED body cut short")
+  body = _body(Kind.PACKED, frame)
+  fmt = _reply_format(body, bounds)
+  if not 1 <= body.requests <= bounds.max_requests:
+    raise ProtocolError(Code.ABSURD_LENGTH, f"PACKED of {body.requests} "
+                        f"records, bound {bounds.max_requests}")
+  # Depth 0: every record refused, no rows.
+  if body.depth > bounds.depth:
+    raise ProtocolError(Code.ABSURD_LENGTH, f"PACKED of {body.depth} rows "
+                        f"a request, bound {bounds.depth}")
+  if body.width != bounds.width:
+    code = (Code.ABSURD_LENGTH if body.width > bounds.width
+            else Code.UNEXPECTED_SIZE)
+    raise ProtocolError(code, f"rows of {body.width} entries, session "
+                        f"{bounds.width}")
+  r, d = body.requests, body.depth
+  if h.length != bounds.packed_bytes(r, d):
+    raise ProtocolError(Code.UNEXPECTED_SIZE, f"PACKED of {r} x {d} x "
+                        f"{body.width} in {h.length} bytes")
+  if body.mass != fmt.mass:
+    raise ProtocolError(Code.WRONG_MASS, f"declared mass {body.mass}")
+  records = np.frombuffer(frame, layouts.PACKED_RECORD, r, fixed)
+  rows = _batch_rows(fmt, frame, fixed + _RECORD_BYTES * r, r, d,
+                     body.width)
+  counts = None
+  if validate_rows:
+    ok = records["status"] == 0
+    verdict = fmt.validate(select(rows, ok), vocab=bounds.vocab)
+    bad = np.argwhere(verdict.codes)
+    if bad.size:
+      raise ProtocolError(int(verdict.codes[tuple(bad[0])]),
+                          f"record row {bad[0]}")
+    counts = verdict.counts
+  return Frame(h, body, frame, rows, counts, records)
+
+
+def _batch_rows(fmt: qformats.QFormat, buf: memoryview | bytearray,
+                offset: int, requests: int, depth: int,
+                width: int) -> qformats.Rows:
+  """The q format's row views of R x D rows, shaped [R, D, ...]."""
+  flat = fmt.rows(buf, offset, requests * depth, width)
+  shape = (requests, depth)
+  return qformats.Rows(
+      flat.tokens.reshape(shape), flat.n.reshape(shape),
+      None if flat.ids is None else flat.ids.reshape(shape + (width,)),
+      None if flat.values is None else flat.values.reshape(shape + (width,)))
+
+
+def select(rows: qformats.Rows,
+           index: int | np.ndarray) -> qformats.Rows:
+  """The rows of requests `index` of batch rows [R, D, ...]."""
+  return qformats.Rows(rows.tokens[index], rows.n[index],
+                       None if rows.ids is None else rows.ids[index],
+                       None if rows.values is None else rows.values[index])
 
 
 def _body(kind: Kind, frame: memoryview) -> layouts.Body:
@@ -278,8 +366,9 @@ def encode(kind: int, *, session: int, generation: int, round_id: int,
   writable buffer to write into (its start); returns bytes without it.
   """
   kind = Kind(kind)
-  if kind == Kind.REPLY:
-    raise ValueError("encode: a REPLY is built with begin_reply")
+  if kind in (Kind.REPLY, Kind.PACKED):
+    raise ValueError(f"encode: a {kind.name} is built with begin_"
+                     f"{kind.name.lower()}")
   length = FIXED_BYTES[kind]
   buf: bytearray | memoryview = (
       bytearray(length) if out is None else memoryview(out).cast("B")[:length])
@@ -314,6 +403,41 @@ def begin_reply(out: bytearray | memoryview, *, bounds: Bounds, session: int,
       buf, HEADER_BYTES, int(request), int(depth), int(fmt.representation),
       0, int(bounds.width), fmt.mass)
   return buf, fmt.rows(buf, FIXED_BYTES[Kind.REPLY], depth, bounds.width)
+
+
+class Packed(typing.NamedTuple):
+  """A PACKED frame being built (`begin_packed`): the frame, its record
+  table (a writable PACKED_RECORD[R] view) and its rows [R, D, ...]."""
+  frame: memoryview
+  records: np.ndarray
+  rows: qformats.Rows
+
+
+def begin_packed(out: bytearray | memoryview, *, bounds: Bounds,
+                 session: int, generation: int, round_id: int,
+                 requests: int, depth: int) -> Packed:
+  """Lays out a PACKED frame of `requests` records at the start of `out`.
+
+  The header (with the first record's tag: `generation`, `round_id`) and
+  body are written; fill the records and rows in place, then seal the
+  frame with `auth.seal(frame, tagger)`.
+  """
+  fmt = bounds.format
+  length = bounds.packed_bytes(requests, depth)
+  buf = memoryview(out).cast("B")
+  if len(buf) < length:
+    raise ValueError(f"begin_packed: out holds {len(buf)} bytes, need "
+                     f"{length}")
+  buf = buf[:length]
+  _write_header(buf, Kind.PACKED, length, session, generation, round_id)
+  fixed = FIXED_BYTES[Kind.PACKED]
+  layouts.BODY_STRUCTS[Kind.PACKED].pack_into(
+      buf, HEADER_BYTES, int(requests), int(depth),
+      int(fmt.representation), 0, int(bounds.width), fmt.mass)
+  records = np.frombuffer(buf, layouts.PACKED_RECORD, requests, fixed)
+  rows = _batch_rows(fmt, buf, fixed + _RECORD_BYTES * requests, requests,
+                     depth, bounds.width)
+  return Packed(buf, records, rows)
 
 
 def peek(frame: layouts.Buffer) -> tuple[int, int, int, int] | None:

@@ -17,7 +17,10 @@ docs/wire.md (generated from these dtypes by `describe`, checked by a test).
     32      tag          16s    keyed BLAKE3 MAC of the frame (or CRC32C)
 
 The tag covers every byte of the frame but itself: bytes [0, 32) and
-[48, length) (`dyadic_jax.wire.auth`). Version 3 keeps the v2 message set
+[48, length) (`dyadic_jax.wire.auth`). A PACKED frame (negotiated in
+HELLO, `Feature.PACKED_REPLY`) is a whole batch's answer: its body, R
+records, then tokens int32[R, D], n int32[R, D] and the q format's
+[R, D, w] arrays, under one tag. Version 3 keeps the v2 message set
 and semantics; the v1 greedy mode is a HELLO mode (`Mode.GREEDY`), not a
 header version.
 
@@ -55,6 +58,14 @@ class Kind(enum.IntEnum):
   COMPLETION = 4
   COMMIT = 5
   RESET = 6
+  PACKED = 7     # every request's answer in one frame (Feature.PACKED_REPLY)
+
+
+class Feature(enum.IntFlag):
+  """HELLO `features`: optional forms a side offers (the verifier) or
+  accepts of that offer (the worker's answer). A session uses what the
+  answer holds; 0 is the v3 per-frame protocol."""
+  PACKED_REPLY = 1   # the worker answers a batch with one PACKED frame
 
 
 class Representation(enum.IntEnum):
@@ -103,7 +114,7 @@ BODIES = {
         ("draft_id", "S32"),         # draft checkpoint identity
         ("target_id", "S32"),        # target identity
         ("shard", "<u2"),            # this link's shard, in [0, shards)
-        ("reserved", "<u2"),
+        ("features", "<u2"),         # Feature bits (not compared: agreed)
         ("shard_lo", "<u4"),         # its global ids [shard_lo, shard_hi)
         ("shard_hi", "<u4")]),
     Kind.STEP: np.dtype([
@@ -138,7 +149,26 @@ BODIES = {
         ("new_position", "<u8")]),
     Kind.RESET: np.dtype([("request", "<u2"), ("reason", "<u2"),
                           ("code", "<u2"), ("reserved", "<u2")]),
+    # Then `requests` PACKED_RECORDs and the rows of all of them.
+    Kind.PACKED: np.dtype([
+        ("requests", "<u2"),         # records R
+        ("depth", "<u2"),            # rows D of every answered request
+        ("representation", "<u2"),
+        ("reserved", "<u2"),
+        ("width", "<u4"),            # entries per row: V, k or 0
+        ("mass", "<u4")]),           # 2^24 (0 greedy), as a REPLY's
 }
+
+# One request's answer in a PACKED frame (a COMPLETION without the REPLY
+# binding: one tag covers the whole frame). Its rows are row r of the
+# frame's [R, D, ...] arrays, read only when status is 0.
+PACKED_RECORD = np.dtype([
+    ("request", "<u2"),
+    ("depth", "<u2"),                # D if status is 0, else 0
+    ("status", "<u2"),               # 0 OK, else the worker's refusal Code
+    ("reserved", "<u2"),
+    ("generation", "<u4"), ("round", "<u4"),   # the request's STEP tag
+    ("anchor", "<u8"), ("context_version", "<u8")])
 
 HEADER_BYTES = HEADER.itemsize
 assert HEADER_BYTES == TAG_OFFSET + TAG_BYTES
@@ -166,6 +196,7 @@ def _struct_of(dtype: np.dtype) -> struct.Struct:
 
 HEADER_STRUCT = _struct_of(HEADER)
 BODY_STRUCTS = {kind: _struct_of(dtype) for kind, dtype in BODIES.items()}
+RECORD_STRUCT = _struct_of(PACKED_RECORD)
 
 
 class Header(typing.NamedTuple):
@@ -207,4 +238,6 @@ def describe() -> str:
   parts = [table("Header", HEADER, 0)]
   for kind, dtype in BODIES.items():
     parts.append(table(f"{kind.name} body", dtype, HEADER_BYTES))
+  parts.append(table("PACKED record r, at 64 + 32 r: offsets within it",
+                     PACKED_RECORD, 0))
   return "\n\n".join(parts) + "\n"

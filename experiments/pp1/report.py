@@ -41,6 +41,22 @@ def time_split(watch, worker_stats):
   return split
 
 
+def bridge_share(split, rounds):
+  """The bridge's exposed cost in the main job: its time over the rounds'
+  time (a round: draft + bridge + verification + host, the time-split
+  parts the round loop's phases hold), in total and per round (batch).
+
+  Exposed, because the verifier waits for every exchange: nothing of a
+  round overlaps another, so this is what the bridge adds to each one."""
+  parts = ("draft", "bridge", "verification", "host")
+  round_s = sum(split[name] for name in parts)
+  rounds = max(rounds, 1)
+  return {"bridge_s": split["bridge"], "round_s": round_s, "parts": parts,
+          "share": split["bridge"] / round_s if round_s > 0 else 0.0,
+          "bridge_ms_per_round": split["bridge"] / rounds * 1e3,
+          "round_ms_per_round": round_s / rounds * 1e3}
+
+
 def link_figures(verifier, request_rounds, tmp, ranks):
   """Per link into the verifier (the session's; with rank links one per
   rank): bytes in per request-round and per round, and the time from a
@@ -160,6 +176,8 @@ def summarize(run, verifier, config, worker_stats, proxy, watch, check,
       "time_s": {"wall": watch.wall, "split": time_split(watch,
                                                           worker_stats)},
   }
+  record["bridge_share"] = bridge_share(record["time_s"]["split"],
+                                        run.rounds)
   record["outputs"] = {str(r): t for r, t in run.outputs.items()}
   # Every committed token of every request, in order (past --tokens too).
   record["committed"] = {
@@ -234,6 +252,11 @@ def print_summary(record):
         + " + ".join(parts[:4]))
   for i in range(4, len(parts), 4):
     print(" " * 31 + "+ " + " + ".join(parts[i:i + 4]))
+  share = record["bridge_share"]
+  print(f"  bridge share of a round      {share['share']:.1%} "
+        f"({share['bridge_ms_per_round']:.2f} of "
+        f"{share['round_ms_per_round']:.2f} ms per round: bridge / (draft "
+        "+ bridge + verification + host))")
   print(f"  bridge link                  {c['authentication']}"
         + (", CURVE encrypted" if c["encrypt"] else "")
         + ("" if c["sampling_audit"] else ", sampling audit OFF")

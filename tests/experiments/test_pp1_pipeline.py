@@ -105,6 +105,16 @@ def _time_split_adds_up(record):
   for name in ("start-up", "compile", "draft", "bridge", "verification",
                "host", "shutdown", "other"):
     assert name in split, name
+  # The bridge's exposed share of a round: its part of the round's parts.
+  share = record["bridge_share"]
+  assert share["bridge_s"] == split["bridge"]
+  assert share["round_s"] == pytest.approx(
+      sum(split[name] for name in share["parts"]), rel=1e-12)
+  assert share["share"] == pytest.approx(
+      share["bridge_s"] / share["round_s"] if share["round_s"] else 0.0)
+  assert 0 <= share["share"] <= 1
+  assert share["bridge_ms_per_round"] == pytest.approx(
+      share["bridge_s"] / max(record["rounds"], 1) * 1e3)
   # "other" is what no phase claims (the program's own import before its
   # clock's first phase, the gaps between phases). It is not bounded here:
   # any bound on seconds fails at random on a loaded machine (it did, at

@@ -10,11 +10,13 @@ decoding each one (`decode(frame, bounds, KEY, validate_rows=True)`) gives
 exactly the intended outcome before it writes anything. A file is named by
 that outcome:
 
-    [greedy.|dense.]CODE[.variant].bin    decode raises ProtocolError(CODE)
-    [greedy.|dense.]valid_WHAT.bin        decode accepts the frame
+    [PREFIX.]CODE[.variant].bin    decode raises ProtocolError(CODE)
+    [PREFIX.]valid_WHAT.bin        decode accepts the frame
 
 under `BOUNDS` (a sampled sparse session), `DENSE_BOUNDS` (the `dense.`
-prefix) or `GREEDY_BOUNDS` (`greedy.`). tests/system/test_fuzz_wire.py checks the
+prefix), `GREEDY_BOUNDS` (`greedy.`), or the sparse and dense bounds of a
+session that agreed on PACKED replies (`packed.`, `packed_dense.`).
+tests/system/test_fuzz_wire.py checks the
 names and that the checked-in files equal what this script writes; the
 fuzz harness (tests/fuzz_wire.py) decodes under the same bounds and key.
 
@@ -50,6 +52,8 @@ BOUNDS = codec.Bounds(vocab=64, depth=3, width=8,
                       representation=Representation.SPARSE, max_requests=2)
 DENSE_BOUNDS = BOUNDS._replace(width=64, representation=Representation.DENSE)
 GREEDY_BOUNDS = BOUNDS._replace(width=0, representation=Representation.TOKEN)
+PACKED_BOUNDS = BOUNDS._replace(packed=True)
+PACKED_DENSE_BOUNDS = DENSE_BOUNDS._replace(packed=True)
 KEY = auth.Blake3Tag(bytes(range(100, 132)))
 
 NEVER_FROM_DECODE = {
@@ -68,7 +72,8 @@ NEVER_FROM_DECODE = {
 }
 
 DIRECTORY = pathlib.Path(__file__).resolve().parent / "wire"
-PREFIXES = {"greedy.": GREEDY_BOUNDS, "dense.": DENSE_BOUNDS}
+PREFIXES = {"greedy.": GREEDY_BOUNDS, "dense.": DENSE_BOUNDS,
+            "packed.": PACKED_BOUNDS, "packed_dense.": PACKED_DENSE_BOUNDS}
 VALID_PREFIX = "valid_"
 _BODY = HEADER_BYTES
 _SPARSE_IDS = np.array([2, 5, 9, 30, 63], np.int32)
@@ -102,6 +107,26 @@ def _reply(bounds=BOUNDS, edit=None, depth=2, token=9):
     edit(rows)
   del frame
   return _seal(buf)
+
+
+def _packed(bounds=PACKED_BOUNDS, edit=None, depth=2, token=9):
+  """A valid PACKED frame of two records: request 2 answered with `depth`
+  rows as `_reply`'s, request 5 refused (PROPOSER_FAILED: zero rows);
+  then edit(rows) (and resealed)."""
+  packed = codec.begin_packed(
+      bytearray(bounds.packed_bytes(2, depth)), bounds=bounds,
+      session=0x0123456789AB, generation=3, round_id=11, requests=2,
+      depth=depth)
+  packed.records[0] = (2, depth, 0, 0, 3, 11, 1000, 7)
+  packed.records[1] = (5, 0, int(Code.PROPOSER_FAILED), 0, 3, 11, 1000, 7)
+  rows = codec.qformats.Rows(*(None if a is None else a[0]
+                               for a in packed.rows))
+  bounds.format.put(rows, np.broadcast_to(_SPARSE_IDS, (depth, 5)),
+                    np.broadcast_to(_SPARSE_COUNTS, (depth, 5)))
+  rows.tokens[:] = token
+  if edit is not None:
+    edit(packed.rows)
+  return _seal(bytes(packed.frame))
 
 
 def _rows(**fields):
@@ -142,6 +167,10 @@ def _valid():
       "valid_COMMIT": _encode(Kind.COMMIT, **commit),
       "valid_RESET": _encode(Kind.RESET, request=0xFFFF, reason=1),
       "greedy.valid_REPLY_token": _reply(GREEDY_BOUNDS, token=_GREEDY_TOKEN),
+      "packed.valid_PACKED_sparse": _packed(),
+      "packed_dense.valid_PACKED_dense": _packed(PACKED_DENSE_BOUNDS,
+                                                 token=_DENSE_TOKEN),
+      "packed.valid_STEP": _encode(Kind.STEP, **step),
   }
 
 
@@ -202,6 +231,27 @@ def _refused():
                                       edit=_rows(n=(0, 63))),
       "dense.NON_FINITE": _reply(DENSE_BOUNDS, token=_DENSE_TOKEN,
                                  edit=_rows(values=((0, 0), np.nan))),
+      # PACKED: the form must be the session's, then REPLY's checks once.
+      "UNKNOWN_KIND.packed_on_frames": _packed(),
+      "packed.UNKNOWN_KIND.reply_on_packed": good,
+      "packed.UNKNOWN_KIND.completion_on_packed": _encode(
+          Kind.COMPLETION, request=2),
+      "packed.TRUNCATED.packed_body": _set(_packed()[:60], 8, 60, 4),
+      "packed.UNKNOWN_KIND.representation": _set(_packed(), _BODY + 4, 7,
+                                                 2),
+      "packed.ABSURD_LENGTH.requests": _set(_packed(), _BODY, 3, 2),
+      "packed.ABSURD_LENGTH.no_requests": _set(_packed(), _BODY, 0, 2),
+      "packed.ABSURD_LENGTH.depth": _set(_packed(), _BODY + 2, 4, 2),
+      "packed.ABSURD_LENGTH.width": _set(_packed(), _BODY + 8, 9, 4),
+      "packed.UNEXPECTED_SIZE.depth": _set(_packed(), _BODY + 2, 1, 2),
+      "packed.UNEXPECTED_SIZE.extra": _set(_packed() + bytes(4), 8,
+                                           len(_packed()) + 4, 4),
+      "packed.WRONG_MASS.declared": _set(_packed(), _BODY + 12, M - 1, 4),
+      "packed.ZERO_Q_AT_TOKEN": _packed(edit=lambda r: r.tokens.__setitem__(
+          (0, 1), 3)),
+      "packed_dense.NON_FINITE": _packed(
+          PACKED_DENSE_BOUNDS, token=_DENSE_TOKEN,
+          edit=lambda r: r.values.__setitem__((0, 0, 0), np.nan)),
       # A greedy session: the tokens alone, never a q row.
       "greedy.SAMPLED_ON_GREEDY": good,
       "greedy.SAMPLED_ON_GREEDY.n": _reply(GREEDY_BOUNDS, token=_GREEDY_TOKEN,

@@ -1,0 +1,294 @@
+"""PACKED replies (HELLO feature PACKED_REPLY): negotiation, interoperation
+with per-frame peers, and every refusal of a packed answer counted under
+its own code with no state change (docs/wire.md, "HELLO features").
+
+In memory (`dyadic_jax.testing.session_pair`), except one round through
+the real drivers over ZeroMQ.
+"""
+
+import collections
+import dataclasses
+
+import numpy as np
+import pytest
+
+from dyadic_jax import bridge
+from dyadic_jax.bridge import hello
+from dyadic_jax.testing import session_pair
+from dyadic_jax.wire import codec, layouts
+from dyadic_jax.wire.layouts import Feature, Kind, Representation
+from dyadic_jax.wire.refusals import Code
+from tests import bridge_harness as h
+from tests import wire_edits
+
+M = 1 << 24
+PACKED = h.caps(features=Feature.PACKED_REPLY)
+FRAMES = h.caps()
+RIDS = [0, 1]
+
+
+def _draw(props):
+  """Valid rows: half the mass on ids 0 and 1, token 0."""
+  for p in props:
+    r = p.rows
+    for i in range(p.depth):
+      r.values[i] = 0
+      r.values[i, :2] = 0.5
+      r.n[i] = r.values.shape[1]
+      if r.ids is not None:
+        r.ids[i] = np.arange(r.values.shape[1])
+      r.tokens[i] = 0
+
+
+def _failing(rid):
+  def draw(props):
+    _draw(props)
+    return {p.entry: Code.PROPOSER_FAILED for p in props if p.request == rid}
+  return draw
+
+
+def _pair(verifier_caps=PACKED, worker_caps=None, proposer=_draw):
+  pair = session_pair.SessionPair(verifier_caps, secret=h.SECRET,
+                                  proposer=proposer)
+  if worker_caps is not None:
+    pair.worker = bridge.WorkerSession(worker_caps, secret=h.SECRET)
+  assert pair.open()
+  for rid in RIDS:
+    pair.verifier.add_request(rid, [rid + 1], seed=rid)
+  return pair
+
+
+def _answer(pair, depth=2):
+  (message,) = pair.to_worker(pair.begin(RIDS, depth))
+  return message
+
+
+def _edit(pair, message, fn):
+  """The PACKED answer with fn(header, body, records, rows) applied to a
+  copy, resealed with the worker's key (an honest but buggy worker)."""
+  buf = bytearray(message)
+  f = codec.decode(buf, pair.verifier.bounds)
+  fn(buf, f.body, f.records, f.rows)
+  return wire_edits.reseal(buf, pair.tagger("session_to_verifier"))
+
+
+def _outcome(pair, *messages):
+  return pair.outcome(collections.deque(messages), draws=None)
+
+
+def _state(pair):
+  v = pair.verifier
+  return ({r: list(q.tokens) for r, q in v.requests.items()},
+          {r: (q.generation, q.round) for r, q in v.requests.items()},
+          None if v.exchange is None else v.exchange.answered.copy())
+
+
+@pytest.mark.parametrize("rep", [Representation.SPARSE,
+                                 Representation.DENSE])
+@pytest.mark.parametrize("offer,accept", [(1, 1), (1, 0), (0, 1), (0, 0)])
+def test_packed_and_per_frame_peers_interoperate(rep, offer, accept):
+  # A verifier that offers PACKED with a worker that does not, and the
+  # other way round: per-frame answers; PACKED only when both have it.
+  pair = _pair(h.caps(rep, features=offer), h.caps(rep, features=accept))
+  packed = bool(offer and accept)
+  assert pair.verifier.bounds.packed == packed
+  for _ in range(3):
+    message = _answer(pair)
+    frames = codec.split(message, max_frames=8, max_bytes=1 << 20)
+    assert [codec.peek(f)[0] for f in frames] == (
+        [Kind.PACKED] if packed else [Kind.REPLY, Kind.COMPLETION] * 2)
+    plan = _outcome(pair, message)
+    assert not plan.codes.any()
+    assert (plan.rows.tokens == 0).all()
+    _, commit = pair.commit(plan, [(2, 3), (1, 4)])
+    pair.to_worker(commit)
+  assert pair.verifier.counters.total_errors() == 0
+  assert pair.worker.counters.total_errors() == 0
+
+
+def test_an_answer_beyond_the_offer_is_refused(monkeypatch):
+  pair = session_pair.SessionPair(FRAMES, secret=h.SECRET, proposer=_draw)
+  monkeypatch.setattr(hello, "agree", lambda mine, offered: (
+      Feature.PACKED_REPLY))
+  assert not pair.open(attempts=1)
+  assert pair.verifier.refused == Code.IDENTITY_MISMATCH
+  assert pair.verifier.counters.errors(Code.IDENTITY_MISMATCH) == 1
+
+
+def test_unknown_feature_bits_are_dropped_not_refused():
+  pair = session_pair.SessionPair(PACKED, secret=h.SECRET, proposer=_draw)
+  offer = bytearray(pair.hello())
+  offer[274:276] = (0xFFFF).to_bytes(2, "little")
+  offer = wire_edits.reseal(offer, pair.tagger("hello_to_worker"))
+  (answer,) = pair.to_worker(offer)
+  body = codec.decode(answer, codec.HELLO_BOUNDS).body
+  assert body.features == Feature.PACKED_REPLY
+
+
+def test_a_retry_gets_the_packed_frame_again():
+  pair = _pair()
+  step = pair.begin(RIDS, 2)
+  (first,) = pair.to_worker(step)
+  (again,) = pair.to_worker(step)
+  assert bytes(again) == bytes(first)
+  assert pair.worker.counters.events("retries_served") == 2
+  plan = _outcome(pair, first, again)
+  assert not plan.codes.any()
+
+
+def test_a_duplicate_answer_is_counted_and_changes_nothing():
+  pair = _pair()
+  message = _answer(pair)
+  pair.to_verifier(message)        # Stage: every request answered
+  before = _state(pair)
+  pair.to_verifier(message)
+  assert pair.verifier.counters.errors(Code.DUPLICATE_ROUND) == 2
+  assert _state(pair)[0] == before[0] and _state(pair)[1] == before[1]
+
+
+def test_a_refused_record_fails_its_request_alone():
+  pair = _pair(proposer=_failing(1))
+  message = _answer(pair)
+  f = codec.decode(message, pair.verifier.bounds)
+  assert list(f.records["status"]) == [0, Code.PROPOSER_FAILED]
+  assert list(f.records["depth"]) == [2, 0]
+  assert not f.rows.values[1].any()           # zeros, never old bytes
+  plan = _outcome(pair, message)
+  assert list(plan.codes) == [0, Code.PROPOSER_FAILED]
+  assert pair.verifier.counters.errors(Code.PROPOSER_FAILED) == 1
+
+
+def _set(name, value, record=1):
+  def fn(buf, body, records, rows):
+    del buf, body, rows
+    records[name][record] = value
+  return fn
+
+
+def _header_round(buf, body, records, rows):
+  del body, records, rows
+  buf[28:32] = (99).to_bytes(4, "little")
+
+
+# Edits of an authentic answer (resealed: the worker's key): the code each
+# must be refused with, and the requests it fails, or (None, awaited): the
+# record is dropped and those requests are still awaited.
+EDITS = {
+    "status": (_set("status", 999), Code.BAD_STATUS, [1]),
+    "known_status": (_set("status", Code.NON_FINITE), Code.NON_FINITE, [1]),
+    "anchor": (_set("anchor", 77), Code.STATE_MISMATCH, [1]),
+    "context": (_set("context_version", 5), Code.STATE_MISMATCH, [1]),
+    "depth": (_set("depth", 1), Code.BAD_SEQUENCE, [1]),
+    "future_round": (_set("round", 9), Code.BAD_SEQUENCE, [1]),
+    "header_tag": (_header_round, Code.BAD_SEQUENCE, [0, 1]),
+    "older_round": (_set("round", 0), Code.DUPLICATE_ROUND, (None, [1])),
+    "stranger": (_set("request", 7), Code.BAD_SEQUENCE, (None, [1])),
+}
+
+
+@pytest.mark.parametrize("name", sorted(EDITS))
+def test_each_bad_record_has_its_own_refusal(name):
+  edit, code, failed = EDITS[name]
+  pair = _pair()
+  effects = pair.to_verifier(_edit(pair, _answer(pair), edit))
+  assert pair.verifier.counters.snapshot()["errors"] == {code.name: 1}
+  ex = pair.verifier.exchange
+  if failed[0] is None:
+    assert not effects
+    assert [i for i in range(len(RIDS)) if not ex.answered[i]] == failed[1]
+    assert not ex.codes.any()
+    return
+  (effect,) = effects
+  plan = (effect.plan if isinstance(effect, bridge.Verify)
+          else pair.validate(effect).plan)
+  assert [i for i, c in enumerate(plan.codes) if c] == failed
+  assert all(plan.codes[i] == code for i in failed)
+
+
+@pytest.mark.parametrize("what", ["flipped", "other_key", "truncated"])
+def test_an_unauthentic_answer_changes_nothing(what):
+  pair = _pair()
+  message = bytearray(_answer(pair))
+  before = _state(pair)
+  if what == "flipped":
+    message[-1] ^= 1
+  elif what == "other_key":
+    message = wire_edits.reseal(message, pair.tagger("hello_to_verifier"))
+  else:
+    message = message[:-4]
+  assert pair.to_verifier(bytes(message)) == []
+  after = _state(pair)
+  assert after[0] == before[0] and after[1] == before[1]
+  assert not after[2].any()
+  code = Code.TRUNCATED if what == "truncated" else Code.AUTH_FAILED
+  assert pair.verifier.counters.snapshot()["errors"] == {code.name: 1}
+
+
+def test_each_form_is_refused_on_the_other_session():
+  # A per-frame answer on a packed session, and a PACKED frame on a
+  # per-frame one: UNKNOWN_KIND (a form the session did not agree on).
+  for mine, theirs in ((PACKED, FRAMES), (FRAMES, PACKED)):
+    pair = _pair(mine)
+    message = _answer(pair)
+    tagger = pair.tagger("session_to_verifier")
+    if mine is PACKED:     # the same rows as per-frame REPLY + COMPLETION
+      f = codec.decode(message, pair.verifier.bounds)
+      buf = bytearray(theirs.bounds.reply_bytes(2))
+      frame, rows = codec.begin_reply(
+          buf, bounds=theirs.bounds, session=pair.verifier.session,
+          generation=0, round_id=1, request=0, depth=2)
+      for a, b in zip(rows, f.rows):
+        if a is not None:
+          a[...] = b[0]
+      reply = wire_edits.reseal(buf, tagger)
+      forged = reply + codec.encode(
+          Kind.COMPLETION, session=pair.verifier.session, generation=0,
+          round_id=1, send=tagger, body={
+              "request": 0, "depth": 2, "reply_bytes": len(reply),
+              "anchor": 1, "reply_tag": reply[32:48]})
+    else:
+      f = codec.decode(codec.split(message, max_frames=4, max_bytes=1 << 20)[
+          0], pair.verifier.bounds)
+      packed = codec.begin_packed(
+          bytearray(PACKED.bounds.packed_bytes(1, 2)), bounds=PACKED.bounds,
+          session=pair.verifier.session, generation=0, round_id=1,
+          requests=1, depth=2)
+      packed.records[0] = (0, 2, 0, 0, 0, 1, 1, 0)
+      for a, b in zip(packed.rows, f.rows):
+        if a is not None:
+          a[0] = b
+      forged = wire_edits.reseal(bytearray(packed.frame), tagger)
+    pair.to_verifier(forged)
+    assert pair.verifier.counters.errors(Code.UNKNOWN_KIND) == 1
+
+
+def test_one_depth_per_packed_frame():
+  # A STEP message whose STEPs ask for different depths (no verifier sends
+  # one): the first STEP's depth is the frame's, the other is refused.
+  pair = _pair()
+  step = bytearray(pair.begin(RIDS, 2))
+  one = layouts.FIXED_BYTES[Kind.STEP]
+  step[one + 52:one + 54] = (3).to_bytes(2, "little")
+  tagger = pair.tagger("session_to_worker")
+  step = bytes(step[:one]) + wire_edits.reseal(bytearray(step[one:]), tagger)
+  (message,) = pair.to_worker(step)
+  f = codec.decode(message, pair.verifier.bounds)
+  assert f.body.depth == 2
+  assert list(f.records["status"]) == [0, Code.BAD_SEQUENCE]
+  assert pair.worker.counters.errors(Code.BAD_SEQUENCE) == 1
+
+
+def test_the_link_to_rank_s_offers_no_feature():
+  c = dataclasses.replace(PACKED, representation=Representation.DENSE,
+                          shards=2)
+  assert c.link(0).features == Feature.PACKED_REPLY
+  assert c.link(1).features == 0
+
+
+def test_a_round_through_the_drivers_is_packed():
+  with h.running(PACKED) as (worker, verifier):
+    results = verifier.round(list(range(PACKED.max_requests)))
+    assert not any(r.fallback for r in results)
+    assert verifier.session.bounds.packed
+    assert worker.session.established.packed
+    assert verifier.counters.total_errors() == 0
