@@ -126,9 +126,12 @@ def test_headline_and_targets(record):
 def test_sparse_round_trips(record):
   sparse = record["sparse"]
   assert sparse["k"] == 32 and sparse["max_x_floor"] == 2.0
-  assert sparse["reply_frames"] == 2 * 4
-  # 4 sparse k=32 REPLY frames (64 + 5 x (8 + 8k) bytes) + 4 COMPLETIONs.
-  assert sparse["reply_bytes"] == 4 * (64 + 5 * (8 + 8 * 32)) + 4 * 96
+  # One PACKED answer (docs/wire.md): the 48 B header, a 16 B body, 4
+  # records of 32 B, then tokens and n (int32[4, 5] each), ids and q
+  # (int32 and float32 [4, 5, 32]).
+  assert sparse["reply_frames"] == 1
+  assert sparse["reply_bytes"] == (48 + 16 + 4 * 32 + 2 * 4 * 5 * 4
+                                   + 2 * 4 * 5 * 32 * 4)
   assert sparse["step_bytes"] == 4 * 120
   for name in _ROUND_TRIPS:
     rt = sparse["round_trips"][name]

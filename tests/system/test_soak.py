@@ -142,10 +142,20 @@ def _exact_target():
   return np.asarray(p, np.float64) / np.asarray(t, np.float64)[:, None]
 
 
-def _caps(representation):
+# The verifier's HELLO offer of answer forms (`bridge.Capabilities`): the
+# soaks run the default (the PACKED reply: one message per batch answer);
+# the per-kind and scripted runs offer none, the per-frame REPLY +
+# COMPLETION form whose frames their faults cut, swap and reorder (a
+# one-frame answer has nothing to reorder; the packed form's record edits:
+# tests/bridge/test_packed.py).
+PER_FRAME = 0
+
+
+def _caps(representation, features=None):
+  kw = {} if features is None else {"features": features}
   return bridge.Capabilities(vocab=V, max_depth=DEPTH, max_requests=REQUESTS,
                              max_slots=2, representation=representation,
-                             max_support=K)
+                             max_support=K, **kw)
 
 
 @functools.cache
@@ -237,10 +247,12 @@ def run_soak(rounds, *, representation=Representation.SPARSE, rate=RATE,
              seed=SEED, kinds=SOAK_KINDS,
              directions=(proxy_lib.TO_WORKER, proxy_lib.TO_VERIFIER),
              process=False,
-             verify_fn=dj.verify_batch, epoch=EPOCH, deadline_s=DEADLINE_S):
-  """Drives `rounds` rounds (whole epochs) through the proxy; see above."""
+             verify_fn=dj.verify_batch, epoch=EPOCH, deadline_s=DEADLINE_S,
+             features=None):
+  """Drives `rounds` rounds (whole epochs) through the proxy; see above.
+  features: the verifier's offer (None: the default, packed answers)."""
   assert rounds % epoch == 0, (rounds, epoch)
-  caps = _caps(representation)
+  caps = _caps(representation, features)
   worker = (_ProcessWorker if process else _ThreadWorker)(representation)
   proxy = verifier = None
   clock = bridge_harness.WarpClock()
@@ -631,7 +643,7 @@ def test_each_fault_kind_is_accounted(kind, direction):
   soak, damaged = _soak_and_check(
       f"{direction}/{kind}", 8, rate=1.0, kinds=(kind,),
       directions=(direction,), epoch=4,
-      seed=SEED + SOAK_KINDS.index(kind))
+      seed=SEED + SOAK_KINDS.index(kind), features=PER_FRAME)
   assert len(soak.faults) == 6
   assert all(f.kind == kind and f.direction == direction
              for f in soak.faults)
@@ -756,7 +768,7 @@ def _scripted_rounds(script, rounds, before=None, steps=(),
   proxy = _Scripted("tcp://127.0.0.1:0", worker.address, script=script,
                     steps=steps, on_lost=clock.warp).start()
   verifier = bridge_harness.WarpVerifier(
-      _caps(representation), proxy.address, target_fn=_target_fn,
+      _caps(representation, PER_FRAME), proxy.address, target_fn=_target_fn,
       timeout_s=DEADLINE_S, secret=SECRET, clock=clock).open()
   _warm_verifier(verifier.caps, dj.verify_batch)
   results = []
