@@ -33,10 +33,11 @@ if typing.TYPE_CHECKING:
 
 # A staged batch of at most this many entries (R x D x k) is judged on the
 # host on any backend. On CPU the host verdict won at every size measured
-# (best of 5 x 50 calls with the audit, 2 shared cores; host vs jitted:
-# R x D x k = 1 x 1 x 32: 56 vs 96 us; 4 x 5 x 32: 75 vs 116; 64 x 5 x 32:
-# 209 vs 440; 4 x 5 x 256: 96 vs 280; 64 x 8 x 1024: 3.7 vs 12.9 ms), so
-# a CPU backend always uses it. On an accelerator (not measured) the
+# (with the audit, the jitted call's host copies included; medians of 7
+# interleaved x 30 calls on 2 loaded cores; host vs jitted: R x D x k =
+# 1 x 1 x 32: 102 vs 182 us; 4 x 5 x 32: 104 vs 193; 64 x 5 x 32: 284 vs
+# 594; 4 x 5 x 256: 163 vs 479; 64 x 8 x 1024: 5.5 vs 11.0 ms), so a CPU
+# backend always uses it. On an accelerator (not measured) the
 # jitted pass pays a dispatch and two copies, ~100 us, then runs at memory
 # speed, while numpy costs ~7 ns an entry: past ~2^14 entries (a k = 32
 # batch of 512 rows) the device should win.
