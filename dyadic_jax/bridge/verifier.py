@@ -110,17 +110,15 @@ class Validator:
 
   def validate(self, effect: Stage | Verify, draws: np.ndarray | None,
                exchange: Exchange) -> qformats.Verdict | None:
-    """The verdict of a Stage's rows (counts a JAX array); None for a
-    Verify (the exchange failed before its rows could be judged).
-    draws: the audit's PROPOSAL draws, or None."""
+    """The verdict of a Stage's rows (counts as the format's fast path
+    gives them: a JAX array, or a host one that `to_q` reads without a
+    copy back); None for a Verify (the exchange failed before its rows
+    could be judged). draws: the audit's PROPOSAL draws, or None."""
     del exchange
     if not isinstance(effect, Stage):
       return None
-    verdict = self.caps.format.validate(effect.rows, vocab=self.caps.vocab,
-                                        draws=draws, device=True)
-    counts = verdict.counts
-    return verdict if counts is None else verdict._replace(
-        counts=jnp.asarray(counts))
+    return self.caps.format.validate(effect.rows, vocab=self.caps.vocab,
+                                     draws=draws, device=True)
 
 
 class PlanSharer(typing.Protocol):

@@ -2,7 +2,9 @@
 
 The dense batch path (one jitted pass on the staging slot) must accept
 exactly the rows `qrows.dense` accepts, with the same counts, and report
-the kernel's code for the others; the sparse path is the kernel itself.
+the kernel's code for the others; the sparse path is the kernel itself,
+and the verifier's sparse host verdict (numpy alone) is the jitted kernel
+and the oracle bit for bit.
 The sampling audit must accept exactly the token `dyadic_jax.sample_counts`
 draws. Every rejection class is exercised, subnormals included (XLA CPU
 flushes them to zero in float compares).
@@ -16,7 +18,7 @@ from dyadic_jax import qrows, wire
 from dyadic_jax import reference as ref
 from dyadic_jax.bridge import audit
 from dyadic_jax.wire import qformats, status
-from dyadic_jax.wire.qformats import kernels
+from dyadic_jax.wire.qformats import kernels, sparse
 from dyadic_jax.wire.layouts import Representation
 from dyadic_jax.wire.refusals import Code, ProtocolError
 
@@ -235,6 +237,94 @@ def test_sparse_format_is_the_kernel_and_validate_q_row():
           values[b, :n[b]], ids[b, :n[b]], vocab_size=vocab,
           token=int(tokens[b])))
   assert 0 < (got.codes == 0).sum() < len(values)
+
+
+def _sparse_padding_cases(rng, vocab, k):
+  """Rows whose verdict hangs on n and on the entries past it (never read
+  on the wire): garbage padding, n at 0, 1, k and k + 1, -1 ids."""
+  values, ids, n, tokens = _sparse_cases(rng, vocab, k, 17)
+  values, ids, n = values[:1].repeat(8, 0), ids[:1].repeat(8, 0), n[:1]
+  tokens = np.full(8, ids[0, 0], np.int32)
+  n = np.array([1, k, 0, k + 1, -1, 2, 1, 3], np.int32)
+  values[0] = 0
+  values[0, 0] = 1.0
+  values[0, 1:] = np.nan                # past n = 1: never read
+  ids[0, 1:] = -7
+  values[5, :2] = [1.0, 0.0]            # a live q of 0: allowed, but
+  values[5, 2:] = np.inf                # not at the token
+  tokens[5] = ids[5, 1]
+  tokens[1] = np.setdiff1d(np.arange(vocab), ids[1])[0]   # not held
+  values[6, 0] = 1.0                    # n = 1 but mass past it
+  ids[7, :3] = [ids[7, 0], vocab - 1, vocab - 1]   # duplicate at the top
+  return values, ids, n, tokens
+
+
+@pytest.mark.parametrize("vocab,k", [(1000, 8), (40, 32)])
+def test_sparse_host_verdict_is_the_jitted_kernel_and_the_oracle(vocab, k):
+  """The verifier's host verdict (`sparse.host_verdict`, numpy alone), the
+  jitted kernel and `reference.sparse_q_counts` give the same code, counts
+  and audit on every class, padding, and draws on both sides of the
+  drawn token's interval."""
+  rng = np.random.default_rng(7)
+  values, ids, n, tokens = _sparse_cases(rng, vocab, k, 340)
+  extra = _sparse_padding_cases(rng, vocab, k)
+  values, ids, n, tokens = (np.concatenate([a, b]) for a, b in zip(
+      (values, ids, n, tokens), extra))
+  r = len(values)
+  draws = rng.integers(0, M, r).astype(np.uint32)
+  for b in range(0, r, 3):   # every third row: the drawn token's ends
+    live = min(max(int(n[b]), 0), k)
+    c = np.round(values[b, :live].astype(np.float64) * M)
+    at = np.flatnonzero(ids[b, :live] == tokens[b])
+    if at.size and np.isfinite(c).all():
+      lo = int(np.nansum(c[:at[0]]))
+      draws[b] = [lo, lo + int(c[at[0]]) - 1, max(lo - 1, 0),
+                  lo + int(c[at[0]])][b % 4] % M
+  rows = qformats.Rows(tokens[:, None], n[:, None], ids[:, None],
+                       np.ascontiguousarray(values[:, None]))
+  host = sparse.host_verdict(rows, draws[:, None], vocab)
+  jit = kernels.sparse_verdict(rows, draws[:, None], vocab)
+  jit_codes = qformats.base.with_audit(status.codes(np.asarray(jit[1])),
+                                       np.asarray(jit[2]))
+  assert np.array_equal(host.codes, jit_codes)
+  assert np.array_equal(host.counts, np.asarray(jit[0]))
+  assert host.counts.dtype == np.int32
+  assert np.array_equal(SPARSE.validate(rows, vocab=vocab, draws=draws[:, None],
+                                        device=True).codes, host.codes)
+  seen = set()
+  for b in range(r):
+    want, st = ref.sparse_q_counts(values[b], ids[b], int(n[b]), vocab,
+                                   token=int(tokens[b]))
+    code = int(status.codes([int(st)])[0])
+    if code == 0:
+      assert host.counts[b, 0].tolist() == want, b
+      at = int(np.flatnonzero(ids[b, :n[b]] == tokens[b])[0])
+      if not _audit_oracle(want, at, draws[b]):
+        code = int(Code.SAMPLING_MISMATCH)
+    else:
+      assert not host.counts[b].any(), b
+    assert host.codes[b, 0] == code, (b, host.codes[b, 0], code)
+    seen.add(code)
+  # Every class the cases make is there, the audit's refusal included.
+  assert {0, Code.SAMPLING_MISMATCH, Code.NON_FINITE, Code.NEGATIVE,
+          Code.NON_DYADIC, Code.WRONG_MASS, Code.ID_OUT_OF_RANGE,
+          Code.DUPLICATE_ID, Code.UNSORTED_IDS, Code.TOKEN_OUT_OF_RANGE,
+          Code.MISSING_Q, Code.ZERO_Q_AT_TOKEN} <= seen, seen
+
+
+def test_the_staged_sparse_batch_takes_the_host_path_when_small():
+  """A small staged batch never reaches JAX (its counts are numpy); both
+  sides of the threshold give the same verdict."""
+  k = 32
+  batch = SPARSE.staging(4, 5, k)
+  SPARSE.put(batch, np.broadcast_to(np.arange(k, dtype=np.int32), (4, 5, k)),
+             np.full((4, 5, k), M // k))
+  batch.tokens[:] = 3
+  got = SPARSE.validate(batch, vocab=64, device=True)
+  assert isinstance(got.counts, np.ndarray) and not got.codes.any()
+  assert batch.values.size <= sparse.HOST_ENTRIES
+  jit = kernels.sparse_verdict(batch, None, 64)
+  assert np.array_equal(got.counts, np.asarray(jit[0]))
 
 
 @pytest.mark.parametrize("fmt", ["dense", "sparse"])

@@ -208,8 +208,9 @@ class QFormat:
 
     draws: uint32[..., D] 24-bit PROPOSAL draws: a valid row whose token is
     not the one its draw selects gets SAMPLING_MISMATCH (None: no audit).
-    device: the verifier's staged batch: one jitted call (the format's
-    fast path) instead of numpy; dense counts are then a JAX array.
+    device: the verifier's staged batch: the format's fast path (dense:
+    one jitted call, counts a JAX array; sparse: numpy alone when small or
+    on CPU, else one jitted call) instead of the loose numpy kernel.
     """
     raise NotImplementedError
 
