@@ -574,20 +574,11 @@ class VerifierSession:
     rec = records[j]
     rid = int(rec["request"])
     tag = (int(rec["generation"]), int(rec["round"]))
-    code = self._classify(rid, tag)
+    i = self._open_slot(rid, tag, "record")
+    if i is None:
+      return
     ex = self.exchange
-    if code is not None:
-      self.counters.reject(code, f"record of request {rid} {tag}")
-      if code == Code.BAD_SEQUENCE and ex is not None and rid in ex.index:
-        i = ex.index[rid]
-        if not ex.answered[i]:
-          ex.answered[i], ex.codes[i] = True, code
-      return
-    assert ex is not None         # the tag is this exchange's (_classify)
-    i = ex.index[rid]
-    if ex.answered[i]:
-      self.counters.reject(Code.DUPLICATE_ROUND, f"second record of {rid}")
-      return
+    assert ex is not None
     req = self.requests[rid]
     what = f"request {rid} {tag}"
     status = int(rec["status"])
@@ -602,24 +593,36 @@ class VerifierSession:
     else:
       self._take(np.array([i]), f.rows, np.array([j]))
 
-  def _answer(self, reply: codec.Frame | None, reply_code: int | None,
-              done: codec.Frame) -> None:
-    body = done.body
-    rid, tag = body.request, done.tag
+  def _open_slot(self, rid: int, tag: tuple[int, int],
+                 what: str) -> int | None:
+    """The exchange's index of request `rid` if an answer tagged `tag` may
+    fill it; else None, the answer refused and counted (a BAD_SEQUENCE one
+    still closes the request's slot, unanswered, with its code)."""
     code = self._classify(rid, tag)
     ex = self.exchange
     if code is not None:
-      self.counters.reject(code, f"reply of request {rid} {tag}")
+      self.counters.reject(code, f"{what} of request {rid} {tag}")
       if code == Code.BAD_SEQUENCE and ex is not None and rid in ex.index:
         i = ex.index[rid]
         if not ex.answered[i]:
           ex.answered[i], ex.codes[i] = True, code
-      return
+      return None
     assert ex is not None         # the tag is this exchange's (_classify)
     i = ex.index[rid]
     if ex.answered[i]:          # the same exchange answered twice (a retry)
-      self.counters.reject(Code.DUPLICATE_ROUND, f"second reply of {rid}")
+      self.counters.reject(Code.DUPLICATE_ROUND, f"second {what} of {rid}")
+      return None
+    return i
+
+  def _answer(self, reply: codec.Frame | None, reply_code: int | None,
+              done: codec.Frame) -> None:
+    body = done.body
+    rid, tag = body.request, done.tag
+    i = self._open_slot(rid, tag, "reply")
+    if i is None:
       return
+    ex = self.exchange
+    assert ex is not None
     req = self.requests[rid]
     what = f"request {rid} {tag}"
     if body.status:

@@ -214,11 +214,7 @@ def decode(frame: layouts.Buffer, bounds: Bounds,
   if not 1 <= body.depth <= bounds.depth:
     raise ProtocolError(Code.ABSURD_LENGTH, f"REPLY of {body.depth} rows, "
                         f"bound {bounds.depth}")
-  if body.width != bounds.width:
-    code = (Code.ABSURD_LENGTH if body.width > bounds.width
-            else Code.UNEXPECTED_SIZE)
-    raise ProtocolError(code, f"rows of {body.width} entries, session "
-                        f"{bounds.width}")
+  _check_width(body.width, bounds)
   if h.length != fixed + fmt.payload_bytes(body.depth, body.width):
     raise ProtocolError(Code.UNEXPECTED_SIZE, f"REPLY of {body.depth} x "
                         f"{body.width} in {h.length} bytes")
@@ -233,6 +229,16 @@ def decode(frame: layouts.Buffer, bounds: Bounds,
       raise ProtocolError(int(verdict.codes[bad[0]]), f"row {bad[0]}")
     counts = verdict.counts
   return Frame(h, body, frame, rows, counts)
+
+
+def _check_width(width: int, bounds: Bounds) -> None:
+  """Rows must be the session's width: wider ones are absurd, narrower
+  ones a size mismatch."""
+  if width != bounds.width:
+    code = (Code.ABSURD_LENGTH if width > bounds.width
+            else Code.UNEXPECTED_SIZE)
+    raise ProtocolError(code, f"rows of {width} entries, session "
+                        f"{bounds.width}")
 
 
 def _packed(h: layouts.Header, frame: memoryview, bounds: Bounds,
@@ -250,11 +256,7 @@ def _packed(h: layouts.Header, frame: memoryview, bounds: Bounds,
   if body.depth > bounds.depth:
     raise ProtocolError(Code.ABSURD_LENGTH, f"PACKED of {body.depth} rows "
                         f"a request, bound {bounds.depth}")
-  if body.width != bounds.width:
-    code = (Code.ABSURD_LENGTH if body.width > bounds.width
-            else Code.UNEXPECTED_SIZE)
-    raise ProtocolError(code, f"rows of {body.width} entries, session "
-                        f"{bounds.width}")
+  _check_width(body.width, bounds)
   r, d = body.requests, body.depth
   if h.length != bounds.packed_bytes(r, d):
     raise ProtocolError(Code.UNEXPECTED_SIZE, f"PACKED of {r} x {d} x "
@@ -393,16 +395,22 @@ def begin_reply(out: bytearray | memoryview, *, bounds: Bounds, session: int,
   """
   fmt = bounds.format
   length = bounds.reply_bytes(depth)
-  buf = memoryview(out).cast("B")
-  if len(buf) < length:
-    raise ValueError(f"begin_reply: out holds {len(buf)} bytes, need "
-                     f"{length}")
-  buf = buf[:length]
+  buf = _frame_space(out, length, "begin_reply")
   _write_header(buf, Kind.REPLY, length, session, generation, round_id)
   layouts.BODY_STRUCTS[Kind.REPLY].pack_into(
       buf, HEADER_BYTES, int(request), int(depth), int(fmt.representation),
       0, int(bounds.width), fmt.mass)
   return buf, fmt.rows(buf, FIXED_BYTES[Kind.REPLY], depth, bounds.width)
+
+
+def _frame_space(out: bytearray | memoryview, length: int,
+                 caller: str) -> memoryview:
+  """The first `length` bytes of `out` as a byte view (ValueError naming
+  `caller` if `out` is shorter)."""
+  buf = memoryview(out).cast("B")
+  if len(buf) < length:
+    raise ValueError(f"{caller}: out holds {len(buf)} bytes, need {length}")
+  return buf[:length]
 
 
 class Packed(typing.NamedTuple):
@@ -424,11 +432,7 @@ def begin_packed(out: bytearray | memoryview, *, bounds: Bounds,
   """
   fmt = bounds.format
   length = bounds.packed_bytes(requests, depth)
-  buf = memoryview(out).cast("B")
-  if len(buf) < length:
-    raise ValueError(f"begin_packed: out holds {len(buf)} bytes, need "
-                     f"{length}")
-  buf = buf[:length]
+  buf = _frame_space(out, length, "begin_packed")
   _write_header(buf, Kind.PACKED, length, session, generation, round_id)
   fixed = FIXED_BYTES[Kind.PACKED]
   layouts.BODY_STRUCTS[Kind.PACKED].pack_into(
