@@ -26,11 +26,13 @@ ZAP handler of its own), so a peer without the deployment's keys never
 gets past the handshake, and libzmq buffers nothing of what it sends.
 Its cost per round: docs/security.md.
 
-A connecting endpoint watches its socket (a ZeroMQ socket monitor): a
-disconnection or a failed handshake marks it `lost`. libzmq gives up a
-connection for good after a protocol error (a peer that sent a part over
-ZMQ_MAXMSGSIZE, a failed CURVE handshake), so the driver then replaces
-the socket instead of waiting on it (`Verifier`, `rank_links`).
+A connecting endpoint watches its socket (a ZeroMQ socket monitor). After
+an ordinary disconnection libzmq schedules a reconnection at once (it
+reports CONNECT_RETRIED right after DISCONNECTED); after a protocol error
+(a peer that sent a part over ZMQ_MAXMSGSIZE) or a failed handshake it
+gives the connection up for good and reports nothing more. Such an
+endpoint is `lost` (`broken`), and its driver replaces the socket instead
+of waiting on it (`Verifier`, `rank_links`).
 """
 
 import threading
@@ -57,6 +59,9 @@ HELLO_MESSAGE = 4096         # the verifier's bound before its session opens
 LOST_EVENTS = (zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
                | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
                | zmq.EVENT_HANDSHAKE_FAILED_AUTH)
+# libzmq reports a scheduled reconnection in the same call that reports
+# the disconnection: this long without one, it gave the connection up.
+RETRY_NOTICE_MS = 1000
 
 
 def _context() -> zmq.Context:
@@ -127,7 +132,8 @@ class Endpoint:
     self._monitor: zmq.Socket | None = None
     self.lost = False
     if not routed:
-      self._monitor = socket.get_monitor_socket(LOST_EVENTS)
+      self._monitor = socket.get_monitor_socket(
+          LOST_EVENTS | zmq.EVENT_CONNECT_RETRIED)
 
   @staticmethod
   def _options(socket: zmq.Socket, max_message: int,
@@ -191,15 +197,26 @@ class Endpoint:
     return cls(socket, address, False, counters)
 
   def broken(self) -> bool:
-    """True once the monitor reported a lost connection or a failed
-    handshake (the socket should be replaced); reads pending events."""
+    """True once libzmq gave the connection up (a disconnection or a failed
+    handshake that no reconnection follows): the socket must be replaced.
+    Reads the pending monitor events."""
     monitor = self._monitor
     while monitor is not None and not self.lost and monitor.poll(0):
       event = zmq_monitor.recv_monitor_message(monitor, zmq.DONTWAIT)
-      if int(event["event"]) & LOST_EVENTS:
+      if int(event["event"]) & LOST_EVENTS and self._gave_up(monitor):
         self.lost = True
         self._event("link_lost")
     return self.lost
+
+  @staticmethod
+  def _gave_up(monitor: zmq.Socket) -> bool:
+    """After a lost connection: False once libzmq reports its reconnection
+    scheduled, True if it does not within RETRY_NOTICE_MS."""
+    while monitor.poll(RETRY_NOTICE_MS):
+      event = zmq_monitor.recv_monitor_message(monitor, zmq.DONTWAIT)
+      if int(event["event"]) == zmq.EVENT_CONNECT_RETRIED:
+        return False
+    return True
 
   def _event(self, name: str) -> None:
     if self.counters is not None:

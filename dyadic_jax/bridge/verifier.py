@@ -16,15 +16,19 @@ for:
   TARGET_ONLY key); `verify_fn` returning a refusal status makes that
   request a counted fallback too.
 
-The link heals itself. A round whose exchange brings no authenticated
-frame (nothing came, or only forgeries), or whose socket the monitor
-reports lost (`transport.Endpoint.broken`: a disconnection, a failed
-handshake, a protocol error after which libzmq never reconnects), ends the
-session: the next round closes the socket, makes a new one and opens a new
-session (new HELLO, every request in a new generation, so no key or frame
-of the old one counts). While no worker answers, reopening backs off:
-after n failed HELLOs in a row the next n-th attempt waits
-min(2^(n-1), MAX_BACKOFF_ROUNDS) - 1 rounds, which fall back at once.
+The link heals itself. When libzmq gives the socket's connection up for
+good (`transport.Endpoint.broken`: a protocol error such as a squatter's
+part over ZMQ_MAXMSGSIZE, or a failed handshake, after which it never
+reconnects), the exchange in flight ends at once and the next round
+closes the socket, makes a new one and opens a new session (new HELLO,
+new keys: no frame of the old one counts; the lost exchange fell back, so
+its requests are in a new generation already). A round that merely heard
+nothing keeps the session: a lost message and a dead link look alike from
+inside a round, and the session's late-reply and retry accounting needs
+the same session (a restarted worker answers its next STEP with a refusal,
+which closes the session). While no worker answers a HELLO, reopening
+backs off: after n failed HELLOs in a row, min(2^(n-1),
+MAX_BACKOFF_ROUNDS) - 1 rounds fall back at once before the next.
 
 What a deployment changes is passed in as components, never overridden:
 a `Validator` (the q format's kernel and the audit, or the rank links'
@@ -244,12 +248,16 @@ class Verifier:
 
   def _drop_link(self) -> None:
     """Replaces a lost link: closes the socket; the next HELLO goes out on
-    a new one, in a new session (every request in a new generation)."""
+    a new one, in a new session. Between rounds no key is in flight (the
+    lost exchange fell back: its requests are in a new generation), and
+    no frame of the old session authenticates in the new one, so the
+    requests keep their tags: they only ever grow."""
     self._lost = False
     if self.endpoint is not None:
       self.endpoint.close()
       self.endpoint = None
-    self.session.reconnect()
+    self.session.close()
+    self.counters.event("reconnects")
 
   def _send(self, send: Send | None) -> bool:
     if send is None or self.endpoint is None:
@@ -420,8 +428,6 @@ class Verifier:
       else:     # a lost connection ends the exchange now, as its deadline
         effects = session.poll(exchange.deadline if self.endpoint.broken()
                                else self.clock())
-    if not exchange.heard:
-      self._lost = True     # nothing authentic came: a lost peer
     self.seconds.append(self.clock() - start)
     effect = effects[0]
     if self.deadline is not None and isinstance(effect, Stage):

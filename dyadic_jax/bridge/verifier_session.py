@@ -112,8 +112,6 @@ class Exchange:
     self.rows = slot.rows(r, depth)
     self.staging = False          # a Stage was handed out: await `staged`
     self.step_tag = b""           # the tag of its first STEP frame
-    # An authenticated frame of this session came in: the link carries.
-    self.heard = False
 
   @property
   def complete(self) -> bool:
@@ -400,12 +398,9 @@ class VerifierSession:
           headers[0].kind == Kind.RESET) and auth.check(
               frames[0], auth.refusal_keys(self._secret, ex.step_tag,
                                            auth.VERIFIER).recv):
-        ex.heard = True
         return self._refusal(frames[0], headers[0], now)
       self.counters.reject(Code.AUTH_FAILED, "worker message")
       return []
-    if self.exchange is not None:
-      self.exchange.heard = True
     if headers[0].kind == Kind.HELLO and len(frames) == 1:
       self.counters.event("late_hellos")   # a retried HELLO's answer
       return []

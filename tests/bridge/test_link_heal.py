@@ -115,8 +115,8 @@ def _key_set(tmp_path_factory):
 def _restarted_link(squat, curve_pair=None):
   """Rounds of a verifier whose worker died, whose port `squat(address,
   verifier)` took for a while, and which restarted on the same port:
-  [(fallback, generation)] of ROUNDS rounds after the restart, and the
-  highest generation committed before."""
+  [(fallback, tag)] of ROUNDS rounds after the restart, the tags of the
+  rounds before and the counters."""
   wcurve, vcurve = curve_pair or (None, None)
   c = SPARSE
   served = h.serve(h.Tampering(c, h.proposer_for(c)), curve=wcurve)
@@ -127,7 +127,8 @@ def _restarted_link(squat, curve_pair=None):
   try:
     verifier.open()
     verifier.add_request(0, [1], seed=3)
-    before = max(r.generation for _ in range(3) for r in verifier.round([0]))
+    before = [(r.generation, r.round) for _ in range(3)
+              for r in verifier.round([0])]
     served.close()                               # the worker dies
     squat(address, verifier)
     served = _bind(lambda a: h.serve(h.Tampering(c, h.proposer_for(c)), a,
@@ -137,7 +138,8 @@ def _restarted_link(squat, curve_pair=None):
       # A round that waits is a lost one: the guard warps its deadline.
       timer = threading.Timer(15.0, verifier.clock.warp)
       timer.start()
-      after += [(r.fallback, r.generation) for r in verifier.round([0])]
+      after += [(r.fallback, (r.generation, r.round))
+                for r in verifier.round([0])]
       timer.cancel()
     return after, before, verifier.counters.snapshot()
   finally:
@@ -149,9 +151,10 @@ def _assert_healed(after, before, snapshot, within):
   fallbacks = [i for i, (fallback, _) in enumerate(after) if fallback]
   assert all(i < within for i in fallbacks), (after, snapshot)
   assert len(fallbacks) <= within, (after, snapshot)
-  # Nothing of the old session counts: every round after it is in a newer
-  # generation than any before.
-  assert min(g for _, g in after) > before, (after, before)
+  # Nothing stale is committed: every round's (generation, round) tag is
+  # newer than any before it (no key is drawn twice).
+  tags = before + [tag for _, tag in after]
+  assert all(a < b for a, b in zip(tags, tags[1:])), tags
 
 
 def test_an_oversize_squatter_cannot_cut_the_verifier_off():
