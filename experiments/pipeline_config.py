@@ -52,11 +52,13 @@ Q_FORMATS = {"sparse": QChoice(True, False, True),
              "dense": QChoice(False, True, True),
              "greedy": QChoice(False, False, False)}
 Q_CHOICES = tuple(Q_FORMATS)
-# dyadic_jax.bridge.keys.SECRET and dyadic_jax.wire.auth.SECRET_BYTES,
-# mirrored: importing them starts JAX (tests/experiments/test_cli.py holds
-# them equal).
+# dyadic_jax.bridge.keys.SECRET, MIN_DISTINCT_BYTES, CURVE_KEY_CHARS and
+# dyadic_jax.wire.auth.SECRET_BYTES, mirrored: importing them starts JAX
+# (tests/experiments/test_cli.py holds them equal).
 KEYS_SECRET = "secret.key"
 SECRET_BYTES = 32
+MIN_DISTINCT_BYTES = 16
+CURVE_KEY_CHARS = 40
 
 VOCAB = flags.DEFINE_integer(
     "vocab", None, f"Vocabulary size V in [2, {cli.MAX_VOCAB}] (default "
@@ -97,8 +99,11 @@ INSECURE = flags.DEFINE_bool(
     "tags only): any process that reaches the socket can talk to either "
     "side. Said loudly at start and in the summary. Benchmarks only.")
 ENCRYPT = flags.DEFINE_bool(
-    "encrypt", False, "Encrypt the bridge link with ZeroMQ CURVE (keys from "
-    "--keys_dir; docs/security.md has its measured cost).")
+    "encrypt", True, "ZeroMQ CURVE on the bridge link (keys from "
+    "--keys_dir): only the deployment's keys get past the handshake, and "
+    "the link is encrypted. --noencrypt: the link in the clear and open "
+    "to any process that reaches the port at the ZeroMQ level (its cost "
+    "per round, measured: docs/security.md).")
 WORKER_BUG = flags.DEFINE_enum(
     "worker_bug", "none", ["none", "token_not_from_q", "shard_mass"],
     "Fault drill: token_not_from_q: the worker sends its q but each drafted "
@@ -139,7 +144,7 @@ cli.check(["k", "q"],
           + ", or no --k)")
 cli.check(["insecure", "keys_dir", "encrypt"],
           lambda insecure, keys_dir, encrypt: not (insecure and (
-              keys_dir or encrypt)),
+              keys_dir or (encrypt and flags.FLAGS["encrypt"].present))),
           "--insecure excludes --keys_dir and --encrypt")
 
 
@@ -181,7 +186,24 @@ def keys_dir_problem(path: str | None, encrypt: bool,
   if len(secret) != SECRET_BYTES:
     return (f"--keys_dir={path}: {KEYS_SECRET} must hold {SECRET_BYTES} "
             f"bytes in hex ({made} --force)")
+  if len(set(secret)) < MIN_DISTINCT_BYTES:
+    return (f"--keys_dir={path}: {KEYS_SECRET} holds {len(set(secret))} "
+            f"distinct byte values, fewer than {MIN_DISTINCT_BYTES}: not "
+            f"a random secret ({made} --force)")
+  for name in names[1:]:
+    try:
+      with open(os.path.join(path, name)) as f:
+        text = f.read().strip()
+    except OSError as e:
+      return f"--keys_dir={path}: cannot read {name}: {e.strerror}"
+    if len(text) != CURVE_KEY_CHARS or not set(text) <= _Z85:
+      return (f"--keys_dir={path}: {name} is not a CURVE key "
+              f"({CURVE_KEY_CHARS} z85 characters; {made} --force)")
   return None
+
+
+_Z85 = set("0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+           ".-:+=^!/*?&<>()[]{}@%$#")
 
 
 def check_keys_dir(roles: typing.Sequence[str]) -> None:
@@ -208,7 +230,8 @@ class PipelineConfig:
     backbone: the draft's parallel backbone on or off.
     keys_dir: the bridge keys (None: a throwaway set, or --insecure).
     insecure: no authentication on the link.
-    encrypt: ZeroMQ CURVE on the link.
+    encrypt: ZeroMQ CURVE on the link (admission and confidentiality; off
+      when insecure).
     worker_bug: "none", or the "token_not_from_q" or "shard_mass" drill.
     worker_ranks: tensor-parallel ranks of the worker (shardable, i.e.
       dense, q: one rank link per rank, `Capabilities.shards`).
@@ -223,11 +246,13 @@ class PipelineConfig:
   backbone: bool = True
   keys_dir: str | None = None
   insecure: bool = False
-  encrypt: bool = False
+  encrypt: bool = True
   worker_bug: str = "none"
   worker_ranks: int = 1
 
   def __post_init__(self):
+    if self.insecure:    # no keys at all: no CURVE either
+      object.__setattr__(self, "encrypt", False)
     if self.q not in Q_CHOICES:
       raise ValueError(f"PipelineConfig: q must be one of {Q_CHOICES}")
     if not (2 <= self.vocab <= cli.MAX_VOCAB and 1 <= self.depth <= MAX_DEPTH

@@ -249,12 +249,13 @@ def serve(worker, address="tcp://127.0.0.1:0", curve=None):
   return Served(worker, endpoint)
 
 
-def serve_until_stdin_closes(worker):
+def serve_until_stdin_closes(worker, curve=None):
   """A worker process's loop: prints READY <address>, serves until its
   stdin closes (the parent's signal to stop)."""
   import sys  # pylint: disable=g-import-not-at-top
   endpoint = bridge.Endpoint.bind("tcp://127.0.0.1:0",
-                                  max_message=worker.max_message)
+                                  max_message=worker.max_message,
+                                  curve=curve)
   worker.warmup()
   stop = threading.Event()
   threading.Thread(target=lambda: (sys.stdin.read(), stop.set()),
@@ -295,10 +296,17 @@ def random_secret():
 
 
 def worker_main():
-  """A worker process (`python -m tests.bridge_harness`): the SPARSE caps
-  with SECRET on a free port, until its stdin closes."""
+  """A worker process (`python -m tests.bridge_harness [KEYS_DIR]`): the
+  SPARSE caps on a free port, until its stdin closes; with SECRET, or with
+  KEYS_DIR's keys as `bridge.keys.load` gives them by default."""
+  import sys  # pylint: disable=g-import-not-at-top
+  from dyadic_jax.bridge import keys  # pylint: disable=g-import-not-at-top
   c = caps()
-  serve_until_stdin_closes(bridge.Worker(c, proposer_for(c), secret=SECRET))
+  secret, curve = SECRET, None
+  if len(sys.argv) > 1:
+    secret, curve = keys.load(sys.argv[1], "worker")
+  serve_until_stdin_closes(bridge.Worker(c, proposer_for(c), secret=secret),
+                           curve)
 
 
 if __name__ == "__main__":

@@ -8,7 +8,9 @@ writes, in DIR (created with mode 0700 if missing):
                           (mode 0600). Both sides load it: every frame's
                           MAC is keyed from it (docs/security.md).
     worker.curve          the worker's CURVE public key (z85), and
-    worker.curve_secret   its secret key (0600), for `--encrypt`;
+    worker.curve_secret   its secret key (0600): CURVE admits only the
+                          deployment's keys and encrypts (the default;
+                          `--noencrypt` turns it off);
     verifier.curve        the verifier's CURVE pair, likewise.
     verifier.curve_secret
 
@@ -17,7 +19,9 @@ command run again on a folder that already holds a complete, loadable set
 keeps it and says so (exit status 0), so a one-liner that makes the keys
 and then uses them can be run twice. A
 side refuses to load a secret file that other users can read or write
-(like ssh with its keys). The worker's host needs secret.key,
+(like ssh with its keys), a secret that is all zeros or has fewer than
+MIN_DISTINCT_BYTES distinct bytes (typed or patterned, not drawn), and a
+CURVE key that is not 40 z85 characters. The worker's host needs secret.key,
 worker.curve_secret, worker.curve and verifier.curve; the verifier's host
 secret.key, verifier.curve_secret, verifier.curve and worker.curve.
 `temporary()` makes a throwaway directory (the pipeline's default, so its
@@ -38,6 +42,20 @@ from dyadic_jax.wire import auth
 
 SECRET = "secret.key"
 _CURVE = ("worker", "verifier")
+# 32 random bytes have fewer than 16 distinct values with probability
+# below 1e-12: fewer means the secret was typed or patterned, not drawn.
+MIN_DISTINCT_BYTES = 16
+CURVE_KEY_CHARS = 40      # z85 of a 32-byte key
+
+
+def secret_problem(secret: bytes) -> str | None:
+  """Why `secret` is no deployment secret, in words; None if it is one."""
+  if len(secret) != auth.SECRET_BYTES:
+    return f"must hold {auth.SECRET_BYTES} bytes in hex"
+  if len(set(secret)) < MIN_DISTINCT_BYTES:
+    return (f"holds {len(set(secret))} distinct byte values (fewer than "
+            f"{MIN_DISTINCT_BYTES}: not random; make a new set)")
+  return None
 
 
 class Keys(typing.NamedTuple):
@@ -88,15 +106,19 @@ def load_secret(directory: str | os.PathLike) -> bytes:
     secret = bytes.fromhex(text)
   except ValueError:
     secret = b""
-  if len(secret) != auth.SECRET_BYTES:
-    raise ValueError(f"keys: {directory}/{SECRET} must hold "
-                     f"{auth.SECRET_BYTES} bytes in hex")
+  problem = secret_problem(secret)
+  if problem is not None:
+    raise ValueError(f"keys: {directory}/{SECRET} {problem}")
   return secret
 
 
 def load(directory: str | os.PathLike, role: str, *,
-         encrypt: bool = False) -> Keys:
-  """Keys of `role` ("worker" or "verifier") from `directory`."""
+         encrypt: bool = True) -> Keys:
+  """Keys of `role` ("worker" or "verifier") from `directory`.
+
+  encrypt: load the CURVE keys too (the default: admission at the
+  handshake and confidentiality; False only for an explicit
+  `--noencrypt`)."""
   if role not in _CURVE:
     raise ValueError(f"keys: role {role!r} is not one of {_CURVE}")
   directory = pathlib.Path(directory)
@@ -104,14 +126,29 @@ def load(directory: str | os.PathLike, role: str, *,
   if encrypt:
 
     def read(name: str) -> bytes:
-      return (directory / name).read_text().strip().encode()
+      return check_curve_key(directory / name, (
+          directory / name).read_text().strip()).encode()
 
     curve = transport.Curve(
         public_key=read(f"{role}.curve"),
-        secret_key=_read_private(directory / f"{role}.curve_secret").encode(),
+        secret_key=check_curve_key(
+            directory / f"{role}.curve_secret",
+            _read_private(directory / f"{role}.curve_secret")).encode(),
         server_public=read("worker.curve"),
         client_public=read("verifier.curve"))
   return Keys(load_secret(directory), curve)
+
+
+def check_curve_key(path: pathlib.Path, text: str) -> str:
+  """`text` if it is a CURVE key (40 z85 characters), else ValueError."""
+  if len(text) != CURVE_KEY_CHARS or not set(text) <= _Z85:
+    raise ValueError(f"keys: {path} is not a CURVE key ({CURVE_KEY_CHARS} "
+                     "z85 characters)")
+  return text
+
+
+_Z85 = set("0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+           ".-:+=^!/*?&<>()[]{}@%$#")
 
 
 class temporary:  # pylint: disable=invalid-name

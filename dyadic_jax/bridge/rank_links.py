@@ -252,13 +252,22 @@ class ShardReceiver:
         self.endpoint.send(effect.message)
     return done
 
-  def open(self, attempts: int = 50) -> "ShardReceiver":
-    """Negotiates the link (HELLO both ways); ProtocolError if it cannot."""
-    endpoint = self.endpoint = transport.Endpoint.connect(
+  def _connect(self) -> transport.Endpoint:
+    """A new socket (the old one closed): a lost link is replaced, never
+    waited on (libzmq may not reconnect it)."""
+    self.close()
+    self.endpoint = transport.Endpoint.connect(
         self.address, max_message=self.caps.bounds.max_reply_message,
         curve=self.curve, counters=self.counters)
+    return self.endpoint
+
+  def open(self, attempts: int = 50) -> "ShardReceiver":
+    """Negotiates the link (HELLO both ways); ProtocolError if it cannot."""
+    endpoint = self._connect()
     session = self.session
     for _ in range(attempts):
+      if endpoint.broken():
+        endpoint = self._connect()
       self._perform([session.hello(self.clock())])
       deadline = self.clock() + session.timeout_s
       while (left := deadline - self.clock()) > 0 and not session.is_open:
@@ -280,12 +289,19 @@ class ShardReceiver:
     request without a good frame gets its code (TIMEOUT when none came).
     """
     session = self.session
+    if self.endpoint is not None and self.endpoint.broken():
+      session.lost()
+    if self.endpoint is None or session.silent:
+      self._connect()         # the round's HELLO goes out on a new socket
     done = self._perform(session.begin(rids, tags, depth, self.clock()))
     while done is None:
-      done = self._perform(session.poll(self.clock()))
+      assert self.endpoint is not None     # connected above
+      deadline = session.round_deadline
+      assert deadline is not None            # begun
+      # A lost connection ends the round now, as its deadline would.
+      now = deadline if self.endpoint.broken() else self.clock()
+      done = self._perform(session.poll(now))
       if done is None:
-        deadline = session.round_deadline
-        assert self.endpoint is not None and deadline is not None  # begun
         got = self.endpoint.recv(max(deadline - self.clock(), 0.0))
         if got is not None:
           done = self._perform(session.receive(got[1], self.clock()))

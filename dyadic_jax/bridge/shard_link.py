@@ -102,6 +102,17 @@ class ShardLinkSession:
     """The link's session id (None before a HELLO)."""
     return self.hello_session.session
 
+  def lost(self) -> None:
+    """The driver lost its connection: the next round starts with a new
+    HELLO, as after a silent one."""
+    self._silent = True
+
+  @property
+  def silent(self) -> bool:
+    """The last round got no frame: the next one starts with a new HELLO
+    (its driver makes a new socket for it, too)."""
+    return self._silent
+
   @property
   def round_deadline(self) -> float | None:
     """When the round in flight ends at the latest (None: none is)."""

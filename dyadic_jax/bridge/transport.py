@@ -19,18 +19,28 @@ each direction. Large parts (64 KiB and more) are sent without a copy and
 tracked (`send` returns the tracker): the worker reuses a slot buffer only
 once ZeroMQ let go of it, and takes a new one instead of waiting.
 
-Confidentiality (`curve=`): ZeroMQ CURVE (CurveZMQ): the verifier
-authenticates the worker's public key and encrypts; the worker accepts
-only the verifier key it was given (a ZAP handler of its own). Keys come
-from `bridge.keys`. It costs about 28 ms one way for a 10.3 MB dense batch
-on this project's CPUs (4 ms in the clear), nothing visible for sparse
-rounds (experiments/bench_bridge.py measures it).
+Admission and confidentiality (`curve=`, the default of `bridge.keys`):
+ZeroMQ CURVE (CurveZMQ): the verifier authenticates the worker's public
+key and encrypts; the worker admits only the verifier key it was given (a
+ZAP handler of its own), so a peer without the deployment's keys never
+gets past the handshake, and libzmq buffers nothing of what it sends.
+Its cost per round: docs/security.md.
+
+A connecting endpoint watches its socket (a ZeroMQ socket monitor). After
+an ordinary disconnection libzmq schedules a reconnection at once (it
+reports CONNECT_RETRIED right after DISCONNECTED); after a protocol error
+(a peer that sent a part over ZMQ_MAXMSGSIZE) or a failed handshake it
+gives the connection up for good and reports nothing more. Such an
+endpoint is `lost` (`broken`), and its driver replaces the socket instead
+of waiting on it (`Verifier`, `rank_links`).
 """
 
 import threading
+import time
 import typing
 
 import zmq
+from zmq.utils import monitor as zmq_monitor
 from zmq.utils import z85
 
 from dyadic_jax.bridge.counters import Counters
@@ -44,6 +54,14 @@ COPY_THRESHOLD = 64 * 1024   # smaller parts are cheaper to copy than to track
 CURVE_SLACK = 1024
 HWM = 8                      # messages queued per peer and direction
 HELLO_MESSAGE = 4096         # the verifier's bound before its session opens
+# What ends a connection for good, or says the peer is not ours: after
+# these libzmq may never reconnect the session (a protocol error ends it).
+LOST_EVENTS = (zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+               | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+               | zmq.EVENT_HANDSHAKE_FAILED_AUTH)
+# libzmq reports a scheduled reconnection in the same call that reports
+# the disconnection: this long without one, it gave the connection up.
+RETRY_NOTICE_MS = 1000
 
 
 def _context() -> zmq.Context:
@@ -110,6 +128,12 @@ class Endpoint:
     self.counters = counters
     self._zap = zap
     self._context = context     # a CURVE endpoint's own (its ZAP handler)
+    # A connecting endpoint's socket monitor (LOST_EVENTS only).
+    self._monitor: zmq.Socket | None = None
+    self.lost = False
+    if not routed:
+      self._monitor = socket.get_monitor_socket(
+          LOST_EVENTS | zmq.EVENT_CONNECT_RETRIED)
 
   @staticmethod
   def _options(socket: zmq.Socket, max_message: int,
@@ -172,6 +196,28 @@ class Endpoint:
     socket.connect(address)
     return cls(socket, address, False, counters)
 
+  def broken(self) -> bool:
+    """True once libzmq gave the connection up (a disconnection or a failed
+    handshake that no reconnection follows): the socket must be replaced.
+    Reads the pending monitor events."""
+    monitor = self._monitor
+    while monitor is not None and not self.lost and monitor.poll(0):
+      event = zmq_monitor.recv_monitor_message(monitor, zmq.DONTWAIT)
+      if int(event["event"]) & LOST_EVENTS and self._gave_up(monitor):
+        self.lost = True
+        self._event("link_lost")
+    return self.lost
+
+  @staticmethod
+  def _gave_up(monitor: zmq.Socket) -> bool:
+    """After a lost connection: False once libzmq reports its reconnection
+    scheduled, True if it does not within RETRY_NOTICE_MS."""
+    while monitor.poll(RETRY_NOTICE_MS):
+      event = zmq_monitor.recv_monitor_message(monitor, zmq.DONTWAIT)
+      if int(event["event"]) == zmq.EVENT_CONNECT_RETRIED:
+        return False
+    return True
+
   def _event(self, name: str) -> None:
     if self.counters is not None:
       self.counters.event(name)
@@ -202,7 +248,7 @@ class Endpoint:
     message: a memoryview onto ZeroMQ's buffer (valid while referenced).
     A message with the wrong number of parts is refused unread (None).
     """
-    if not self.socket.poll(max(0, int(timeout_s * 1000))):
+    if not self._wait(timeout_s):
       return None
     try:
       parts = self.socket.recv_multipart(copy=False, flags=zmq.DONTWAIT)
@@ -217,7 +263,28 @@ class Endpoint:
     peer = parts[0].bytes if self._routed else None
     return peer, parts[-1].buffer
 
+  def _wait(self, timeout_s: float) -> bool:
+    """Waits for a message up to `timeout_s`; False when none came, or as
+    soon as the connection is lost (`broken`)."""
+    if self._monitor is None:
+      return bool(self.socket.poll(max(0, int(timeout_s * 1000))))
+    poller = zmq.Poller()
+    poller.register(self.socket, zmq.POLLIN)
+    poller.register(self._monitor, zmq.POLLIN)
+    end = time.monotonic() + max(0.0, timeout_s)
+    while not self.broken():
+      ready = dict(poller.poll(max(0, int((end - time.monotonic()) * 1000))))
+      if self.socket in ready:
+        return True
+      if self._monitor not in ready:
+        return False            # the time is up
+    return False
+
   def close(self) -> None:
+    if self._monitor is not None:
+      self.socket.disable_monitor()
+      self._monitor.close(linger=0)
+      self._monitor = None
     self.socket.close(linger=0)
     if self._zap is not None:
       self._zap.stop()

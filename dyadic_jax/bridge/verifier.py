@@ -16,6 +16,20 @@ for:
   TARGET_ONLY key); `verify_fn` returning a refusal status makes that
   request a counted fallback too.
 
+The link heals itself. When libzmq gives the socket's connection up for
+good (`transport.Endpoint.broken`: a protocol error such as a squatter's
+part over ZMQ_MAXMSGSIZE, or a failed handshake, after which it never
+reconnects), the exchange in flight ends at once and the next round
+closes the socket, makes a new one and opens a new session (new HELLO,
+new keys: no frame of the old one counts; the lost exchange fell back, so
+its requests are in a new generation already). A round that merely heard
+nothing keeps the session: a lost message and a dead link look alike from
+inside a round, and the session's late-reply and retry accounting needs
+the same session (a restarted worker answers its next STEP with a refusal,
+which closes the session). While no worker answers a HELLO, reopening
+backs off: after n failed HELLOs in a row, min(2^(n-1),
+MAX_BACKOFF_ROUNDS) - 1 rounds fall back at once before the next.
+
 What a deployment changes is passed in as components, never overridden:
 a `Validator` (the q format's kernel and the audit, or the rank links'
 collective check), a plan sharer (`ranks.PlanBroadcast`, or the rank
@@ -52,6 +66,10 @@ from dyadic_jax.errors import raise_for_status
 from dyadic_jax.wire import qformats
 from dyadic_jax.wire import status as status_lib
 from dyadic_jax.wire.refusals import Code, ProtocolError
+
+# Rounds between reopening attempts grow to at most this while no worker
+# answers: a worker that is back is heard again within this many rounds.
+MAX_BACKOFF_ROUNDS = 8
 
 __all__ = ["Outcome", "PlanSharer", "Request", "RoundHook", "RoundResult",
            "Validator", "Verifier", "greedy_verify"]
@@ -192,6 +210,9 @@ class Verifier:
     self.endpoint: transport.Endpoint | None = None
     self._bound = 0
     self._warm = False
+    self._lost = False       # the link must be replaced before a round
+    self._failures = 0       # HELLOs in a row that got no session
+    self._skip = 0           # rounds left before the next HELLO
     # Per exchange: seconds from its STEP to its answer (or its deadline),
     # before validation: what the link took.
     self.seconds: list[float] = []
@@ -223,6 +244,19 @@ class Verifier:
       self._bound = max_message
     return self.endpoint
 
+  def _drop_link(self) -> None:
+    """Replaces a lost link: closes the socket; the next HELLO goes out on
+    a new one, in a new session. Between rounds no key is in flight (the
+    lost exchange fell back: its requests are in a new generation), and
+    no frame of the old session authenticates in the new one, so the
+    requests keep their tags: they only ever grow."""
+    self._lost = False
+    if self.endpoint is not None:
+      self.endpoint.close()
+      self.endpoint = None
+    self.session.close()
+    self.counters.event("reconnects")
+
   def _send(self, send: Send | None) -> bool:
     if send is None or self.endpoint is None:
       return False
@@ -243,6 +277,10 @@ class Verifier:
     # Before a session is open only HELLO-sized messages are accepted.
     endpoint = self._endpoint(transport.HELLO_MESSAGE)
     for _ in range(attempts):
+      if endpoint.broken():         # libzmq gave this socket up
+        endpoint.close()
+        self.endpoint = None
+        endpoint = self._endpoint(transport.HELLO_MESSAGE)
       self._send(session.hello(self.clock()))
       deadline = self.clock() + self.timeout_s
       while (left := deadline - self.clock()) > 0:
@@ -334,13 +372,26 @@ class Verifier:
             depth: int | None = None) -> list[RoundResult]:
     """Runs one round for requests `rids`; returns their RoundResults."""
     depth = depth or self.caps.max_depth
+    if self._lost or (self.endpoint is not None and self.endpoint.broken()):
+      self._drop_link()
     if not self.session.is_open:
-      try:
-        self.open(attempts=1)
-      except ProtocolError as e:
+      code = Code.TIMEOUT
+      if self._skip:              # backing off: no HELLO this round
+        self._skip -= 1
+        self.counters.event("backoff_rounds")
+      else:
+        try:
+          self.open(attempts=1)
+          self._failures = 0
+        except ProtocolError as e:
+          code = e.code
+          self._failures += 1
+          self._skip = min(2 ** (self._failures - 1), MAX_BACKOFF_ROUNDS) - 1
+          self._lost = True           # a new socket for the next attempt
+      if not self.session.is_open:
         for hook in self.hooks:
           hook.begin(None)
-        return self.execute(self.session.fallback(rids, e.code).plan)
+        return self.execute(self.session.fallback(rids, code).plan)
     with contextlib.ExitStack() as scope:
       for hook in self.hooks:
         scope.enter_context(hook.around_exchange())
@@ -370,8 +421,11 @@ class Verifier:
       left = exchange.deadline - self.clock()
       assert self.endpoint is not None    # `sent` went through it
       got = self.endpoint.recv(left) if left > 0 else None
-      effects = (session.receive(got[1], self.clock()) if got is not None
-                 else session.poll(self.clock()))
+      if got is not None:
+        effects = session.receive(got[1], self.clock())
+      else:     # a lost connection ends the exchange now, as its deadline
+        effects = session.poll(exchange.deadline if self.endpoint.broken()
+                               else self.clock())
     self.seconds.append(self.clock() - start)
     effect = effects[0]
     if self.deadline is not None and isinstance(effect, Stage):

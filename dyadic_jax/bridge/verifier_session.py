@@ -20,8 +20,11 @@ Receiving. A message is split under local bounds (frames, bytes); every
 frame must carry this session's id and a valid tag before anything of it
 is read (UNKNOWN_SESSION, AUTH_FAILED: the message is dropped, counted,
 and changes nothing: a peer without the key cannot steer which requests
-fall back). A worker's refusal (RESET REFUSED) is tagged with the hello
-key. Frames of older rounds or generations (late, duplicated) are counted
+fall back). A worker's refusal (RESET REFUSED) is keyed by the secret and
+the tag of the frame it refuses (`auth.refusal_keys`): it counts only for
+the HELLO or the STEP in flight that this side sent. While a session
+opens, nothing but a HELLO or a RESET is decoded, and a RESET only after
+its tag checks. Frames of older rounds or generations (late, duplicated) are counted
 as STALE_GENERATION / DUPLICATE_ROUND and dropped before anything is
 copied. For this exchange, per request: its COMPLETION's status (a known
 Code or BAD_STATUS), anchor and context (STATE_MISMATCH), its REPLY
@@ -118,6 +121,7 @@ class Exchange:
     # The PACKED records a worker answers with when all is well, in STEP
     # order (set by `begin`; the reserved fields zero).
     self.expected = np.zeros(r, layouts.PACKED_RECORD)
+    self.step_tag = b""           # the tag of its first STEP frame
 
   @property
   def complete(self) -> bool:
@@ -161,6 +165,7 @@ class VerifierSession:
     self.state = CLOSED
     self.session: int | None = None       # its id, once a HELLO left
     self._nonce: bytes | None = None
+    self._hello_tag = b""                 # the tag of the HELLO sent
     self.refused: Code | None = None      # the Code of a refused HELLO
     self.requests: dict[int, Request] = {}
     self._retired: dict[int, int] = {}    # removed rid -> next generation
@@ -242,8 +247,10 @@ class VerifierSession:
       self.session = int.from_bytes(self._entropy(8), "little")
       self._nonce = bytes(self._entropy(layouts.NONCE_BYTES))
       self.state, self.keys, self.refused = OPENING, None, None
-    return Send(hello.hello_frame(self.caps, self.session, self._nonce,
-                                  self._hello_keys.send))
+    frame = hello.hello_frame(self.caps, self.session, self._nonce,
+                              self._hello_keys.send)
+    self._hello_tag = auth.tag_of(frame)
+    return Send(frame)
 
   def reconnect(self) -> None:
     """A new session: every request moves to a new generation (in-flight
@@ -266,14 +273,20 @@ class VerifierSession:
       h = codec.header(frame)
       if h.session != self.session:
         raise ProtocolError(Code.UNKNOWN_SESSION, f"session {h.session}")
+      # Nothing but a HELLO (its nonce keys the check) or a RESET is
+      # decoded before its tag checks.
+      if h.kind not in (Kind.HELLO, Kind.RESET):
+        raise ProtocolError(Code.BAD_SEQUENCE, f"kind {h.kind} to HELLO")
+      refusal = auth.refusal_keys(self._secret, self._hello_tag,
+                                  auth.VERIFIER).recv
+      if h.kind == Kind.RESET and not auth.check(frame, refusal):
+        raise ProtocolError(Code.AUTH_FAILED, "RESET to HELLO")
       f = codec.decode(frame, codec.HELLO_BOUNDS)
     except ProtocolError as e:
       self.counters.reject(e.code, "answer to HELLO")
       return
     if f.kind == Kind.RESET:
-      if not auth.check(frame, self._hello_keys.recv):
-        self.counters.reject(Code.AUTH_FAILED, "RESET to HELLO")
-      elif f.body.reason != Reason.REFUSED or f.tag != (0, 0):
+      if f.body.reason != Reason.REFUSED or f.tag != (0, 0):
         self.counters.reject(Code.BAD_SEQUENCE, "RESET to HELLO")
       else:
         code = Code.parse(f.body.code) or Code.BAD_STATUS
@@ -339,13 +352,15 @@ class VerifierSession:
       ex.expected[j] = (req.rid, depth, 0, 0, req.generation, req.round,
                         req.anchor, req.context_version)
     policy = Policy.GREEDY if self.caps.greedy else Policy.SAMPLED
-    message = b"".join(codec.encode(
+    frames = [codec.encode(
         Kind.STEP, session=session, generation=req.generation,
         round_id=req.round, send=keys.send, body={
             "request": req.rid, "depth": depth, "policy": policy,
             "last_token": req.tokens[-1], "seed": req.seed,
             "anchor": req.anchor, "context_version": req.context_version,
-            "prefix_digest": req.digest}) for req in reqs)
+            "prefix_digest": req.digest}) for req in reqs]
+    self.exchange.step_tag = auth.tag_of(frames[0])   # what a refusal keys
+    message = b"".join(frames)
     self.counters.event("bytes_out", len(message))
     return Send(message)
 
@@ -400,8 +415,11 @@ class VerifierSession:
       return []
     _, keys = self.open_keys()
     if not all(auth.check(f, keys.recv) for f in frames):
-      if len(frames) == 1 and headers[0].kind == Kind.RESET and auth.check(
-          frames[0], self._hello_keys.recv):
+      ex = self.exchange
+      if ex is not None and len(frames) == 1 and (
+          headers[0].kind == Kind.RESET) and auth.check(
+              frames[0], auth.refusal_keys(self._secret, ex.step_tag,
+                                           auth.VERIFIER).recv):
         return self._refusal(frames[0], headers[0], now)
       self.counters.reject(Code.AUTH_FAILED, "worker message")
       return []

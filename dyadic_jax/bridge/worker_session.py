@@ -200,8 +200,7 @@ class WorkerSession:
         return _NOTHING       # only a STEP waits for an answer
       # Tagged like the STEP, so that a late one is recognized as stale.
       return WorkerAnswer([Send(self._refusal(
-          Code.UNKNOWN_SESSION, first.session, first.generation,
-          first.round))], [])
+          Code.UNKNOWN_SESSION, frames[0], first))], [])
     session = next((s for s in candidates
                     if auth.check(frames[0], s.keys.recv)), None)
     if session is None:
@@ -243,13 +242,16 @@ class WorkerSession:
 
   # -- HELLO -----------------------------------------------------------------
 
-  def _refusal(self, code: int, session: int, generation: int = 0,
-               round_id: int = 0) -> bytes:
-    return codec.encode(Kind.RESET, session=session, generation=generation,
-                        round_id=round_id, body={
-                            "request": ALL_REQUESTS,
-                            "reason": Reason.REFUSED, "code": int(code)},
-                        send=self._hello_keys.send)
+  def _refusal(self, code: int, frame: memoryview,
+               header: layouts.Header) -> bytes:
+    """RESET(REFUSED, code) of `frame`, with its session and tags, keyed
+    by its tag (`auth.refusal_keys`): it refuses that frame and no other."""
+    keys = auth.refusal_keys(self._secret, auth.tag_of(frame), auth.WORKER)
+    return codec.encode(Kind.RESET, session=header.session,
+                        generation=header.generation, round_id=header.round,
+                        body={"request": ALL_REQUESTS,
+                              "reason": Reason.REFUSED, "code": int(code)},
+                        send=keys.send)
 
   def _hello(self, frame: memoryview,
              header: layouts.Header) -> WorkerAnswer:
@@ -269,7 +271,7 @@ class WorkerSession:
     if differ:
       self.counters.reject(Code.IDENTITY_MISMATCH, "; ".join(differ))
       return WorkerAnswer([Send(self._refusal(Code.IDENTITY_MISMATCH,
-                                              header.session))], [])
+                                              frame, header))], [])
     nonce_w = bytes(self._entropy(layouts.NONCE_BYTES))
     keys = auth.session_keys(self._secret, header.session, body.nonce,
                              nonce_w, auth.WORKER)

@@ -153,3 +153,21 @@ def session_keys(secret: bytes | None, session: int, nonce_v: bytes,
               + bytes(nonce_v) + bytes(nonce_w))
   return _keys(role, Blake3Tag(_derive("session " + _V2W, material)),
                Blake3Tag(_derive("session " + _W2V, material)))
+
+
+def refusal_keys(secret: bytes | None, refused_tag: bytes, role: str) -> Keys:
+  """Keys of a worker's refusal (RESET REFUSED) of one frame: from the
+  secret and the refused frame's own tag.
+
+  A worker that knows no session still holds the secret, so its refusal
+  can be authentic; keying it by the tag of the frame it refuses binds it
+  to that frame: the verifier accepts it only for the HELLO or STEP it
+  sent itself (a refusal of a frame someone else made up, or sent to
+  another worker, fails).
+  """
+  _check_secret(secret)
+  if secret is None:
+    return _keys(role, Crc32cTag(), Crc32cTag())
+  material = bytes(secret) + bytes(refused_tag)
+  return _keys(role, Blake3Tag(_derive("refusal " + _V2W, material)),
+               Blake3Tag(_derive("refusal " + _W2V, material)))

@@ -369,16 +369,22 @@ def test_verifier_refuses_a_huge_hello_answer_before_any_work():
 def test_unknown_reset_reason_or_code_is_counted(reason, code):
   """One RESET with reason 0 crashed the verifier (Counters.reject raised
   on an unknown Code). Now: counted (BAD_STATUS), the round falls back."""
-  hello_keys = auth.hello_keys(h.SECRET, auth.WORKER)
+
+  steps = []
 
   def edit(messages, tagger):
     del tagger
     step = codec.peek(messages[-1])
+    # An authentic refusal of the STEP (keyed by its tag).
+    keys = auth.refusal_keys(h.SECRET, auth.tag_of(steps[-1]), auth.WORKER)
     return [codec.encode(Kind.RESET, session=step[1], generation=step[2],
-                         round_id=step[3], send=hello_keys.send,
+                         round_id=step[3], send=keys.send,
                          body={"request": layouts.ALL_REQUESTS,
                                "reason": reason, "code": code})]
   fake = FakeWorker(edit=edit)
+  handle = fake.worker.handle
+  fake.worker.handle = lambda message: (steps.append(bytes(message)),
+                                        handle(message))[1]
   verifier = _verifier(fake.address, warp_on=[Code.BAD_STATUS])
   try:
     verifier.open()
@@ -467,9 +473,11 @@ def test_a_worker_that_never_reads_costs_the_verifier_deadlines_only():
     for _ in range(5):
       results = verifier.round([0])
       assert results[0].fallback and results[0].code == Code.TIMEOUT
-    # 5 rounds, each one HELLO attempt: one deadline each, nothing more.
-    assert verifier.counters.errors(Code.TIMEOUT) == 5, (
+    # 5 rounds, a HELLO attempt in rounds 1, 2 and 4 (the backoff skips
+    # 3 and 5): one deadline each, nothing more.
+    assert verifier.counters.errors(Code.TIMEOUT) == 3, (
         verifier.counters.snapshot())
+    assert verifier.counters.events("backoff_rounds") == 2
   finally:
     verifier.close()
     router.close(linger=0)
@@ -637,7 +645,7 @@ def test_a_fake_worker_without_the_key_gets_nothing_accepted():
   verifier = _verifier(fake.address, warp_on=[Code.AUTH_FAILED])
   try:
     verifier.add_request(0, [1], seed=3)
-    for _ in range(3):
+    for _ in range(4):      # HELLOs in rounds 1, 2 and 4 (the backoff)
       results = verifier.round([0])
       assert results[0].fallback and results[0].code == Code.TIMEOUT
     assert verifier.counters.errors(Code.AUTH_FAILED) >= 3

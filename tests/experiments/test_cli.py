@@ -221,6 +221,27 @@ def test_an_unusable_keys_dir_is_refused_at_parse_time(keys_dirs, module,
   assert "dyadic_jax.bridge.keys" in run.stderr     # how to make them
 
 
+@pytest.mark.parametrize("defect", ["zero_secret", "patterned_secret",
+                                    "bad_curve_key"])
+def test_a_weak_secret_or_a_bad_curve_key_is_refused_at_parse_time(
+    tmp_path, defect):
+  """Issue 27: an all-zero secret was accepted, and a CURVE key file that
+  is no key was a traceback after JAX had started."""
+  from dyadic_jax.bridge import keys  # pylint: disable=g-import-not-at-top
+  folder = keys.make(tmp_path / "keys")
+  if defect == "bad_curve_key":
+    (folder / "worker.curve").write_text("not a key\n")
+  else:
+    secret = bytes(32) if defect == "zero_secret" else b"0123" * 8
+    (folder / "secret.key").write_text(secret.hex() + "\n")
+  run = _run("bridge_worker", [f"--keys_dir={folder}"])
+  _assert_one_line_before_jax(run, "bridge_worker", "keys_dir")
+  assert ("CURVE key" if defect == "bad_curve_key" else "distinct") in (
+      run.stderr)
+  with pytest.raises(ValueError):
+    keys.load(folder, "worker")
+
+
 def test_a_port_in_use_is_refused_at_parse_time():
   """Issue 29: the worker bound its port only after JAX had started and
   compiled, and a port another process holds was a ZMQError traceback."""
@@ -297,6 +318,9 @@ def test_constants_mirror_the_library():
   assert cli.MAX_VOCAB == dj.MAX_VOCAB
   assert pipeline_config.KEYS_SECRET == keys.SECRET
   assert pipeline_config.SECRET_BYTES == auth.SECRET_BYTES
+  assert pipeline_config.MIN_DISTINCT_BYTES == keys.MIN_DISTINCT_BYTES
+  assert pipeline_config.CURVE_KEY_CHARS == keys.CURVE_KEY_CHARS
+  assert pipeline_config._Z85 == keys._Z85  # pylint: disable=protected-access
   # The q formats the flags offer: every registered one, as it says.
   assert pipeline_config.Q_FORMATS == {
       name: pipeline_config.QChoice(f.uses_support, f.shardable, f.sampled)

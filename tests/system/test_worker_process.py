@@ -52,6 +52,7 @@ def test_worker_process_kill_and_restart(keys_dir):
                                                      closeness=0.9))
   verifier = bridge.Verifier(caps, address, target_fn=h.target_fn_for(toy),
                              secret=keys.load_secret(keys_dir),
+                             curve=keys.load(keys_dir, "verifier").curve,
                              timeout_s=h.GENEROUS_S)
   try:
     verifier.open()
