@@ -8,6 +8,7 @@ experiments/pipeline_config.py's, shared with the worker. The helpers at
 the end read the parsed flags.
 """
 
+import dataclasses
 import math
 import typing
 
@@ -49,7 +50,9 @@ REQUEST_GROUPS = flags.DEFINE_integer(
     "--verifier_devices.", lower_bound=1, upper_bound=64)
 FAULTS = flags.DEFINE_float(
     "inject_faults", 0.0, "Fraction of exchanges a loopback proxy damages, "
-    "in [0, 1].")
+    "in [0, 1]. The proxy is an on-path relay without the deployment's "
+    "keys, which CURVE admits to neither side: its link runs in the clear "
+    "(authenticated, not encrypted).")
 FAULT_LINK = flags.DEFINE_integer(
     "fault_link", 0, "With rank links: the rank whose link the "
     "--inject_faults proxy sits on (0: the leader's session link).",
@@ -128,6 +131,11 @@ def _finite_in(lo: float, hi: float, *,
 
 cli.check("inject_faults", _finite_in(0.0, 1.0),
           "--inject_faults must be a fraction in [0, 1]")
+cli.check(["inject_faults", "encrypt"],
+          lambda inject_faults, encrypt: not (
+              inject_faults > 0 and encrypt and flags.FLAGS["encrypt"].present),
+          "--inject_faults excludes --encrypt: its proxy has no keys, and "
+          "CURVE admits no keyless relay")
 cli.check("timeout", _finite_in(0.0, 3600.0, open_lo=True),
           "--timeout must be a number of seconds in (0, 3600]")
 cli.check("timeout_max", _finite_in(0.0, 3600.0, open_lo=True),
@@ -213,8 +221,11 @@ def verifier_ranks() -> int:
 
 def config() -> pipeline_config.PipelineConfig:
   """The session's config (the check's small vocabulary by default)."""
-  return pipeline_config.from_flags(
+  config_ = pipeline_config.from_flags(
       default_vocab=CHECK_VOCAB.value if CHECK.value else cli.DEFAULT_VOCAB)
+  if FAULTS.value > 0 and config_.encrypt:   # the keyless proxy's link
+    config_ = dataclasses.replace(config_, encrypt=False)
+  return config_
 
 
 def model_config(config_: pipeline_config.PipelineConfig) -> typing.Any:

@@ -168,9 +168,14 @@ def test_bench_rank_links(tmp_path):
   one, *ranked = record["links"]
   assert [r["mode"] for r in record["links"]] == ["one link", "rank links",
                                                   "rank links"]
-  frame = lambda width: 48 + 16 + 5 * (8 + 4 * width)   # a REPLY frame
-  assert one["bytes_per_request_round"] >= frame(512) + 96
-  assert ranked[0]["bytes_per_request_round"] >= frame(256) + 96
+  # The session's link (one link; rank 0's) carries PACKED answers: per
+  # request a 32 B record, tokens and n (5 x 4 B each), q (5 x width x 4
+  # B), and a share of the 64 B header (at most 4 requests a batch); rank
+  # 1's link a REPLY frame per request (docs/wire.md).
+  packed = lambda width: 32 + 2 * 5 * 4 + 5 * 4 * width + 64 / 4
+  frame = lambda width: 48 + 16 + 5 * (8 + 4 * width)
+  assert one["bytes_per_request_round"] >= packed(512)
+  assert ranked[0]["bytes_per_request_round"] >= packed(256)
   assert ranked[1]["bytes_per_request_round"] >= frame(256)
   for r in record["links"]:
     assert r["ratio_to_ideal"] == pytest.approx(

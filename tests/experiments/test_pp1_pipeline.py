@@ -230,15 +230,19 @@ def test_rank_links_commit_what_one_process_commits(tmp_path):
   for key in ("committed", "outputs", "rounds", "acceptance_by_position"):
     assert links[key] == single[key], key
   assert links["ranks_committed_identical"]
-  # Per request-round: rank s's link carries its REPLY frame of block s
-  # (ceil(1001 / 2) = 501 entries per row; the last block's id 1001 is
-  # padding), rank 0's the COMPLETION too; the HELLO answer (284 B once) is
-  # spread over the request-rounds.
+  # Per request-round: rank s's link carries block s (ceil(1001 / 2) = 501
+  # entries per row; the last block's id 1001 is padding). Rank 0's link is
+  # the session's: a PACKED answer per batch (per request a 32 B record,
+  # tokens and n, 5 rows of q; the 64 B header shared by at most 4
+  # requests); rank 1's a REPLY frame per request. The HELLO answer (284 B
+  # once) is spread over the request-rounds.
+  packed = 32 + 2 * 5 * 4 + 5 * 4 * 501
   frame = 48 + 16 + 5 * (8 + 4 * 501)
   per = links["bytes_per_link"]
-  assert frame + 96 <= per["0"] < frame + 96 + 284
+  assert packed + 64 / 4 <= per["0"] < packed + 64 + 284
   assert frame <= per["1"] < frame + 284
-  assert single["bytes_per_link"]["0"] >= 48 + 16 + 5 * (8 + 4 * 1001) + 96
+  assert single["bytes_per_link"]["0"] >= (32 + 2 * 5 * 4 + 5 * 4 * 1001
+                                          + 64 / 4)
   assert "rank link 1" in stdout and "rank-to-rank q links" in stdout
 
 
