@@ -56,20 +56,20 @@ cli.parse_flags_early(__name__)
 
 import zmq  # pylint: disable=g-import-not-at-top
 
+from dyadic_jax import bridge  # pylint: disable=g-import-not-at-top
 from dyadic_jax.bridge import transport  # pylint: disable=g-import-not-at-top
+from dyadic_jax.wire.layouts import Representation  # pylint: disable=g-import-not-at-top
 
-_FRAMING = 48 + 16          # header and PACKED body (docs/wire.md)
-_RECORD = 32                # one PACKED record per request
 _ENV_KEYS = ("BENCH_CURVE_SERVER_PUBLIC", "BENCH_CURVE_SERVER_SECRET",
              "BENCH_CURVE_CLIENT_PUBLIC")
 
 
-def packed_bytes(requests, depth, entries, ids):
-  """Bytes of one PACKED batch answer: records, tokens and n (int32), ids
-  (int32, sparse only) and q (float32) for `entries` a row."""
-  rows = requests * depth
-  return (_FRAMING + requests * _RECORD + 2 * 4 * rows
-          + rows * entries * 4 * (2 if ids else 1))
+def packed_bytes(representation, requests, depth, vocab, k):
+  """Bytes of one PACKED batch answer (the wire's own count)."""
+  caps = bridge.Capabilities(vocab=vocab, max_depth=depth,
+                             max_requests=requests,
+                             representation=representation, max_support=k)
+  return caps.bounds.packed_bytes(requests, depth)
 
 
 def _cpu_s():
@@ -154,10 +154,10 @@ def main(argv):
     serve(_SERVE.value, _SERVE_COUNT.value)
     return
   r, d = _REQUESTS.value, _DEPTH.value
-  cases = {"sparse": (packed_bytes(r, d, _K.value, True),
-                      _SPARSE_MESSAGES.value),
-           "dense": (packed_bytes(r, d, _VOCAB.value, False),
-                     _DENSE_MESSAGES.value)}
+  cases = {name: (packed_bytes(rep, r, d, _VOCAB.value, _K.value), count)
+           for name, rep, count in (
+               ("sparse", Representation.SPARSE, _SPARSE_MESSAGES.value),
+               ("dense", Representation.DENSE, _DENSE_MESSAGES.value))}
   print(f"CURVE cost per batch answer (R={r}, D={d}, V={_VOCAB.value}, "
         f"k={_K.value}); worker and verifier are separate processes")
   print(f"  {'q':<7}{'bytes':>12}  {'one way ms':>18}  "

@@ -10,6 +10,9 @@ with the worker's session key (`reseal`, `reframe`).
 import contextlib
 import functools
 import os
+import select
+import subprocess
+import sys
 import threading
 import time
 
@@ -247,6 +250,33 @@ def serve(worker, address="tcp://127.0.0.1:0", curve=None):
                                   curve=curve)
   worker.warmup()
   return Served(worker, endpoint)
+
+
+def start_worker_process(*args):
+  """(process, address): this module run as a worker process (`args` on
+  its command line), once it printed READY; killed if it does not within
+  300 s. The caller kills it."""
+  from tests import paths  # pylint: disable=g-import-not-at-top
+  proc = subprocess.Popen(
+      [sys.executable, "-m", "tests.bridge_harness", *args], cwd=paths.ROOT,
+      env=paths.subprocess_env(JAX_PLATFORMS="cpu"), stdin=subprocess.PIPE,
+      stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+  started = select.select([proc.stdout], [], [], 300)[0]   # a guard
+  line = proc.stdout.readline() if started else ""
+  if not line.startswith("READY "):
+    proc.kill()
+    proc.wait()
+    raise AssertionError(f"worker process: {line!r}")
+  return proc, line.split()[1]
+
+
+def rss_kb(pid):
+  """Resident set size of process `pid` in KB (Linux /proc)."""
+  with open(f"/proc/{pid}/status") as f:
+    for line in f:
+      if line.startswith("VmRSS:"):
+        return int(line.split()[1])
+  raise ValueError(f"no VmRSS for process {pid}")
 
 
 def serve_until_stdin_closes(worker, curve=None):

@@ -20,9 +20,6 @@ otherwise, and each defect is exactly the one named:
 """
 
 import os
-import select
-import subprocess
-import sys
 import threading
 import time
 import tracemalloc
@@ -40,8 +37,6 @@ from tests import bridge_harness as h
 
 SPARSE = h.caps()
 EXTREMES = (0, 2 ** 31, 2 ** 32 - 1, 2 ** 63, 2 ** 64 - 1)
-from tests import paths  # pylint: disable=g-import-not-at-top
-from tests.paths import ROOT as _ROOT  # pylint: disable=g-import-not-at-top
 
 
 def _clip(value, dtype):
@@ -511,14 +506,6 @@ def test_too_many_frames_are_refused_before_any_is_decoded(monkeypatch):
   assert session.counters.errors(Code.ABSURD_LENGTH) == 1
 
 
-def _rss_kb(pid):
-  with open(f"/proc/{pid}/status") as f:
-    for line in f:
-      if line.startswith("VmRSS:"):
-        return int(line.split()[1])
-  raise RuntimeError("no VmRSS")
-
-
 @pytest.mark.skipif(not os.path.exists("/proc/self/status"),
                     reason="needs /proc (Linux) to read a process's RSS")
 def test_a_500_mb_message_does_not_grow_the_worker_process(tmp_path):
@@ -526,18 +513,10 @@ def test_a_500_mb_message_does_not_grow_the_worker_process(tmp_path):
   while a peer sends it one 500 MB message and three 100 MB messages (it
   grew by 480 MB before: no ZMQ_MAXMSGSIZE). libzmq disconnects the peer
   as soon as the size is read; the worker keeps serving."""
-  proc = subprocess.Popen(
-      [sys.executable, "-m", "tests.bridge_harness"], cwd=_ROOT,
-      env=paths.subprocess_env(JAX_PLATFORMS="cpu"),
-      stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-      stderr=subprocess.DEVNULL, text=True)
+  proc, address = h.start_worker_process()
   try:
-    started = select.select([proc.stdout], [], [], 300)[0]   # a deadline
-    line = proc.stdout.readline() if started else ""
-    assert line.startswith("READY "), line
-    address = line.split()[1]
     time.sleep(0.5)
-    before = _rss_kb(proc.pid)
+    before = h.rss_kb(proc.pid)
     peak = before
     big = bytes(500 * 10 ** 6)
     for size in [len(big)] + [100 * 10 ** 6] * 3:
@@ -547,7 +526,7 @@ def test_a_500_mb_message_does_not_grow_the_worker_process(tmp_path):
       sock.send(memoryview(big)[:size], copy=False)
       for _ in range(20):
         time.sleep(0.05)
-        peak = max(peak, _rss_kb(proc.pid))
+        peak = max(peak, h.rss_kb(proc.pid))
       sock.close(linger=0)
     del big
     assert peak - before < 64 * 1024, (before, peak)

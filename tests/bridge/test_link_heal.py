@@ -18,10 +18,7 @@ No assertion reads a clock: recovery is counted in rounds, memory in RSS.
 """
 
 import os
-import select
 import socket
-import subprocess
-import sys
 import threading
 import time
 
@@ -32,13 +29,10 @@ import zmq
 from dyadic_jax import bridge
 from dyadic_jax.bridge import keys, rank_links, transport
 from dyadic_jax.wire import auth, codec, layouts
-from dyadic_jax.wire.layouts import Kind
 from dyadic_jax.wire.refusals import Code, ProtocolError
 from tests import bridge_harness as h
-from tests import paths
 
 SPARSE = h.caps()
-_ROOT = str(paths.ROOT)
 GUARD_S = 60          # a guard against a hang, never a measurement
 ROUNDS = 10
 
@@ -229,14 +223,6 @@ def test_a_rank_link_heals_after_an_oversize_squatter():
     sender.close()
 
 
-def _rss_kb(pid):
-  with open(f"/proc/{pid}/status") as f:
-    for line in f:
-      if line.startswith("VmRSS:"):
-        return int(line.split()[1])
-  raise RuntimeError("no VmRSS")
-
-
 def _zmtp_flood(address, parts, part_bytes=284):
   """A keyless raw-ZMTP peer (ZMTP 3.0, NULL mechanism, written by hand:
   libzmq's own sockets hold an unfinished message back): `parts` parts of
@@ -278,17 +264,9 @@ def _flooded_worker_rss(directory, parts, *, slow=False):
   """(RSS growth in KB of a worker process under the floods, whether a
   keyed verifier is served after): the worker as `bridge.keys.load` sets
   it up by default."""
-  proc = subprocess.Popen(
-      [sys.executable, "-m", "tests.bridge_harness", str(directory)],
-      cwd=_ROOT, env=paths.subprocess_env(JAX_PLATFORMS="cpu"),
-      stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-      stderr=subprocess.DEVNULL, text=True)
+  proc, address = h.start_worker_process(str(directory))
   try:
-    started = select.select([proc.stdout], [], [], 300)[0]   # a guard
-    line = proc.stdout.readline() if started else ""
-    assert line.startswith("READY "), line
-    address = line.split()[1]
-    before = peak = _rss_kb(proc.pid)
+    before = peak = h.rss_kb(proc.pid)
     floods = [lambda: _zmtp_flood(address, parts)]
     if slow:     # a keyless CURVE client, too (the worker's public key)
       server = keys.load(directory, "verifier").curve.server_public
@@ -297,7 +275,7 @@ def _flooded_worker_rss(directory, parts, *, slow=False):
       sock = flood()
       for _ in range(40):
         time.sleep(0.05)
-        peak = max(peak, _rss_kb(proc.pid))
+        peak = max(peak, h.rss_kb(proc.pid))
       sock.close()
     loaded = keys.load(directory, "verifier")
     verifier = bridge.Verifier(SPARSE, address, target_fn=h.target_fn_for(
