@@ -230,7 +230,7 @@ def verified_rounds(target: toy_models.ToyTarget,
       q_rows.append(counts if ids is None else (ids, counts))
       q_dense.append(q)
     tokens = jnp.stack(drawn, 1)                         # [B, D]
-    tl = jnp.stack([target.logits([int(x0)], x)
+    tl = jnp.stack([target.rows([int(x0)], x)
                     for x0, x in zip(np.asarray(part), np.asarray(tokens))])
     qq: dj.DenseQ | dj.SparseQ
     if variant == "dense":

@@ -191,9 +191,8 @@ def main(argv: list[str]) -> None:
     bridge_ranks.initialize(_COORDINATOR.value, ranks, rank)
     executor = sharding.executor(sharding.vocab_mesh(ranks))
   _, draft = toy_models.make_models(config.model_config())
-  propose = bridge.draft_proposer(
-      draft.head, caps, backbone_fn=draft.backbone if config.backbone
-      else None, executor=executor)
+  propose = bridge.draft_proposer(draft.markov(config.backbone), caps,
+                                  executor=executor)
   if config.worker_bug == "token_not_from_q":
     propose = token_not_from_q(propose)
   if config.worker_bug == "shard_mass" and rank == ranks - 1:

@@ -1,8 +1,9 @@
 """The worker's draw: a D-chain of dyadic q rows and the tokens drawn from them.
 
-`draft_proposer(logits_fn, caps)` builds the default proposer from the core
-ops: for i = 0..D-1, logits of the position after x_{i-1} (x_{-1} is the
-committed token before the anchor), then the session's q format's row
+`draft_proposer(draft, caps)` builds the default proposer from the core
+ops: for i = 0..D-1, the draft's logits of the position after x_{i-1}
+(`DraftModel.step`; x_{-1} is the committed token before the anchor), then
+the session's q format's row
 (`QFormat.propose`: `propose_sparse` (top-k) or `propose_dense`, i.e.
 `draft_weights`, the allocation, and x_i drawn from the counts with the
 PROPOSAL key of (seed, generation, round, anchor + i) (`audit.
@@ -12,11 +13,18 @@ leader is the only owner of these keys; a retry resends the cached bytes
 instead of drawing again. Any callable with the same signature can replace
 it (a model-specific draft, e.g. a parallel backbone with a Markov head).
 
+The proposer keeps each request's draft handle (`DraftModel.init_state`,
+e.g. a KV cache) between rounds, at most `max_states` of them (least
+recently used first out); before a draw the draft catches it up to the
+committed prefix the worker knows (`Propose.context`), and the D steps
+run in the same jitted call as the q rows and the draws.
+
 With `out` (the `Rows` views of a REPLY frame, from `Propose.rows`) the
 proposer writes tokens, n and q straight into the frame: one copy from
 the draft's output to the wire.
 """
 
+import collections
 import functools
 import typing
 
@@ -25,7 +33,7 @@ import jax.numpy as jnp
 from jax.experimental import multihost_utils
 import numpy as np
 
-from dyadic_jax import rowops
+from dyadic_jax import models, rowops
 from dyadic_jax.bridge import audit, hello
 from dyadic_jax.bridge.hello import MAX_POSITION
 from dyadic_jax.errors import raise_for_status
@@ -55,7 +63,9 @@ class Proposer(typing.Protocol):
 
   def __call__(self, seed: int, generation: int, round_id: int, anchor: int,
                last_token: int, depth: int,
-               out: qformats.Rows | None = None) -> Proposal:
+               out: qformats.Rows | None = None, *,
+               request: int | None = None,
+               context: np.ndarray | None = None) -> Proposal:
     ...
 
 
@@ -98,60 +108,79 @@ def _host(x: jax.Array | np.ndarray, block: bool = False) -> np.ndarray:
 
 
 def draft_proposer(
-    logits_fn: typing.Callable[[jax.Array], jax.Array],
+    draft: models.DraftModel | typing.Callable[[jax.Array], jax.Array],
     caps: hello.Capabilities, *,
     backbone_fn: typing.Callable[[jax.Array, jax.Array, int], jax.Array]
     | None = None,
-    executor: rowops.Executor = rowops.LOCAL) -> Proposer:
+    executor: rowops.Executor = rowops.LOCAL,
+    max_states: int = 4096) -> Proposer:
   """A proposer `(seed, generation, round_id, anchor, last_token, depth,
-  out=None) -> Proposal`.
+  out=None, *, request=None, context=None) -> Proposal`.
 
-  logits_fn: jax-traceable `prev_token int32[] -> float32[V]`: the
-    sequential part of the draft logits of the position after prev_token
-    (a Markov head on x_{i-1}).
-  backbone_fn: optional jax-traceable `(last_token int32[], anchor int64[],
-    depth) -> float32[depth, V]`: a parallel backbone that produces base
-    logits for all D positions at once from the committed context; row i
-    is added to logits_fn(x_{i-1}) (a DSpark-style draft).
+  draft: a `dyadic_jax.models.DraftModel` (a per-request handle and a
+    traceable step), or a jax-traceable `prev_token int32[] ->
+    float32[V]`: the sequential part of the draft logits of the position
+    after prev_token (a Markov head on x_{i-1}; `models.Markov`).
+  backbone_fn: with a bare head only: optional jax-traceable
+    `(last_token int32[], anchor int64[], depth) -> float32[depth, V]`, a
+    parallel backbone that produces base logits for all D positions at
+    once from the committed context; row i is added to the head's logits
+    of x_{i-1} (a DSpark-style draft).
   executor: how the row ops run (`rowops.LOCAL`, or a mesh's executor: a
     tensor-parallel worker whose processes each hold one vocabulary block;
     every rank calls the proposer with the same inputs, the token draws are
     shard-then-token collectives, and each rank's dense rows are its own
     block, `caps.width` entries: `caps` of that rank's link).
+  max_states: request handles kept between rounds (least recently used
+    first out; a request whose handle went starts from `init_state`).
+
+  The returned proposer's `request` names whose handle to use and keep
+  (None: a fresh handle, kept nowhere: the warm-up); `context` is the
+  committed prefix the worker knows (`Propose.context`) or None.
   Raises ValueError on inputs out of bounds (`check_step`) and DyadicError
   when a draft row is refused (e.g. NaN draft logits).
   """
   fmt = caps.format
+  model = models.as_draft(draft, backbone=backbone_fn, depth=caps.max_depth)
+  states: collections.OrderedDict[int, models.State] = (
+      collections.OrderedDict())
 
   @functools.partial(jax.jit, static_argnums=(5,))
   def chain(seed: jax.Array, generation: jax.Array, round_id: jax.Array,
-            anchor: jax.Array, last_token: jax.Array, depth: int
-            ) -> tuple[jax.Array | None, ...]:
+            anchor: jax.Array, last_token: jax.Array, depth: int,
+            state: models.State) -> tuple[typing.Any, models.State]:
     key = audit.round_key(seed, generation, round_id)
-    base = None if backbone_fn is None else backbone_fn(last_token, anchor,
-                                                        depth)
     prev = last_token
     out = []
     for i in range(depth):
-      logits = logits_fn(prev)
-      if base is not None:
-        logits = logits + base[i]
+      logits, state = model.step(state, prev)
       draw = audit.proposal_draw(key, anchor + i) if fmt.sampled else None
       prev, *row = fmt.propose(logits, draw, caps.width, executor)
       out.append((prev, *row))
     # (tokens, status, values, ids, n), each stacked over the depth.
     return tuple(jnp.stack(parts) if parts[0] is not None else None
-                 for parts in zip(*out))
+                 for parts in zip(*out)), state
 
   def propose(seed: int, generation: int, round_id: int, anchor: int,
               last_token: int, depth: int,
-              out: qformats.Rows | None = None) -> Proposal:
+              out: qformats.Rows | None = None, *,
+              request: int | None = None,
+              context: np.ndarray | None = None) -> Proposal:
     check_step(caps, int(seed), int(generation), int(round_id), int(anchor),
                int(last_token), int(depth))
+    state = states.pop(request, None) if request is not None else None
+    if state is None:
+      state = model.init_state()
+    state = model.catch_up(state, context, int(last_token), int(anchor))
     with jax.enable_x64(True):
-      parts = chain(np.uint64(seed).view(np.int64), np.uint32(generation),
-                    np.uint32(round_id), np.int64(anchor),
-                    np.int32(last_token), int(depth))
+      parts, state = chain(np.uint64(seed).view(np.int64),
+                           np.uint32(generation), np.uint32(round_id),
+                           np.int64(anchor), np.int32(last_token),
+                           int(depth), state)
+    if request is not None:
+      states[request] = state
+      while len(states) > max_states:
+        states.popitem(last=False)
     # Under a mesh a shardable format's values are this rank's block.
     tokens, status, values, ids, n = [
         None if p is None else _host(p, block=fmt.shardable and i == 2)

@@ -39,7 +39,10 @@ its exchange: the rank links' announcement, a run's timing).
 `verify_fn` is `dyadic_jax.verify_batch` or the sharded
 `sharding.verify_batch` with its mesh bound (the bridge never imports
 `sharding`): (target_logits [B, D+1, V], q [B, D, ...], draft [B, D],
-keys [B], anchors [B]) -> (accepted [B], token [B], status [B]); `target_fn(prefix, draft)` returns the target logits
+keys [B], anchors [B]) -> (accepted [B], token [B], status [B]). The
+target is a `dyadic_jax.models.TargetModel` (`target=`), whose handle (a
+KV cache) the verifier keeps per request and drops with the request, or a
+stateless `target_fn(prefix, draft)`: either returns the target logits
 float32[len(draft) + 1, V] after the committed `prefix` and the drafted
 tokens, with the target's processors applied.
 """
@@ -54,7 +57,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from dyadic_jax import rng, verification
+from dyadic_jax import models, rng, verification
 from dyadic_jax.bridge import audit as audit_lib
 from dyadic_jax.bridge import hello, transport
 from dyadic_jax.bridge.counters import Counters
@@ -165,7 +168,8 @@ class Verifier:
 
   def __init__(
       self, caps: hello.Capabilities, address: str | None, *,
-      target_fn: TargetFn,
+      target_fn: TargetFn | None = None,
+      target: models.TargetModel | None = None,
       secret: bytes | None, verify_fn: VerifyFn = verification.verify_batch,
       sample_fn: SampleFn = verification.sample_target,
       timeout_s: float = 2.0, counters: Counters | None = None,
@@ -193,7 +197,11 @@ class Verifier:
     deadline from the measured round time instead."""
     self.caps = caps
     self.address = address
-    self.target_fn = target_fn
+    if target is not None and target_fn is not None:
+      raise ValueError("Verifier: give target= or target_fn=, not both")
+    self.target = target or models.Stateless(
+        target_fn or _no_target, caps.vocab)
+    self._states: dict[int, models.State] = {}   # rid -> target handle
     self.verify_fn = verify_fn
     self.sample_fn = sample_fn
     self.timeout_s = timeout_s
@@ -304,8 +312,9 @@ class Verifier:
 
   def warmup(self, prefix: typing.Sequence[int]) -> None:
     """Compiles (and runs once) what a round calls, before the first one,
-    so that compilation is not spent inside a round: `target_fn` on a full
-    draft and on the fallback's single row, `verify_fn` on a full batch of
+    so that compilation is not spent inside a round: the target on a fresh
+    handle, on a handle that holds the prefix (a round after a rejection)
+    and on the fallback's single row, `verify_fn` on a full batch of
     the validator's `example_q` (the session's q format's), `sample_fn`.
 
     prefix: a committed prefix of the rounds' shape (a prompt). On a
@@ -317,8 +326,11 @@ class Verifier:
     d, r = self.caps.max_depth, self.caps.max_requests
     committed = np.asarray(prefix, np.int32)
     draft = np.zeros(d, np.int32)
-    logits = self.target_fn(committed, draft)
-    self.target_fn(committed, draft[:0])       # the fallback's single row
+    logits, state = self.target.logits(self.target.init_state(), committed,
+                                       draft)
+    later = np.append(committed, draft[0])     # x_1 rejected, x_1 drawn
+    _, state = self.target.logits(state, later, draft)
+    self.target.logits(state, later, draft[:0])   # the fallback's row
     key = rng.round_key(0, 0, 0)
     q = self.validator.example_q(d)
     if q is not None:
@@ -360,6 +372,7 @@ class Verifier:
 
   def remove_request(self, rid: int) -> None:
     """Forgets request `rid` on both sides."""
+    self._states.pop(rid, None)
     self._send(self.session.remove_request(rid))
 
   def reset(self, rid: int | None = None) -> None:
@@ -498,8 +511,7 @@ class Verifier:
     for all of them, padded to max_requests rows (one compiled shape)."""
     reqs = [self.requests[int(plan.rids[i])] for i in rows]
     draft = plan.rows.tokens
-    logits = [self.target_fn(np.asarray(req.tokens, np.int32),
-                             np.array(draft[i]))
+    logits = [self._logits(req, np.array(draft[i]))
               for req, i in zip(reqs, rows)]
     if self.caps.greedy:
       return [Outcome(*greedy_verify(x, np.array(draft[i])))
@@ -538,16 +550,29 @@ class Verifier:
 
   def _target_only(self, req: Request, tag: tuple[int, int]) -> int:
     """The fallback: one token from the target alone (TARGET_ONLY key)."""
-    logits = self.target_fn(np.asarray(req.tokens, np.int32),
-                            np.zeros(0, np.int32))
+    logits = self._logits(req, np.zeros(0, np.int32))
     key = rng.draw_key(rng.round_key(req.seed, tag[0], tag[1]), req.anchor,
                        rng.Domain.TARGET_ONLY)
     token, row_status = self.sample_fn(logits[0], key)
     raise_for_status("sample_fn", row_status)
     return int(token)
 
+  def _logits(self, req: Request, draft: np.ndarray) -> jax.Array:
+    """The target's rows of `req`'s chain; its handle kept for next time."""
+    state = self._states.pop(req.rid, None)
+    if state is None:
+      state = self.target.init_state()
+    rows, self._states[req.rid] = self.target.logits(
+        state, np.asarray(req.tokens, np.int32), draft)
+    return rows
+
   def log(self) -> None:
     logging.info("verifier counters: %s", self.counters.snapshot())
+
+
+def _no_target(prefix: np.ndarray, draft: np.ndarray) -> jax.Array:
+  """The target of a verifier made without one (a probe): never called."""
+  raise RuntimeError("this Verifier was made without a target")
 
 
 def _tag(plan: Plan, i: int) -> tuple[int, int]:

@@ -49,6 +49,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.typing import ArrayLike
 
+from dyadic_jax import models
 from dyadic_jax.constants import DEFAULT_VOCAB
 
 # Standard deviation of a target logit. At V = 129280 this gives an LM-like
@@ -178,9 +179,20 @@ class ToyTarget:
   def vocab(self) -> int:
     return self.config.vocab
 
-  def logits(self, prefix: ArrayLike | typing.Sequence[int],
-             draft: ArrayLike | typing.Sequence[int]) -> jax.Array:
-    """float32[len(draft) + 1, V]: see `dyadic_jax.models.TargetModel`."""
+  def init_state(self) -> None:
+    return None    # the bigram sees the prefix whole each call: no cache
+
+  def logits(self, state: None, prefix: ArrayLike | typing.Sequence[int],
+             draft: ArrayLike | typing.Sequence[int]
+             ) -> tuple[jax.Array, None]:
+    """(float32[len(draft) + 1, V], None): see
+    `dyadic_jax.models.TargetModel`."""
+    del state
+    return self.rows(prefix, draft), None
+
+  def rows(self, prefix: ArrayLike | typing.Sequence[int],
+           draft: ArrayLike | typing.Sequence[int]) -> jax.Array:
+    """float32[len(draft) + 1, V], the rows of `logits` (no handle)."""
     prefix = np.asarray(prefix, np.int32)
     seen = np.zeros(self.vocab, bool)   # host side: no recompile per length
     seen[prefix] = True
@@ -191,7 +203,7 @@ class ToyTarget:
 
   def row(self, prefix: ArrayLike | typing.Sequence[int]) -> jax.Array:
     """The target row after `prefix` alone (the target-only sampler's)."""
-    return self.logits(prefix, np.zeros(0, np.int32))[0]
+    return self.rows(prefix, np.zeros(0, np.int32))[0]
 
 
 @functools.partial(jax.jit, static_argnums=(5,))
@@ -213,7 +225,9 @@ def _target_rows(toy, last, seen, draft, penalty, modulus):
 
 @dataclasses.dataclass(frozen=True)
 class ToyDraft:
-  """DSpark-style draft: parallel backbone + sequential Markov head."""
+  """DSpark-style draft: parallel backbone + sequential Markov head (a
+  `dyadic_jax.models.DraftModel` whose handle counts a round's steps;
+  `markov(backbone=False)` is the head alone)."""
   toy: ToyModel
   config: ModelConfig
   position_noise: jax.Array     # f32[max_depth, r, V]
@@ -221,6 +235,23 @@ class ToyDraft:
   @property
   def vocab(self) -> int:
     return self.config.vocab
+
+  def markov(self, backbone: bool = True) -> models.Markov:
+    """This draft as a `models.Markov` (with or without its backbone)."""
+    return models.Markov(self.head, self.backbone if backbone else None,
+                         self.config.max_depth, self.vocab)
+
+  def init_state(self) -> models.MarkovState:
+    return self.markov().init_state()
+
+  def catch_up(self, state: models.MarkovState,
+               context: np.ndarray | None, last_token: int,
+               anchor: int) -> models.MarkovState:
+    return self.markov().catch_up(state, context, last_token, anchor)
+
+  def step(self, state: models.MarkovState, token: jax.Array
+           ) -> tuple[jax.Array, models.MarkovState]:
+    return self.markov().step(state, token)
 
   def head(self, prev_token: ArrayLike) -> jax.Array:
     """float32[V]: the Markov head after prev_token int32[]."""

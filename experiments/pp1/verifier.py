@@ -64,6 +64,19 @@ def deadline() -> bridge.AdaptiveDeadline:
       flags.TIMEOUT.value, max(flags.TIMEOUT.value, flags.TIMEOUT_MAX.value))
 
 
+class TimedTarget(typing.NamedTuple):
+  """A `models.TargetModel` whose `logits` is the timed call given."""
+  model: models.TargetModel
+  logits: typing.Callable[..., typing.Any]
+
+  @property
+  def vocab(self) -> int:
+    return self.model.vocab
+
+  def init_state(self) -> models.State:
+    return self.model.init_state()
+
+
 class TimingHook(bridge.RoundHook):
   """The run's round hook: every exchange (STEP out to replies validated:
   the draft + the bridge) is timed as "exchange"."""
@@ -127,7 +140,8 @@ def build(config: pipeline_config.PipelineConfig, mesh: jax.sharding.Mesh,
                    else (None, None))
   verifier = bridge.Verifier(
       caps, None, validator=validator, hooks=all_hooks,
-      target_fn=watch.timed("verification", target.logits, block),
+      target=TimedTarget(target, watch.timed("verification", target.logits,
+                                             block)),
       verify_fn=watch.timed("verification", verify, block),
       sample_fn=watch.timed("verification", sample, block),
       timeout_s=flags.TIMEOUT.value, deadline=deadline(), sharer=sharer,
