@@ -1,0 +1,368 @@
+"""Trains the shipped draft/target pair on the Python standard library.
+
+    python -m experiments.train_pair            # the shipped checkpoint
+
+Trains a byte-level BPE tokenizer on the training split of
+`experiments.corpus`, then the target and the draft transformers
+(`dyadic_jax.models.transformer`) side by side: one jitted step updates
+both on the same batch, so they see the same data in the same order.
+Batches are random windows of the tokenized training split (files joined
+by the end-of-text token), drawn from --seed. Prints the held-out loss and
+perplexity of both models, their parameter counts and their measured
+decode time per token, and writes the checkpoint (`dyadic_jax.models.
+checkpoint`) to --output_dir.
+
+Deterministic for a given seed and corpus: the same flags on the same
+Python version give the same tokenizer and the same weights (CPU XLA is
+deterministic), unless --time_budget_s stops the run early.
+
+The tokenizer and the tokenized corpus are cached under --cache_dir
+(keyed by the corpus fingerprint and the vocabulary), never in the repo.
+"""
+
+import datetime
+import hashlib
+import math
+import os
+import pathlib
+import shlex
+import sys
+import tempfile
+import time
+import typing
+
+from absl import flags
+
+from experiments import cli
+
+_OUTPUT_DIR = flags.DEFINE_string(
+    "output_dir", "dyadic_jax/models/checkpoints/stdlib",
+    "Checkpoint directory to write (created if missing).")
+_CACHE_DIR = flags.DEFINE_string(
+    "cache_dir", os.path.join(tempfile.gettempdir(), "dyadic_jax_corpus"),
+    "Where the tokenizer and the tokenized corpus are cached.")
+_VOCAB = flags.DEFINE_integer(
+    "vocab", 4096, "Tokenizer vocabulary size, 258..65536.", lower_bound=258,
+    upper_bound=65536)
+_MAX_LEN = flags.DEFINE_integer(
+    "max_len", 512, "Longest sequence of both models (their cache size).",
+    lower_bound=2, upper_bound=1 << 16)
+_SEQ_LEN = flags.DEFINE_integer(
+    "seq_len", 512, "Training window length, 1..--max_len.", lower_bound=1)
+_BATCH = flags.DEFINE_integer("batch", 8, "Windows per step.", lower_bound=1,
+                              upper_bound=4096)
+_STEPS = flags.DEFINE_integer("steps", 450, "Training steps.", lower_bound=1)
+_WARMUP = flags.DEFINE_integer("warmup", 40, "Linear warmup steps.",
+                               lower_bound=0)
+_LR = flags.DEFINE_float("lr", 2e-3, "Peak learning rate of the target.")
+_DRAFT_LR = flags.DEFINE_float("draft_lr", 3e-3,
+                               "Peak learning rate of the draft.")
+_WEIGHT_DECAY = flags.DEFINE_float("weight_decay", 0.1,
+                                   "AdamW decay of the matrices.")
+_SEED = flags.DEFINE_integer("seed", 0, "Seed of the weights and the batches.",
+                             lower_bound=0)
+_TIME_BUDGET = flags.DEFINE_float(
+    "time_budget_s", 0.0, "Stop training after this many seconds (0: no "
+    "limit; the schedule is still that of --steps).", lower_bound=0.0)
+_EVAL_WINDOWS = flags.DEFINE_integer(
+    "eval_windows", 64, "Held-out windows of --seq_len tokens scored at the "
+    "end.", lower_bound=1)
+_LOG_EVERY = flags.DEFINE_integer("log_every", 25, "Steps between progress "
+                                  "lines.", lower_bound=1)
+
+
+def _define_model(role: str, d_model: int, layers: int, heads: int,
+                  d_ff: int) -> dict[str, flags.FlagHolder[int]]:
+  return {
+      "d_model": flags.DEFINE_integer(f"{role}_d_model", d_model,
+                                      f"{role}: residual width.",
+                                      lower_bound=2),
+      "n_layers": flags.DEFINE_integer(f"{role}_layers", layers,
+                                       f"{role}: blocks.", lower_bound=1),
+      "n_heads": flags.DEFINE_integer(f"{role}_heads", heads,
+                                      f"{role}: attention heads.",
+                                      lower_bound=1),
+      "d_ff": flags.DEFINE_integer(f"{role}_d_ff", d_ff,
+                                   f"{role}: MLP width.", lower_bound=1),
+  }
+
+
+_ROLES = ("target", "draft")
+_TARGET = _define_model("target", 320, 4, 5, 1280)
+_DRAFT = _define_model("draft", 128, 1, 2, 512)
+
+cli.check(["seq_len", "max_len"], lambda seq_len, max_len: seq_len <= max_len,
+          "--seq_len must be <= --max_len")
+
+
+def _head_width_ok(d_model: int, heads: int) -> bool:
+  return d_model % heads == 0 and (d_model // heads) % 2 == 0
+
+
+for _role in _ROLES:
+  cli.check([f"{_role}_d_model", f"{_role}_heads"],
+            lambda **v: _head_width_ok(*v.values()),
+            f"--{_role}_d_model must be a multiple of --{_role}_heads with "
+            "an even quotient (the head width)")
+cli.check("lr", lambda x: 0.0 < x < 1.0, "--lr must be in (0, 1)")
+cli.check("draft_lr", lambda x: 0.0 < x < 1.0, "--draft_lr must be in (0, 1)")
+cli.check("weight_decay", lambda x: 0.0 <= x < 1.0,
+          "--weight_decay must be in [0, 1)")
+cli.check(["warmup", "steps"], lambda warmup, steps: warmup < steps,
+          "--warmup must be < --steps")
+cli.parse_flags_early(__name__)
+
+# pylint: disable=g-import-not-at-top,wrong-import-position
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from dyadic_jax.models import checkpoint
+from dyadic_jax.models import tokenizer as tokenizer_lib
+from dyadic_jax.models import transformer
+from experiments import corpus
+
+
+def _model_config(role: str, vocab: int) -> transformer.Config:
+  holders = _TARGET if role == "target" else _DRAFT
+  return transformer.Config(vocab=vocab, max_len=_MAX_LEN.value,
+                            **{k: h.value for k, h in holders.items()})
+
+
+# -- data ---------------------------------------------------------------------
+
+
+def _cached_tokenizer(train_files: list[corpus.SourceFile], key: str,
+                      cache: pathlib.Path) -> tokenizer_lib.Tokenizer:
+  path = cache / f"tokenizer-{key}.json"
+  if path.exists():
+    cli.progress(f"tokenizer from the cache {path}")
+    return tokenizer_lib.load(path)
+  start = time.perf_counter()
+  tok = tokenizer_lib.train((f.text for f in train_files), _VOCAB.value)
+  tok.save(path)
+  cli.progress(f"trained the tokenizer ({tok.vocab} ids) in "
+               f"{time.perf_counter() - start:.1f} s")
+  return tok
+
+
+def _joined_tokens(tok: tokenizer_lib.Tokenizer,
+                   files: list[corpus.SourceFile],
+                   path: pathlib.Path) -> np.ndarray:
+  """The files' tokens, each followed by end-of-text, as uint16 (cached)."""
+  if path.exists():
+    return np.load(path)
+  parts = []
+  eot = np.asarray([tok.end_of_text], np.int32)
+  for ids in tok.encode_batch([f.text for f in files]):
+    parts.extend([ids, eot])
+  joined = np.concatenate(parts).astype(np.uint16)
+  np.save(path, joined)
+  return joined
+
+
+def _windows(tokens: np.ndarray, starts: np.ndarray, length: int) -> np.ndarray:
+  """int32[len(starts), length + 1] windows (inputs and shifted targets)."""
+  return tokens[starts[:, None] + np.arange(length + 1)].astype(np.int32)
+
+
+# -- training -----------------------------------------------------------------
+
+
+def _loss(params: transformer.Params, batch: jax.Array) -> jax.Array:
+  logits = transformer.forward(params, batch[:, :-1])
+  return jnp.mean(optax.softmax_cross_entropy_with_integer_labels(
+      logits, batch[:, 1:]))
+
+
+def _optimizer(peak_lr: float) -> optax.GradientTransformation:
+  schedule = optax.warmup_cosine_decay_schedule(
+      0.0, peak_lr, _WARMUP.value, _STEPS.value, end_value=peak_lr * 0.1)
+  # Decay the matrices only: norms' scales stay near 1.
+  decay_mask = lambda p: jax.tree.map(lambda x: x.ndim >= 2, p)
+  return optax.chain(
+      optax.clip_by_global_norm(1.0),
+      optax.adamw(schedule, b1=0.9, b2=0.95,
+                  weight_decay=_WEIGHT_DECAY.value, mask=decay_mask))
+
+
+def _make_step(optimizers: tuple[optax.GradientTransformation, ...]
+               ) -> typing.Callable[..., typing.Any]:
+  @jax.jit
+  def step(params, opt_states, batch):
+    new_params, new_states, losses = [], [], []
+    for p, s, opt in zip(params, opt_states, optimizers):
+      loss, grads = jax.value_and_grad(_loss)(p, batch)
+      updates, s = opt.update(grads, s, p)
+      new_params.append(optax.apply_updates(p, updates))
+      new_states.append(s)
+      losses.append(loss)
+    return tuple(new_params), tuple(new_states), jnp.stack(losses)
+  return step
+
+
+def _held_out_loss(params: transformer.Params, windows: np.ndarray,
+                   batch: int) -> float:
+  loss = jax.jit(_loss)
+  total = 0.0
+  for i in range(0, len(windows), batch):
+    chunk = windows[i:i + batch]
+    total += float(loss(params, jnp.asarray(chunk))) * len(chunk)
+  return total / len(windows)
+
+
+def decode_ms_per_token(params: transformer.Params,
+                        config: transformer.Config, steps: int = 32,
+                        repeats: int = 5) -> dict[str, float]:
+  """Measured decode time of one token with the cache, in ms.
+
+  `in_jit`: `steps` single-token `extend`s in one jitted loop (how the
+  proposer runs the draft: no dispatch per token), per token, best of
+  `repeats`. `per_call`: one jitted single-token `extend` call (dispatch
+  included), median of 20. Both start at position max_len / 2 over a
+  filled cache.
+  """
+  start = config.max_len // 2
+  cache = transformer.empty_cache(config)
+  tokens = jnp.arange(start, dtype=jnp.int32) % config.vocab
+  _, cache = transformer.feed(params, cache, tokens, 0)
+
+  @jax.jit
+  def loop(params, cache):
+    def body(i, carry):
+      cache, token = carry
+      logits, cache = transformer.extend_traced(
+          params, cache, token[None], start + i)
+      return cache, jnp.argmax(logits[0]).astype(jnp.int32)
+    return jax.lax.fori_loop(0, steps, body, (cache, jnp.int32(1)))[1]
+
+  loop(params, cache).block_until_ready()
+  best = math.inf
+  for _ in range(repeats):
+    t0 = time.perf_counter()
+    loop(params, cache).block_until_ready()
+    best = min(best, time.perf_counter() - t0)
+  one = jnp.asarray([1], jnp.int32)
+  transformer.extend(params, cache, one, start)[0].block_until_ready()
+  times = []
+  for _ in range(20):
+    t0 = time.perf_counter()
+    transformer.extend(params, cache, one, start)[0].block_until_ready()
+    times.append(time.perf_counter() - t0)
+  return {"in_jit": 1e3 * best / steps,
+          "per_call": 1e3 * float(np.median(times))}
+
+
+def main(argv: list[str]) -> int:
+  del argv
+  command = shlex.join(["python", "-m", "experiments.train_pair", *sys.argv[1:]])
+  wall_start = time.perf_counter()
+  files = corpus.load_files()
+  train_files, held_files = corpus.split(files)
+  fingerprint = corpus.fingerprint(files)
+  cli.progress(f"corpus: {len(train_files)} training and {len(held_files)} "
+               f"held-out files from {corpus.stdlib_root()} (fingerprint "
+               f"{fingerprint[:16]})")
+  cache = pathlib.Path(_CACHE_DIR.value)
+  cache.mkdir(parents=True, exist_ok=True)
+  key = f"{fingerprint[:16]}-v{_VOCAB.value}"
+  tok = _cached_tokenizer(train_files, key, cache)
+  tok_key = hashlib.sha256(tok.to_json().encode()).hexdigest()[:16]
+  train_tokens = _joined_tokens(tok, train_files,
+                                cache / f"train-{key}-{tok_key}.npy")
+  held_tokens = _joined_tokens(tok, held_files,
+                               cache / f"held-{key}-{tok_key}.npy")
+  cli.progress(f"tokens: {train_tokens.size} training, {held_tokens.size} "
+               f"held out ({time.perf_counter() - wall_start:.1f} s so far)")
+
+  seq_len, batch = _SEQ_LEN.value, _BATCH.value
+  configs = tuple(_model_config(role, tok.vocab) for role in _ROLES)
+  root = jax.random.key(_SEED.value)
+  params = tuple(transformer.init(c, jax.random.fold_in(root, i))
+                 for i, c in enumerate(configs))
+  counts = [transformer.param_count(p) for p in params]
+  cli.progress(f"params: target {counts[0]:,}, draft {counts[1]:,}")
+  optimizers = (_optimizer(_LR.value), _optimizer(_DRAFT_LR.value))
+  opt_states = tuple(o.init(p) for o, p in zip(optimizers, params))
+  step = _make_step(optimizers)
+  rng = np.random.default_rng(_SEED.value)
+  n_windows = train_tokens.size - seq_len - 1
+
+  train_start = time.perf_counter()
+  last_t, last_step, done = train_start, 0, 0
+  losses = np.zeros(2)
+  for i in range(_STEPS.value):
+    windows = _windows(train_tokens, rng.integers(0, n_windows, batch),
+                       seq_len)
+    params, opt_states, loss = step(params, opt_states, jnp.asarray(windows))
+    done = i + 1
+    if done % _LOG_EVERY.value == 0 or done == _STEPS.value:
+      losses = np.asarray(loss)
+      now = time.perf_counter()
+      rate = (done - last_step) * batch * seq_len / (now - last_t)
+      cli.progress(f"step {done}/{_STEPS.value} loss target {losses[0]:.3f} "
+                   f"draft {losses[1]:.3f}, {rate:,.0f} tokens/s, "
+                   f"{now - train_start:.0f} s")
+      last_t, last_step = now, done
+    if _TIME_BUDGET.value and time.perf_counter() - train_start > \
+        _TIME_BUDGET.value:
+      cli.progress(f"time budget reached after {done} steps")
+      break
+  train_s = time.perf_counter() - train_start
+
+  eval_rng = np.random.default_rng(_SEED.value + 1)
+  held_windows = _windows(
+      held_tokens, eval_rng.integers(0, held_tokens.size - seq_len - 1,
+                                     _EVAL_WINDOWS.value), seq_len)
+  held: dict[str, dict[str, float]] = {}
+  timing: dict[str, dict[str, float]] = {}
+  for role, p, c in zip(_ROLES, params, configs):
+    loss = _held_out_loss(p, held_windows, batch)
+    held[role] = {"loss": loss, "perplexity": math.exp(loss)}
+    timing[role] = decode_ms_per_token(p, c)
+  for role, n in zip(_ROLES, counts):
+    print(f"{role}: {n:,} params, held-out loss {held[role]['loss']:.4f} "
+          f"nats/token (perplexity {held[role]['perplexity']:.2f}), decode "
+          f"{timing[role]['in_jit']:.3f} ms/token in one jit, "
+          f"{timing[role]['per_call']:.3f} ms per call")
+  print(f"target/draft: params {counts[0] / counts[1]:.2f}x, decode "
+        f"{timing['target']['in_jit'] / timing['draft']['in_jit']:.2f}x in "
+        f"one jit, {timing['target']['per_call'] / timing['draft']['per_call']:.2f}x "
+        f"per call")
+
+  out = pathlib.Path(_OUTPUT_DIR.value)
+  out.mkdir(parents=True, exist_ok=True)
+  checkpoint.save_params(out / checkpoint.TARGET_FILE, params[0])
+  checkpoint.save_params(out / checkpoint.DRAFT_FILE, params[1])
+  tok.save(out / checkpoint.TOKENIZER_FILE)
+  v = sys.version_info
+  checkpoint.write_config(out / checkpoint.CONFIG_FILE, {
+      "target": configs[0].to_dict(), "draft": configs[1].to_dict(),
+      "tokenizer_file": checkpoint.TOKENIZER_FILE,
+      "corpus": {
+          "fingerprint": fingerprint, "python": f"{v[0]}.{v[1]}.{v[2]}",
+          "source": "the Python standard library's *.py files (not "
+                    "site-packages), UTF-8 only; experiments/corpus.py",
+          "train_files": len(train_files), "held_out_files": len(held_files),
+          "train_tokens": int(train_tokens.size),
+          "held_out_tokens": int(held_tokens.size)},
+      "command": command,
+      "held_out": held,
+      "params": dict(zip(_ROLES, counts)),
+      "decode_ms_per_token": timing,
+      "training": {"steps": done, "batch": batch, "seq_len": seq_len,
+                   "tokens_seen": done * batch * seq_len,
+                   "train_s": round(train_s, 1),
+                   "wall_s": round(time.perf_counter() - wall_start, 1),
+                   "seed": _SEED.value},
+      "date": datetime.datetime.now(datetime.timezone.utc).isoformat(
+          timespec="seconds"),
+  })
+  size = sum(f.stat().st_size for f in out.iterdir() if f.is_file())
+  print(f"Wrote {out} ({size / 1e6:.2f} MB)")
+  return 0
+
+
+if __name__ == "__main__":
+  cli.run(main)
