@@ -35,6 +35,7 @@ import logging
 import signal
 import socket
 import sys
+import typing
 
 from absl import flags
 
@@ -190,9 +191,14 @@ def main(argv: list[str]) -> None:
     # One CPU device per rank; the draws' collectives run over gloo.
     bridge_ranks.initialize(_COORDINATOR.value, ranks, rank)
     executor = sharding.executor(sharding.vocab_mesh(ranks))
-  _, draft = toy_models.make_models(config.model_config())
-  propose = bridge.draft_proposer(draft.markov(config.backbone), caps,
-                                  executor=executor)
+  draft: typing.Any
+  if config.model == "toy":
+    _, toy = toy_models.make_models(config.model_config())
+    draft = toy.markov(config.backbone)
+  else:
+    from dyadic_jax.models import pair  # pylint: disable=g-import-not-at-top
+    draft = pair.load_pair(config.model, max_depth=config.depth).draft
+  propose = bridge.draft_proposer(draft, caps, executor=executor)
   if config.worker_bug == "token_not_from_q":
     propose = token_not_from_q(propose)
   if config.worker_bug == "shard_mass" and rank == ranks - 1:

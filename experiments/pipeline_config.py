@@ -19,7 +19,11 @@ the command line is parsed, before any heavy import.
 """
 
 import dataclasses
+import functools
+import importlib.util
+import json
 import os
+import pathlib
 import stat
 import typing
 
@@ -113,6 +117,14 @@ WORKER_BUG = flags.DEFINE_enum(
     "first entry of its block's first row, a well-formed, authenticated "
     "shard whose row no longer sums to 1; only the verifier ranks' global "
     "mass agreement can see it.")
+MODELS = ("toy", "stdlib")
+MODEL = flags.DEFINE_enum(
+    "model", "toy", list(MODELS), "The draft/target pair. toy: "
+    "deterministic pseudo-random logits of any V (--closeness, "
+    "--model_seed, --backbone); stdlib: the transformer pair trained on the "
+    "Python standard library's source (python -m experiments.train_pair), "
+    "shipped in dyadic_jax/models/checkpoints/stdlib, KV caches on both "
+    "sides, V its tokenizer's, prompts cut from held-out files.")
 WORKER_RANKS = flags.DEFINE_integer(
     "worker_ranks", 1, f"Tensor-parallel ranks of the draft worker "
     f"(1..{MAX_RANKS}): jax.distributed processes on loopback, each holding one vocabulary "
@@ -124,6 +136,47 @@ INSECURE_WARNING = ("WARNING: --insecure: the bridge link is NOT "
                     "authenticated; any process that reaches the socket "
                     "can talk to either side")
 
+
+
+def checkpoint_meta(name: str) -> dict[str, typing.Any]:
+  """The config.json of shipped checkpoint `name` (read without importing
+  dyadic_jax.models, which starts JAX)."""
+  return _checkpoint_meta(name)
+
+
+@functools.cache
+def _checkpoint_meta(name: str) -> dict[str, typing.Any]:
+  spec = importlib.util.find_spec("dyadic_jax")
+  assert spec is not None and spec.submodule_search_locations
+  root = pathlib.Path(list(spec.submodule_search_locations)[0])
+  with open(root / "models" / "checkpoints" / name / "config.json",
+            encoding="utf-8") as f:
+    return dict(json.load(f))
+
+
+def model_vocab(name: str) -> int | None:
+  """V of pair `name` (None: the toy, any V)."""
+  return None if name == "toy" else int(checkpoint_meta(name)["target"][
+      "vocab"])
+
+
+def model_max_len(name: str) -> int | None:
+  """Tokens a request of pair `name` may hold (None: the toy, unbounded)."""
+  return None if name == "toy" else int(checkpoint_meta(name)["target"][
+      "max_len"])
+
+
+TOY_FLAGS = ("closeness", "model_seed", "backbone")
+cli.check(["model", "vocab"], lambda model, vocab: (
+    vocab is None or model == "toy" or vocab == model_vocab(model)),
+          "--vocab is the model's with --model (leave it out)")
+cli.check(["model", *TOY_FLAGS], lambda model, **_: model == "toy" or not any(
+    flags.FLAGS[name].present for name in TOY_FLAGS),
+          "--closeness, --model_seed and --backbone are the toy pair's "
+          "(--model=toy)")
+cli.check(["model", "worker_ranks"], lambda model, worker_ranks: (
+    model == "toy" or worker_ranks == 1),
+          "--model runs its draft on one worker rank (--worker_ranks=1)")
 cli.check("closeness", lambda c: 0.0 <= c <= 1.0,   # NaN fails it too
           "--closeness must be a number in [0, 1]")
 cli.check(["k", "vocab"], lambda k, vocab: vocab is None or k <= vocab,
@@ -235,6 +288,7 @@ class PipelineConfig:
     worker_bug: "none", or the "token_not_from_q" or "shard_mass" drill.
     worker_ranks: tensor-parallel ranks of the worker (shardable, i.e.
       dense, q: one rank link per rank, `Capabilities.shards`).
+    model: the pair (`MODELS`): "toy", or a shipped checkpoint's name.
   """
   vocab: int = cli.DEFAULT_VOCAB
   depth: int = 5
@@ -249,6 +303,7 @@ class PipelineConfig:
   encrypt: bool = True
   worker_bug: str = "none"
   worker_ranks: int = 1
+  model: str = "toy"
 
   def __post_init__(self):
     if self.insecure:    # no keys at all: no CURVE either
@@ -259,7 +314,8 @@ class PipelineConfig:
             and 1 <= self.requests <= MAX_REQUESTS
             and 0.0 <= self.closeness <= 1.0
             and 0 <= self.model_seed <= MAX_MODEL_SEED
-            and 1 <= self.worker_ranks <= MAX_RANKS):
+            and 1 <= self.worker_ranks <= MAX_RANKS
+            and self.model in MODELS):
       raise ValueError(f"PipelineConfig: a value out of bounds: {self}")
     if Q_FORMATS[self.q].uses_support and not 1 <= self.k <= self.vocab:
       raise ValueError(f"PipelineConfig: k={self.k} not in [1, V={self.vocab}]")
@@ -270,8 +326,10 @@ class PipelineConfig:
     for field in dataclasses.fields(self):
       value = getattr(self, field.name)
       if value is None or (field.name == "k"
-                           and not Q_FORMATS[self.q].uses_support):
-        continue   # k is sparse rows' only (the other end derives it alike)
+                           and not Q_FORMATS[self.q].uses_support) or (
+                               field.name in TOY_FLAGS and self.model != "toy"):
+        continue   # k is sparse rows' only, the toy's knobs the toy's (the
+                   # other end derives them alike)
       if isinstance(value, bool):
         out.append(f"--{field.name}" if value else f"--no{field.name}")
       else:
@@ -324,7 +382,8 @@ def from_flags(default_vocab: int = cli.DEFAULT_VOCAB) -> PipelineConfig:
 
   When --k is not given it is min(--k default, V // 2) (at least 1).
   """
-  vocab = VOCAB.value if VOCAB.value is not None else default_vocab
+  vocab = model_vocab(MODEL.value) or (
+      VOCAB.value if VOCAB.value is not None else default_vocab)
   k = K.value if flags.FLAGS["k"].present else min(K.value,
                                                     max(1, vocab // 2))
   return PipelineConfig(vocab=vocab, depth=DEPTH.value,
@@ -333,4 +392,4 @@ def from_flags(default_vocab: int = cli.DEFAULT_VOCAB) -> PipelineConfig:
                         model_seed=MODEL_SEED.value, backbone=BACKBONE.value,
                         keys_dir=KEYS_DIR.value, insecure=INSECURE.value,
                         encrypt=ENCRYPT.value, worker_bug=WORKER_BUG.value,
-                        worker_ranks=WORKER_RANKS.value)
+                        worker_ranks=WORKER_RANKS.value, model=MODEL.value)

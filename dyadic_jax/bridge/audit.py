@@ -40,6 +40,20 @@ def _draws(seeds: jax.Array, generations: jax.Array, rounds: jax.Array,
   return rng.proposal_draws(keys, depth, anchors)
 
 
+_round_keys = jax.jit(jax.vmap(round_key))
+
+
+def round_keys(seeds: ArrayLike, generations: ArrayLike,
+               rounds: ArrayLike) -> jax.Array:
+  """Typed round keys [R] of R requests in one dispatch: the same keys as
+  `rng.round_key(seed, generation, round)` of each (seeds uint64[R],
+  generations and rounds in the uint32 range)."""
+  with jax.enable_x64(True):
+    return _round_keys(np.asarray(seeds, np.uint64).view(np.int64),
+                       np.asarray(generations, np.uint32),
+                       np.asarray(rounds, np.uint32))
+
+
 def proposal_draws(seeds: ArrayLike, generations: ArrayLike,
                    rounds: ArrayLike, anchors: ArrayLike, depth: int, *,
                    pad_to: int | None = None) -> np.ndarray:

@@ -24,6 +24,7 @@ the draft's steps, the target's verify pass, verification, and the rest
 """
 
 import collections
+import functools
 import time
 import typing
 
@@ -33,7 +34,7 @@ import numpy as np
 
 from dyadic_jax import models, rng, rowops, verification
 from dyadic_jax.constants import M
-from dyadic_jax.bridge import hello, proposer as proposer_lib
+from dyadic_jax.bridge import audit, hello, proposer as proposer_lib
 from dyadic_jax.bridge import verifier as verifier_lib
 from dyadic_jax.errors import raise_for_status
 from dyadic_jax.wire import qformats
@@ -53,7 +54,7 @@ class Committed(typing.NamedTuple):
 class Link(typing.Protocol):
   """Runs rounds for requests (`Local`, `Bridged`)."""
   caps: hello.Capabilities
-  seconds: collections.Counter[str]
+  seconds: collections.defaultdict[str, float]
 
   def add(self, rid: int, prompt: typing.Sequence[int], seed: int) -> None:
     ...
@@ -100,7 +101,7 @@ def _block(x: typing.Any) -> typing.Any:
 class _Clock:
   """Adds the seconds of `with clock(part):` blocks to a Counter."""
 
-  def __init__(self, seconds: collections.Counter[str]) -> None:
+  def __init__(self, seconds: collections.defaultdict[str, float]) -> None:
     self.seconds = seconds
     self.part = ""
     self.start = 0.0
@@ -131,7 +132,10 @@ class Local:
   def __init__(self, draft: models.DraftModel,
                target: models.TargetModel, caps: hello.Capabilities, *,
                verify_fn: verifier_lib.VerifyFn = verification.verify_batch,
-               executor: rowops.Executor = rowops.LOCAL) -> None:
+               executor: rowops.Executor = rowops.LOCAL,
+               observe: typing.Callable[..., None] | None = None) -> None:
+    """observe: called after each round with (rids, proposals, target rows,
+    outcomes (accepted, token)): what a benchmark screens (untimed)."""
     if draft.vocab != caps.vocab or target.vocab != caps.vocab:
       raise ValueError(f"Local: draft V {draft.vocab}, target V "
                        f"{target.vocab} and session V {caps.vocab} differ")
@@ -140,9 +144,11 @@ class Local:
                                                executor=executor)
     self.target = target
     self.verify_fn = verify_fn
+    self.observe = observe
     self.requests: dict[int, _Request] = {}
     self.states: dict[int, models.State] = {}
-    self.seconds: collections.Counter[str] = collections.Counter()
+    self.seconds: collections.defaultdict[str, float] = (
+        collections.defaultdict(float))
     self._clock = _Clock(self.seconds)
 
   def add(self, rid: int, prompt: typing.Sequence[int], seed: int) -> None:
@@ -164,7 +170,7 @@ class Local:
 
   def round(self, rids: typing.Sequence[int], depth: int
             ) -> list[Committed]:
-    clock, fmt = self._clock, self.caps.format
+    clock = self._clock
     reqs = [self.requests[r] for r in rids]
     proposals = []
     for rid, req in zip(rids, reqs):
@@ -182,6 +188,9 @@ class Local:
                     for x, p in zip(logits, proposals)]
       else:
         outcomes = self._verify(reqs, proposals, logits)
+    if self.observe is not None:
+      with clock("observe"):      # not the round's: left out of the wall
+        self.observe(rids, proposals, logits, outcomes)
     out = []
     with clock("host"):
       for rid, req, p, (accepted, token) in zip(rids, reqs, proposals,
@@ -199,14 +208,16 @@ class Local:
     pad = self.caps.max_requests - len(reqs)
     rows = proposals + [proposals[0]] * pad
     # The drawn q rows are exact multiples of 1 / M: their counts.
-    counts = np.stack([np.rint(p.values.astype(np.float64) * M)
+    counts = np.stack([np.rint(np.asarray(p.values, np.float64) * M)
                        for p in rows]).astype(np.int32)
-    ids = None if rows[0].ids is None else np.stack([p.ids for p in rows])
+    ids = None if rows[0].ids is None else np.stack(
+        [np.asarray(p.ids) for p in rows])
     draft = np.stack([p.tokens for p in rows])
-    q = fmt.to_q(counts, qformats.Rows(draft, np.stack([p.n for p in rows]),
-                                       ids, None))
-    keys = jnp.stack([rng.round_key(req.seed, 0, req.round) for req in reqs]
-                     + [rng.round_key(0, 0, 0)] * pad)
+    q = fmt.to_q(counts, qformats.Rows(
+        draft, np.stack([np.asarray(p.n) for p in rows]), ids, None))
+    keys = audit.round_keys([req.seed for req in reqs] + [0] * pad,
+                            [0] * len(rows),
+                            [req.round for req in reqs] + [0] * pad)
     anchors = np.asarray([len(req.tokens) for req in reqs] + [0] * pad,
                          np.int64)
     batch = jnp.stack(logits + [logits[0]] * pad)
@@ -222,7 +233,8 @@ class Bridged:
   def __init__(self, verifier: verifier_lib.Verifier) -> None:
     self.verifier = verifier
     self.caps = verifier.caps
-    self.seconds: collections.Counter[str] = collections.Counter()
+    self.seconds: collections.defaultdict[str, float] = (
+        collections.defaultdict(float))
 
   def add(self, rid: int, prompt: typing.Sequence[int], seed: int) -> None:
     self.verifier.add_request(rid, prompt, seed)
@@ -293,7 +305,7 @@ def generate(link: Link, prompts: typing.Sequence[typing.Any], *,
   live: list[int] = []
   accepted: list[int] = []
   rounds = 0
-  before = collections.Counter(link.seconds)
+  before = collections.defaultdict(float, link.seconds)
   start = time.perf_counter()
   while waiting or live:
     while waiting and len(live) < caps.max_requests:
@@ -310,13 +322,26 @@ def generate(link: Link, prompts: typing.Sequence[typing.Any], *,
     for i in [i for i in live if _finished(new[i], max_new_tokens, eos)]:
       live.remove(i)
       link.remove(i)
-  wall = time.perf_counter() - start
+  wall = time.perf_counter() - start - (link.seconds["observe"]
+                                        - before["observe"])
   seconds = {k: link.seconds[k] - before[k] for k in PARTS}
   seconds["host"] += wall - sum(seconds.values())
   seconds["wall"] = wall
   return Result([_trim(new[i], max_new_tokens, eos)
                  for i in range(len(encoded))], rounds,
                 np.asarray(accepted, np.int32), seconds)
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _target_only_token(sample_fn: verifier_lib.SampleFn, row: jax.Array,
+                       seed: jax.Array, round_id: jax.Array,
+                       anchor: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """One target-only token: the TARGET_ONLY key of (seed, 0, round_id,
+  anchor) and the draw, in one dispatch (seed: the int64 view of a
+  uint64; traced under 64-bit mode)."""
+  key = rng.draw_key(rng.round_key(seed, 0, round_id), anchor,
+                     rng.Domain.TARGET_ONLY)
+  return sample_fn(row, key)
 
 
 def target_only(target: models.TargetModel,
@@ -328,7 +353,8 @@ def target_only(target: models.TargetModel,
   """The baseline: each new token from one target call on its handle,
   drawn by the target-only sampler (TARGET_ONLY key of the position)."""
   encoded = _encode(prompts, tokenizer)
-  seconds: collections.Counter[str] = collections.Counter()
+  seconds: collections.defaultdict[str, float] = (
+        collections.defaultdict(float))
   clock = _Clock(seconds)
   out, calls = [], 0
   start = time.perf_counter()
@@ -342,11 +368,11 @@ def target_only(target: models.TargetModel,
         rows, state = _block(target.logits(
             state, np.asarray(tokens, np.int32), empty))
       calls += 1
-      with clock("verify"):
-        key = rng.draw_key(rng.round_key(rseed, 0, len(new) + 1),
-                           len(tokens), rng.Domain.TARGET_ONLY)
-        token, status = sample_fn(rows[0], key)
-        raise_for_status("sample_fn", status)
+      with clock("verify"), jax.enable_x64(True):
+        token, status = _target_only_token(
+            sample_fn, rows[0], np.uint64(rseed).view(np.int64),
+            np.int64(len(new) + 1), np.int64(len(tokens)))
+        raise_for_status("sample_fn", np.asarray(status))
       tokens.append(int(token))
       new.append(int(token))
     out.append(_trim(new, max_new_tokens, eos))

@@ -310,14 +310,16 @@ class Verifier:
     raise ProtocolError(Code.TIMEOUT, f"no worker answered at {self.address}"
                         " (wrong key, or --insecure on one side only?)")
 
-  def warmup(self, prefix: typing.Sequence[int]) -> None:
+  def warmup(self, prefix: typing.Sequence[int],
+             say: typing.Callable[[str], None] = lambda _: None) -> None:
     """Compiles (and runs once) what a round calls, before the first one,
     so that compilation is not spent inside a round: the target on a fresh
     handle, on a handle that holds the prefix (a round after a rejection)
     and on the fallback's single row, `verify_fn` on a full batch of
     the validator's `example_q` (the session's q format's), `sample_fn`.
 
-    prefix: a committed prefix of the rounds' shape (a prompt). On a
+    prefix: a committed prefix of the rounds' shape (a prompt); say: told
+    what compiles next (a progress line). On a
     multi-rank verifier every rank calls it, in the same order as its
     other collectives: the sharded functions (and a rank validator's
     example q) are collectives. The validator's own kernel compiles when a
@@ -326,18 +328,22 @@ class Verifier:
     d, r = self.caps.max_depth, self.caps.max_requests
     committed = np.asarray(prefix, np.int32)
     draft = np.zeros(d, np.int32)
+    say("the target's rows of a new request (its prompt and a chain)")
     logits, state = self.target.logits(self.target.init_state(), committed,
                                        draft)
+    say("the target's rows of a round and of a fallback")
     later = np.append(committed, draft[0])     # x_1 rejected, x_1 drawn
     _, state = self.target.logits(state, later, draft)
     self.target.logits(state, later, draft[:0])   # the fallback's row
     key = rng.round_key(0, 0, 0)
     q = self.validator.example_q(d)
     if q is not None:
+      say("verification of a full batch")
       batch = lambda x: jnp.stack([x] * r)
       jax.block_until_ready(self.verify_fn(
           batch(logits), q, batch(draft), batch(key),
           np.full(r, len(committed))))
+    say("the target-only sampler")
     jax.block_until_ready(self.sample_fn(logits[0], key))
 
   def _warm_validator(self) -> None:
@@ -524,9 +530,10 @@ class Verifier:
       assert counts is not None     # sampled rows carry their counts
       counts = counts[idx]
     q = fmt.to_q(counts, plan.take(idx))
-    keys = jnp.stack([rng.round_key(req.seed, *_tag(plan, i))
-                      for req, i in zip(reqs, rows)]
-                     + [rng.round_key(0, 0, 0)] * (len(pad) - len(rows)))
+    tags = [_tag(plan, i) for i in rows] + [(0, 0)] * (len(pad) - len(rows))
+    keys = audit_lib.round_keys([req.seed for req in reqs]
+                                + [0] * (len(pad) - len(rows)),
+                                [g for g, _ in tags], [n for _, n in tags])
     anchors = np.asarray([req.anchor for req in reqs]
                          + [0] * (len(pad) - len(rows)), np.int64)
     batch = np.stack(logits + [logits[0]] * (len(pad) - len(rows)))

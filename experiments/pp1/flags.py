@@ -9,6 +9,7 @@ the end read the parsed flags.
 """
 
 import dataclasses
+import functools
 import math
 import typing
 
@@ -109,6 +110,15 @@ KILL_AT = flags.DEFINE_integer(
     "on the same address(es), as a supervisor would (0: never). The "
     "verifier falls back while it is gone and negotiates a new session "
     "with the new process.", lower_bound=0)
+PROMPT_TOKENS = flags.DEFINE_integer(
+    "prompt_tokens", 64, "With --model (not the toy): tokens of each "
+    "request's prompt, cut from a held-out file of the standard library "
+    "(a fixed split by path, experiments/corpus.py).", lower_bound=1,
+    upper_bound=1 << 16)
+SAMPLES = flags.DEFINE_integer(
+    "show_samples", 2, "With --model: requests whose prompt and generated "
+    "text the summary prints.", lower_bound=0,
+    upper_bound=pipeline_config.MAX_REQUESTS)
 # Internal: the follower ranks of --verifier_ranks.
 RANK = flags.DEFINE_integer("rank", 0, "Internal: jax.distributed rank.",
                              lower_bound=0,
@@ -199,6 +209,27 @@ cli.check("fault_kinds", lambda kinds: set(kinds) <= {
     "drop", "delay", "duplicate", "reorder", "truncate", "corrupt", "reset"},
           "--fault_kinds: a comma-separated subset of drop, delay, "
           "duplicate, reorder, truncate, corrupt, reset")
+cli.check(["model", "repetition_penalty", "grammar_modulus", "check_vocab",
+           "prompt_tokens", "show_samples"],
+          lambda model, **_: model != "toy" or not any(
+              flags.FLAGS[n].present for n in ("prompt_tokens",
+                                               "show_samples")),
+          "--prompt_tokens and --show_samples are for a trained pair "
+          "(--model=stdlib): the toy's prompts are one token")
+cli.check(["model", "repetition_penalty", "grammar_modulus", "check_vocab"],
+          lambda model, **_: model == "toy" or not any(
+              flags.FLAGS[n].present for n in ("repetition_penalty",
+                                               "grammar_modulus",
+                                               "check_vocab")),
+          "--repetition_penalty, --grammar_modulus and --check_vocab are the "
+          "toy pair's (--model=toy); a trained pair's V and rows are its own")
+cli.check(["model", "prompt_tokens", "tokens", "depth", "check_distribution"],
+          lambda model, prompt_tokens, tokens, depth, check_distribution: (
+              model == "toy" or prompt_tokens + (
+                  1 if check_distribution else tokens) + depth + 1
+              <= (pipeline_config.model_max_len(model) or 0)),
+          "--prompt_tokens + --tokens + --depth + 1 must fit the model's "
+          "context (max_len in its checkpoint's config.json)")
 cli.check(["rank", "coordinator"],
           lambda rank, coordinator: rank == 0 or bool(coordinator),
           "--rank is internal: it needs --coordinator")
@@ -235,6 +266,41 @@ def model_config(config_: pipeline_config.PipelineConfig) -> typing.Any:
 
 
 def request_spec(rid: int, vocab: int) -> tuple[list[int], int]:
-  """(prompt, seed) of request rid: the same on every rank."""
+  """(prompt, seed) of request rid: the same on every rank. A trained
+  pair's prompts are held-out source (the check's: the first one)."""
+  seed = SEED.value * 1_000_003 + rid
+  if pipeline_config.MODEL.value != "toy":
+    prompts = held_out_prompts()
+    return [int(t) for t in prompts[0 if rid >= CHECK_RID0
+                                    else rid % len(prompts)]], seed
   prompt = [1] if rid >= CHECK_RID0 else [(7 * rid + 1) % vocab]
-  return prompt, SEED.value * 1_000_003 + rid
+  return prompt, seed
+
+
+@functools.cache
+def pair() -> typing.Any:
+  """The trained pair of --model (`dyadic_jax.models.pair.Pair`; loaded
+  once, JAX starts)."""
+  from dyadic_jax.models import pair as pair_lib  # pylint: disable=g-import-not-at-top
+  return pair_lib.load_pair(pipeline_config.MODEL.value,
+                            max_depth=pipeline_config.DEPTH.value)
+
+
+@functools.cache
+def held_out_prompts() -> typing.Any:
+  """int32[--requests, --prompt_tokens]: the run's prompts (--model)."""
+  from experiments import corpus  # pylint: disable=g-import-not-at-top
+  return corpus.held_out_prompts(pair().tokenizer,
+                                 pipeline_config.MAX_REQUESTS,
+                                 PROMPT_TOKENS.value, SEED.value)
+
+
+def models(config_: pipeline_config.PipelineConfig) -> tuple[typing.Any,
+                                                             typing.Any]:
+  """(target, draft) of the run: the toy pair with the flags' processors,
+  or the trained pair of --model."""
+  if config_.model == "toy":
+    from dyadic_jax.testing import toy_models  # pylint: disable=g-import-not-at-top
+    return toy_models.make_models(model_config(config_))
+  loaded = pair()
+  return loaded.target, loaded.draft

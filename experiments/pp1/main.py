@@ -94,7 +94,7 @@ def lead(tmp: str) -> int:
   with watch.phase("start-up", since=stopwatch.START):
     config = flags.config()
     stopwatch.say(
-        f"start-up: V={config.vocab} q={config.q} requests="
+        f"start-up: model {config.model}, V={config.vocab} q={config.q} requests="
         f"{config.requests} depth={config.depth}; starting the worker "
         f"({config.worker_ranks} process{'es' * (config.worker_ranks > 1)}"
         f"), JAX and the verifier")
@@ -169,6 +169,12 @@ def lead(tmp: str) -> int:
       else:
         run = rounds.generate(verifier, rounds.Progress(
             flags.TOKENS.value * caps.max_requests, "tokens"), drill)
+    baseline = None
+    if config.model != "toy" and not flags.CHECK.value:
+      with watch.phase("target-only baseline"):
+        stopwatch.say("target-only baseline: the same prompts, one target "
+                      "call per token")
+        baseline = rounds.target_only(config)
     if flags.CHECK.value:
       with watch.phase("distribution check"):
         check = rounds.distribution_check(first, config)
@@ -191,6 +197,9 @@ def lead(tmp: str) -> int:
                                      count if config.rank_links else 1)
   record = report.summarize(run, verifier, config, worker_stats, proxy,
                             watch, check, links, agree)
+  if baseline is not None:
+    record["speed"] = report.speed(record, baseline)
+    record["samples"] = report.samples(run, config)
   report.print_summary(record)
   report.write(record)
   if check is not None and check["verdict"] != "pass":

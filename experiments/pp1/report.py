@@ -144,7 +144,8 @@ def summarize(run, verifier, config, worker_stats, proxy, watch, check,
                                     else "keyed BLAKE3"),
                  "encrypt": config.encrypt,
                  "sampling_audit": not flags.NO_AUDIT.value,
-                 "worker_bug": config.worker_bug},
+                 "worker_bug": config.worker_bug,
+                 "model": config.model},
       # Generation: requests x --tokens exactly; the check: one per request.
       "tokens": kept,
       "tokens_dropped": generated - kept,
@@ -195,6 +196,27 @@ def summarize(run, verifier, config, worker_stats, proxy, watch, check,
   if check is not None:
     record["distribution_check"] = check
   return record
+
+
+def speed(record, baseline):
+  """Tokens per second of the rounds vs the target-only baseline."""
+  rounds_s = record["bridge_share"]["round_s"]   # the rounds' phases
+  spec = record["tokens"] / rounds_s if rounds_s else 0.0
+  return {"tokens_per_second": spec,
+          "target_only": baseline,
+          "speedup": spec / baseline["tokens_per_second"]
+          if baseline["tokens_per_second"] else None}
+
+
+def samples(run, config):
+  """Prompt and generated text of the first --show_samples requests."""
+  tok = flags.pair().tokenizer
+  out = []
+  for rid in sorted(run.outputs)[:flags.SAMPLES.value]:
+    prompt = flags.request_spec(rid, config.vocab)[0]
+    out.append({"request": rid, "prompt": tok.decode(prompt),
+                "generated": tok.decode(run.outputs[rid])})
+  return out
 
 
 def print_summary(record):
@@ -281,6 +303,17 @@ def print_summary(record):
              " (a loaded machine, or a worker that died)"))
   if record["faults"]:
     print(f"  injected faults              {record['faults']}")
+  if "speed" in record:
+    sp = record["speed"]
+    base = sp["target_only"]
+    print(f"  tokens per second            {sp['tokens_per_second']:.1f} "
+          f"speculative (the rounds, worker and bridge included) vs "
+          f"{base['tokens_per_second']:.1f} target-only (same prompts, "
+          f"one process) = {sp['speedup']:.2f}x")
+  for sample in record.get("samples", []):
+    print(f"\nRequest {sample['request']}: prompt (held-out source), then "
+          "the generated text after '>>>'")
+    print(sample["prompt"][-400:] + ">>>" + sample["generated"])
   if check:
     print(f"\nDistribution check: first committed token of "
           f"{check['samples']} fresh requests vs the target's exact P/T")

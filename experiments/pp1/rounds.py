@@ -13,7 +13,6 @@ import numpy as np
 import dyadic_jax as dj
 from dyadic_jax import bridge
 from dyadic_jax.testing import stats
-from dyadic_jax.testing import toy_models
 from experiments import pipeline_config
 from experiments.pp1 import flags
 
@@ -132,13 +131,33 @@ def first_tokens(verifier: bridge.Verifier,
   return np.asarray(first), Run(results, rounds, outputs)
 
 
+def target_only(config: pipeline_config.PipelineConfig
+                ) -> dict[str, typing.Any]:
+  """The same prompts and --tokens decoded by the target alone, one target
+  call per token (its cache kept): the speedup's denominator."""
+  from dyadic_jax.bridge import generate  # pylint: disable=g-import-not-at-top
+  target, _ = flags.models(config)
+  prompts = [flags.request_spec(rid, config.vocab)[0]
+             for rid in range(config.requests)]
+  # Its draw compiles once, before the timed run (the rows are warm).
+  generate.target_only(target, prompts[:1], max_new_tokens=1)
+  out = generate.target_only(target, prompts,
+                             max_new_tokens=flags.TOKENS.value,
+                             seed=flags.SEED.value)
+  return {"tokens": out.new_tokens, "seconds": out.seconds["wall"],
+          "tokens_per_second": out.tokens_per_second,
+          "split_s": {k: v for k, v in out.seconds.items() if k != "wall"}}
+
+
 def distribution_check(first: np.ndarray,
                        config: pipeline_config.PipelineConfig
                        ) -> dict[str, typing.Any]:
   """Goodness of fit to the exact P/T and a two-sample test vs target-only."""
-  target, _ = toy_models.make_models(flags.model_config(config))
-  row = target.row(np.asarray(
-      flags.request_spec(flags.CHECK_RID0, config.vocab)[0], np.int32))
+  target, _ = flags.models(config)
+  rows, _ = target.logits(target.init_state(), np.asarray(
+      flags.request_spec(flags.CHECK_RID0, config.vocab)[0], np.int32),
+                          np.zeros(0, np.int32))
+  row = rows[0]
   probs, _ = dj.target_probs(row)
   p_fixed, total = dj.quantize_target(probs)
   expected = np.asarray(p_fixed, np.float64) / int(total)

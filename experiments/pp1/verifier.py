@@ -17,7 +17,6 @@ from dyadic_jax import bridge
 from dyadic_jax import models
 from dyadic_jax.bridge import rank_links
 from dyadic_jax.bridge import ranks
-from dyadic_jax.testing import toy_models
 from experiments import cli
 from experiments import pipeline_config
 from experiments.pp1 import flags
@@ -113,7 +112,11 @@ def build(config: pipeline_config.PipelineConfig, mesh: jax.sharding.Mesh,
   caps = config.capabilities()
   leader = not flags.RANK.value
   target: models.TargetModel
-  target, _ = toy_models.make_models(flags.model_config(config))
+  if config.model != "toy":
+    stopwatch.say(f"start-up: loading the {config.model} pair and cutting "
+                  "the held-out prompts")
+    flags.held_out_prompts()
+  target, _ = flags.models(config)
   verify = functools.partial(sharding.verify_batch, mesh=mesh)
   sample = functools.partial(sharding.sample_target, mesh=mesh)
   if flags.MUTANT.value == "uniform_q":
@@ -151,6 +154,7 @@ def build(config: pipeline_config.PipelineConfig, mesh: jax.sharding.Mesh,
   stopwatch.say("compile: the verifier's programs (target rows, "
                 "verification, the target-only fallback)")
   with watch.phase("compile", absorb=True):
-    verifier.warmup(flags.request_spec(0, config.vocab)[0])
+    verifier.warmup(flags.request_spec(0, config.vocab)[0],
+                    say=lambda what: stopwatch.say(f"compile: {what}"))
   stopwatch.say("compile: done")
   return verifier

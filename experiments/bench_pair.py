@@ -1,0 +1,367 @@
+"""The trained pair: acceptance by q format (the k screen) and speedup.
+
+  python -m experiments.bench_pair [--prompts=64 --new_tokens=128
+      --formats=dense,16,32,64,256 --depth=5 --bridge --json_out=F
+      --plot_out=F]
+
+On held-out prompts of the standard library's source (experiments/corpus.py)
+and the shipped stdlib pair (dyadic_jax/models/checkpoints/stdlib), at
+temperature 1:
+
+1. **The k screen.** For dense q and sparse q of each k in --formats, every
+   prompt is decoded speculatively in this process (`bridge.generate.Local`:
+   the worker's proposer and the verifier's rounds, no wire). Reported per
+   format: acceptance by position (of the drafts that reached position i,
+   the fraction accepted), mean accepted drafts and tokens per round, and
+   beside them the exact expected acceptance of the same rows, sum_x min(p,
+   q) (p the target's FP64 softmax, q the dyadic row drawn from; averaged
+   over the positions the rounds reached). The measured rate must agree
+   with it up to sampling noise: it is the probability the rule accepts.
+2. **Speed.** Tokens per second of target-only decoding (one target call
+   per token, its KV cache kept) and of speculative decoding with each
+   format, in one process; with --bridge also over the bridge on loopback
+   (a worker process, `experiments.bridge_worker --model`, authenticated,
+   the q on the wire) for the best one-process format. Each run's time
+   split (draft steps, verify pass, verification, exchange, host), and the
+   speedup the standard cost model predicts from the measured acceptance
+   alpha, the draft's cost per token relative to the target's c, and the
+   depth D:  (1 - alpha^(D+1)) / ((1 - alpha) (c D + 1)).
+
+Same prompts, same seeds and the same batch (--requests) in every run.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+from absl import flags
+
+from experiments import cli
+
+_MODEL = flags.DEFINE_enum("model", "stdlib", ["stdlib"], "The shipped "
+                           "pair (dyadic_jax/models/checkpoints/NAME).")
+_PROMPTS = flags.DEFINE_integer("prompts", 64, "Held-out prompts.",
+                                lower_bound=1, upper_bound=4096)
+_PROMPT_TOKENS = flags.DEFINE_integer("prompt_tokens", 64, "Tokens of each "
+                                      "prompt.", lower_bound=1,
+                                      upper_bound=1 << 16)
+_NEW_TOKENS = flags.DEFINE_integer("new_tokens", 128, "New tokens per "
+                                   "prompt.", lower_bound=1,
+                                   upper_bound=1 << 16)
+_DEPTH = flags.DEFINE_integer("depth", 5, "Drafted tokens per round D.",
+                              lower_bound=1, upper_bound=32)
+_REQUESTS = flags.DEFINE_integer("requests", 4, "Requests per batch.",
+                                 lower_bound=1, upper_bound=64)
+_FORMATS = flags.DEFINE_list(
+    "formats", ["dense", "16", "32", "64", "256"], "q formats screened: "
+    "dense, or a sparse row's k (an integer in [1, V]).")
+_SEED = flags.DEFINE_integer("seed", 0, "Seed of the prompts and the "
+                             "requests.", lower_bound=0,
+                             upper_bound=(1 << 31) - 1)
+_BRIDGE = flags.DEFINE_bool("bridge", True, "Also decode over the bridge "
+                            "on loopback (a worker process) with the best "
+                            "one-process format.")
+_JSON_OUT = flags.DEFINE_string("json_out", "bench_pair.json", "Where the "
+                                "record goes ('' for none).")
+_PLOT_OUT = flags.DEFINE_string("plot_out", "bench_pair.png", "Where the "
+                                "plot goes ('' for none).")
+cli.check("formats", lambda formats: bool(formats) and all(
+    f == "dense" or (f.isdigit() and int(f) >= 1) for f in formats),
+          "--formats: a comma-separated list of dense and sparse k values "
+          "(positive integers)")
+cli.check_output_path("json_out")
+cli.check_output_path("plot_out")
+cli.parse_flags_early(__name__)
+
+# pylint: disable=g-import-not-at-top
+import numpy as np
+
+import dyadic_jax as dj
+from dyadic_jax import bridge
+from dyadic_jax.bridge import generate
+from dyadic_jax.bridge import keys as keys_lib
+from dyadic_jax.models import pair as pair_lib
+from dyadic_jax.wire.layouts import Representation
+from experiments import corpus
+# pylint: enable=g-import-not-at-top
+
+
+def caps_of(name: str, vocab: int) -> bridge.Capabilities:
+  """The session of q format `name` ("dense" or a sparse k)."""
+  dense = name == "dense"
+  return bridge.Capabilities(
+      vocab=vocab, max_depth=_DEPTH.value, max_requests=_REQUESTS.value,
+      representation=Representation.DENSE if dense else
+      Representation.SPARSE, max_support=32 if dense else int(name))
+
+
+class Screen:
+  """Per position: drafts reached, accepted, and the sum of min(p, q)."""
+
+  def __init__(self, depth: int, vocab: int) -> None:
+    self.reached = np.zeros(depth, np.int64)
+    self.accepted = np.zeros(depth, np.int64)
+    self.overlap = np.zeros(depth)
+    self.vocab = vocab
+
+  def __call__(self, rids, proposals, logits, outcomes) -> None:
+    del rids
+    for p, rows, (accepted, _) in zip(proposals, logits, outcomes):
+      exact, _ = dj.target_probs(rows[:len(p.tokens)])
+      probs = np.asarray(exact, np.float64)
+      q = np.zeros_like(probs)
+      values = p.values.astype(np.float64)
+      if p.ids is None:
+        q[:] = values
+      else:
+        for i in range(len(p.tokens)):
+          live = slice(0, int(p.n[i]))
+          q[i, p.ids[i, live]] = values[i, live]
+      reached = min(accepted + 1, len(p.tokens))
+      self.reached[:reached] += 1
+      self.accepted[:accepted] += 1
+      self.overlap[:reached] += np.minimum(probs, q).sum(-1)[:reached]
+
+  def record(self) -> dict:
+    reached = np.maximum(self.reached, 1)
+    return {"reached": self.reached.tolist(),
+            "acceptance_by_position": (self.accepted / reached).tolist(),
+            "expected_by_position": (self.overlap / reached).tolist(),
+            "acceptance": float(self.accepted.sum() / reached.sum()),
+            "expected": float(self.overlap.sum() / reached.sum())}
+
+
+def row_agreement(target, prompts, continuations, rows: int = 33) -> dict:
+  """How far one-token-at-a-time rows are from one chunked verify pass.
+
+  For each prompt P and its first `rows` - 1 target-only tokens T, the
+  target's rows after P + T[:j] (j = 0..len(T)) are computed twice: in one
+  pass over P + T (as a verify pass scores a chain) and one token per call
+  on the request's cache (as target-only decoding does). Returns the
+  largest absolute logit difference and the largest total variation
+  distance between the two rows' softmax distributions.
+  """
+  empty = np.zeros(0, np.int32)
+  max_abs = max_tv = 0.0
+  for prompt, cont in zip(prompts, continuations):
+    cont = [int(t) for t in cont[:rows - 1]]
+    chunk, _ = target.logits(target.init_state(), np.asarray(prompt,
+                                                             np.int32),
+                             np.asarray(cont, np.int32))
+    chunk = np.asarray(chunk, np.float64)
+    state = target.init_state()
+    for j in range(len(cont) + 1):
+      row, state = target.logits(state, np.asarray(prompt + cont[:j],
+                                                   np.int32), empty)
+      row = np.asarray(row[0], np.float64)
+      max_abs = max(max_abs, float(np.abs(row - chunk[j]).max()))
+      p, q = (np.exp(x - x.max()) for x in (row, chunk[j]))
+      max_tv = max(max_tv, 0.5 * float(np.abs(p / p.sum()
+                                              - q / q.sum()).sum()))
+  return {"prompts": len(prompts), "rows_per_prompt": rows,
+          "max_abs_logit_difference": max_abs, "max_tv": max_tv}
+
+
+def predicted_speedup(alpha: float, c: float, depth: int) -> float:
+  """The standard cost model's speedup over target-only decoding."""
+  if alpha >= 1.0:
+    return (depth + 1) / (c * depth + 1)
+  return (1 - alpha ** (depth + 1)) / ((1 - alpha) * (c * depth + 1))
+
+
+def run_record(out: generate.Result) -> dict:
+  return {"tokens": out.new_tokens, "rounds": out.rounds,
+          "tokens_per_second": out.tokens_per_second,
+          "mean_accepted": float(out.accepted.mean()) if out.accepted.size
+          else 0.0, "seconds": out.seconds}
+
+
+def warm(link_factory, prompts) -> None:
+  """Compiles a link's programs on two short requests (not timed)."""
+  generate.generate(link_factory(), prompts[:2], max_new_tokens=2 *
+                    (_DEPTH.value + 1), seed=_SEED.value + 1)
+
+
+def start_worker(name: str, tmp: str):
+  """A worker process serving the pair with format `name`; (process,
+  address, keys dir)."""
+  keys_dir = str(keys_lib.make(os.path.join(tmp, "keys")))
+  q = ["--q=dense"] if name == "dense" else ["--q=sparse", f"--k={name}"]
+  proc = subprocess.Popen(
+      [sys.executable, "-m", "experiments.bridge_worker",
+       f"--model={_MODEL.value}", f"--depth={_DEPTH.value}",
+       f"--requests={_REQUESTS.value}", f"--keys_dir={keys_dir}", *q],
+      stdout=subprocess.PIPE, text=True)
+  assert proc.stdout is not None
+  line = proc.stdout.readline().split()
+  if line[:1] != ["READY"]:
+    proc.kill()
+    cli.fail(f"the worker did not start: {line}")
+  return proc, line[1], keys_dir
+
+
+def over_bridge(name: str, pair: pair_lib.Pair, prompts) -> dict:
+  """The prompts decoded over the bridge on loopback with format `name`."""
+  caps = caps_of(name, pair.target.vocab)
+  with tempfile.TemporaryDirectory(prefix="bench_pair-") as tmp:
+    proc, address, keys_dir = start_worker(name, tmp)
+    loaded = keys_lib.load(keys_dir, "verifier")
+    verifier = bridge.Verifier(caps, address, target=pair.target,
+                               secret=loaded.secret, curve=loaded.curve,
+                               timeout_s=30.0)
+    try:
+      verifier.open()
+      link = generate.Bridged(verifier)
+      warm(lambda: link, prompts)
+      out = generate.generate(link, prompts, max_new_tokens=_NEW_TOKENS.value,
+                              seed=_SEED.value)
+      fallbacks = verifier.counters.events("fallbacks")
+    finally:
+      verifier.close()
+      proc.terminate()
+      proc.wait(30)
+  return dict(run_record(out), format=name, fallbacks=fallbacks)
+
+
+def main(argv):
+  del argv
+  cli.progress(f"loading the {_MODEL.value} pair and {_PROMPTS.value} "
+               "held-out prompts")
+  pair = pair_lib.load_pair(_MODEL.value, max_depth=_DEPTH.value)
+  vocab, depth = pair.target.vocab, _DEPTH.value
+  need = _PROMPT_TOKENS.value + _NEW_TOKENS.value + depth + 1
+  if need > pair.target.max_len:
+    cli.usage_error(f"--prompt_tokens + --new_tokens + --depth + 1 = {need} "
+                    f"exceeds the model's context ({pair.target.max_len})")
+  for f in _FORMATS.value:
+    if f != "dense" and int(f) > vocab:
+      cli.usage_error(f"--formats: k={f} exceeds V={vocab}")
+  prompts = [list(p) for p in corpus.held_out_prompts(
+      pair.tokenizer, _PROMPTS.value, _PROMPT_TOKENS.value, _SEED.value)]
+  kw = dict(max_new_tokens=_NEW_TOKENS.value, seed=_SEED.value)
+
+  cli.progress("target-only decoding (the baseline)")
+  generate.target_only(pair.target, prompts[:1], max_new_tokens=2)  # warm
+  base = generate.target_only(pair.target, prompts, **kw)
+  target_s_per_token = base.seconds["target"] / base.new_tokens
+  cli.progress("rows: one chunked verify pass vs one token per call")
+  rows = row_agreement(pair.target, prompts[:8], base.tokens[:8])
+  record = {"model": _MODEL.value, "meta": {k: pair.meta.get(k) for k in (
+      "target", "draft", "corpus_fingerprint", "python")},
+            "prompts": _PROMPTS.value, "prompt_tokens": _PROMPT_TOKENS.value,
+            "new_tokens": _NEW_TOKENS.value, "depth": depth,
+            "requests": _REQUESTS.value, "seed": _SEED.value,
+            "date": time.strftime("%Y-%m-%d"),
+            "target_only": run_record(base), "rows": rows, "formats": {}}
+  for name in _FORMATS.value:
+    cli.progress(f"speculative decoding, q {name} (one process)")
+    caps = caps_of(name, vocab)
+    warm(lambda: generate.Local(pair.draft, pair.target, caps), prompts)
+    screen = Screen(depth, vocab)
+    link = generate.Local(pair.draft, pair.target, caps, observe=screen)
+    out = generate.generate(link, prompts, **kw)
+    drafted = depth * out.rounds * 1.0
+    c = (out.seconds["draft"] / max(drafted, 1)) / target_s_per_token
+    entry = dict(run_record(out), **screen.record(), draft_cost_ratio=c)
+    entry["speedup"] = out.tokens_per_second / base.tokens_per_second
+    entry["predicted_speedup"] = predicted_speedup(entry["expected"], c,
+                                                   depth)
+    record["formats"][name] = entry
+    print(f"  q {name:>6}: acceptance {entry['acceptance']:.3f} (exact "
+          f"{entry['expected']:.3f}), accepted/round "
+          f"{entry['mean_accepted']:.2f}, {entry['tokens_per_second']:.1f} "
+          f"tok/s = {entry['speedup']:.2f}x target-only (model "
+          f"{entry['predicted_speedup']:.2f}x)", flush=True)
+  best = max(record["formats"],
+             key=lambda n: record["formats"][n]["tokens_per_second"])
+  record["best_format"] = best
+  if _BRIDGE.value:
+    cli.progress(f"speculative decoding over the bridge, q {best}")
+    bridged = over_bridge(best, pair, prompts)
+    bridged["speedup"] = (bridged["tokens_per_second"]
+                          / base.tokens_per_second)
+    record["bridge"] = bridged
+  print_tables(record)
+  if _JSON_OUT.value:
+    with open(_JSON_OUT.value, "w") as f:
+      json.dump(record, f, indent=1)
+    print(f"wrote {_JSON_OUT.value}")
+  if _PLOT_OUT.value:
+    plot(record, _PLOT_OUT.value)
+    print(f"wrote {_PLOT_OUT.value}")
+
+
+def print_tables(record: dict) -> None:
+  d = record["depth"]
+  print(f"\nk screen: {record['prompts']} held-out prompts x "
+        f"{record['new_tokens']} new tokens, D={d}, temperature 1")
+  print("| q | acceptance by position (exact sum min(p,q)) | accepted / "
+        "round | tokens / round |")
+  print("|---|---|---:|---:|")
+  for name, e in record["formats"].items():
+    pos = " ".join(f"{a:.2f} ({x:.2f})" for a, x in zip(
+        e["acceptance_by_position"], e["expected_by_position"]))
+    print(f"| {name} | {pos} | {e['mean_accepted']:.2f} | "
+          f"{e['tokens'] / max(e['rounds'], 1) / record['requests']:.2f} |")
+  r = record["rows"]
+  print(f"\nrows of one chunked verify pass vs one token per call "
+        f"({r['prompts']} prompts x {r['rows_per_prompt']} rows): max |logit "
+        f"difference| {r['max_abs_logit_difference']:.2e}, max TV "
+        f"{r['max_tv']:.2e}")
+  base = record["target_only"]
+  print("\nspeed (tokens/s; seconds split draft / target / verify / "
+        "exchange / host)")
+  print("| run | tokens/s | speedup | model | split (s) |")
+  print("|---|---:|---:|---:|---|")
+
+  def split(s):
+    return " / ".join(f"{s[p]:.1f}" for p in generate.PARTS)
+
+  print(f"| target-only | {base['tokens_per_second']:.1f} | 1.00 | | "
+        f"{split(base['seconds'])} |")
+  for name, e in record["formats"].items():
+    print(f"| one process, q {name} | {e['tokens_per_second']:.1f} | "
+          f"{e['speedup']:.2f} | {e['predicted_speedup']:.2f} "
+          f"(alpha {e['expected']:.2f}, c {e['draft_cost_ratio']:.3f}) | "
+          f"{split(e['seconds'])} |")
+  if "bridge" in record:
+    b = record["bridge"]
+    print(f"| bridge, q {b['format']} | {b['tokens_per_second']:.1f} | "
+          f"{b['speedup']:.2f} | | {split(b['seconds'])} |")
+
+
+def plot(record: dict, path: str) -> None:
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+  positions = np.arange(1, record["depth"] + 1)
+  for name, e in record["formats"].items():
+    line, = left.plot(positions, e["acceptance_by_position"], "o-",
+                      label=f"q {name}")
+    left.plot(positions, e["expected_by_position"], "x--",
+              color=line.get_color())
+  left.set(xlabel="drafted position", ylabel="acceptance",
+           title="measured (o) and exact sum min(p, q) (x)", ylim=(0, 1))
+  left.legend(fontsize=8)
+  runs = [("target-only", record["target_only"])] + [
+      (f"q {n}", e) for n, e in record["formats"].items()]
+  if "bridge" in record:
+    runs.append((f"bridge q {record['bridge']['format']}", record["bridge"]))
+  bottom = np.zeros(len(runs))
+  for part in generate.PARTS:
+    ms = np.array([1e3 * r["seconds"][part] / r["tokens"] for _, r in runs])
+    right.bar([n for n, _ in runs], ms, bottom=bottom, label=part)
+    bottom += ms
+  right.set(ylabel="ms per new token", title="cost per token, split")
+  right.tick_params(axis="x", rotation=45, labelsize=8)
+  right.legend(fontsize=8)
+  fig.tight_layout()
+  fig.savefig(path, dpi=110)
+
+
+if __name__ == "__main__":
+  cli.run(main)
