@@ -51,8 +51,8 @@ _SEQ_LEN = flags.DEFINE_integer(
     "seq_len", 512, "Training window length, 1..--max_len.", lower_bound=1)
 _BATCH = flags.DEFINE_integer("batch", 8, "Windows per step.", lower_bound=1,
                               upper_bound=4096)
-_STEPS = flags.DEFINE_integer("steps", 450, "Training steps.", lower_bound=1)
-_WARMUP = flags.DEFINE_integer("warmup", 40, "Linear warmup steps.",
+_STEPS = flags.DEFINE_integer("steps", 240, "Training steps.", lower_bound=1)
+_WARMUP = flags.DEFINE_integer("warmup", 24, "Linear warmup steps.",
                                lower_bound=0)
 _LR = flags.DEFINE_float("lr", 2e-3, "Peak learning rate of the target.")
 _DRAFT_LR = flags.DEFINE_float("draft_lr", 3e-3,

@@ -28,6 +28,7 @@ import typing
 
 import jax
 import jax.numpy as jnp
+from jax.typing import ArrayLike
 
 _F32 = jnp.float32
 _I32 = jnp.int32
@@ -197,7 +198,7 @@ def _forward(params: Params, tokens: jax.Array) -> jax.Array:
   return _logits(params, x)
 
 
-def forward(params: Params, tokens: jax.Array) -> jax.Array:
+def forward(params: Params, tokens: ArrayLike) -> jax.Array:
   """Causal logits f32[B, T, V] of tokens int32[B, T] (training form).
 
   T must not exceed the config's max_len (the positions trained on).
@@ -227,8 +228,8 @@ def _extend(params: Params, cache: Cache, tokens: jax.Array, start: jax.Array
   return _logits(params, x), Cache(k=jnp.stack(new_k), v=jnp.stack(new_v))
 
 
-def extend_traced(params: Params, cache: Cache, tokens: jax.Array,
-                  start: jax.Array) -> tuple[jax.Array, Cache]:
+def extend_traced(params: Params, cache: Cache, tokens: ArrayLike,
+                  start: ArrayLike) -> tuple[jax.Array, Cache]:
   """`extend` without its host-side bound check (for use under a trace).
 
   start + C must be <= max_len; past it, `dynamic_update_slice` clamps the
@@ -238,7 +239,7 @@ def extend_traced(params: Params, cache: Cache, tokens: jax.Array,
                  jnp.asarray(start, _I32))
 
 
-def extend(params: Params, cache: Cache, tokens: jax.Array, start: int
+def extend(params: Params, cache: Cache, tokens: ArrayLike, start: int
            ) -> tuple[jax.Array, Cache]:
   """Feeds tokens int32[C] at positions start..start+C-1.
 

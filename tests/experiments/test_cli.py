@@ -143,6 +143,13 @@ _BAD = [
     ("record_figures", ["--figures_json=/nonexistent/dir/x.json"],
      "figures_json"),
     ("record_figures", ["--plot_out=/nonexistent/dir/x.png"], "plot_out"),
+    ("train_pair", ["--vocab=100"], "vocab"),
+    ("train_pair", ["--seq_len=600"], "seq_len"),
+    ("train_pair", ["--target_heads=3"], "target_heads"),
+    ("train_pair", ["--draft_d_model=130", "--draft_heads=2"], "draft_heads"),
+    ("train_pair", ["--lr=0"], "lr"),
+    ("train_pair", ["--warmup=500", "--steps=100"], "warmup"),
+    ("train_pair", ["--time_budget_s=-1"], "time_budget_s"),
 ]
 
 

@@ -70,6 +70,8 @@ KNOWN_THIRD_PARTY = {
     "absl", "chex", "crc32c", "hypothesis", "jax", "jaxlib", "matplotlib",
     "mpl_toolkits", "ml_dtypes", "numpy", "pytest", "_pytest", "scipy",
     "zmq", "atheris", "blake3",
+    # The shipped draft/target pair (dyadic_jax/models, experiments/train_pair).
+    "tokenizers", "optax", "safetensors",
     # experiments/hf_peer.py runs under a peer's own interpreter (bench_core's
     # --hf_python), never under the project's venv or Bazel.
     "torch", "transformers",
@@ -130,7 +132,8 @@ EXTRA_DEPS = {"test_readme": ["dyadic_jax", "sharding", "dyadic_jax_bridge",
                            "experiments_wire_sizes",
                            "experiments_bench_sharding",
                            "experiments_pipeline_config",
-                           "experiments_record_figures"],
+                           "experiments_record_figures",
+                           "experiments_train_pair"],
               # test_figures reads the docstrings the figures are quoted in.
               "test_figures": ["experiments_pp1_pipeline",
                                "experiments_acceptance",
@@ -141,12 +144,18 @@ EXTRA_DEPS = {"test_readme": ["dyadic_jax", "sharding", "dyadic_jax_bridge",
               "tests_conftest": ["tests_qualify_report"],
               "system_test_fuzz_wire": ["tests_fuzz_wire"]}
 _CORPUS = "tests/fuzz_corpus/wire"
+_CHECKPOINT = "dyadic_jax/models/checkpoints/stdlib"
 EXTRA_DATA = {"test_readme": ["README.md"],
               "test_figures": ["README.md", "docs/figures.json"],
               "system_test_fuzz_wire": sorted(
                   f"{_CORPUS}/{f}" for f in os.listdir(os.path.join(
                       ROOT, _CORPUS)) if f.endswith(".bin")),
-              "wire_test_codec": ["docs/wire.md"]}
+              "wire_test_codec": ["docs/wire.md"],
+              # The shipped pair's checkpoint (weights, tokenizer, config).
+              "models_test_checkpoint": sorted(
+                  f"{_CHECKPOINT}/{f}" for f in (os.listdir(os.path.join(
+                      ROOT, _CHECKPOINT)) if os.path.isdir(os.path.join(
+                          ROOT, _CHECKPOINT)) else ()))}
 
 # Test files that must NOT be tagged "multidevice" despite the heuristics.
 NOT_MULTIDEVICE = set()

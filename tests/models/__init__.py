@@ -1,0 +1,1 @@
+"""Tests of dyadic_jax.models."""
