@@ -31,6 +31,7 @@ Same prompts, same seeds and the same batch (--requests) in every run.
 """
 
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -179,9 +180,9 @@ def run_record(out: generate.Result) -> dict:
           else 0.0, "seconds": out.seconds}
 
 
-def warm(link_factory, prompts) -> None:
+def warm(link, prompts) -> None:
   """Compiles a link's programs on two short requests (not timed)."""
-  generate.generate(link_factory(), prompts[:2], max_new_tokens=2 *
+  generate.generate(link, prompts[:2], max_new_tokens=2 *
                     (_DEPTH.value + 1), seed=_SEED.value + 1)
 
 
@@ -215,7 +216,7 @@ def over_bridge(name: str, pair: pair_lib.Pair, prompts) -> dict:
     try:
       verifier.open()
       link = generate.Bridged(verifier)
-      warm(lambda: link, prompts)
+      warm(link, prompts)
       out = generate.generate(link, prompts, max_new_tokens=_NEW_TOKENS.value,
                               seed=_SEED.value)
       fallbacks = verifier.counters.events("fallbacks")
@@ -228,6 +229,8 @@ def over_bridge(name: str, pair: pair_lib.Pair, prompts) -> dict:
 
 def main(argv):
   del argv
+  # JAX's backend probe logs "Unable to initialize backend 'tpu'" at INFO.
+  logging.getLogger("jax._src.xla_bridge").setLevel(logging.WARNING)
   cli.progress(f"loading the {_MODEL.value} pair and {_PROMPTS.value} "
                "held-out prompts")
   pair = pair_lib.load_pair(_MODEL.value, max_depth=_DEPTH.value)
@@ -259,9 +262,9 @@ def main(argv):
   for name in _FORMATS.value:
     cli.progress(f"speculative decoding, q {name} (one process)")
     caps = caps_of(name, vocab)
-    warm(lambda: generate.Local(pair.draft, pair.target, caps), prompts)
-    screen = Screen(depth, vocab)
-    link = generate.Local(pair.draft, pair.target, caps, observe=screen)
+    link = generate.Local(pair.draft, pair.target, caps)
+    warm(link, prompts)          # the same link: its programs compiled
+    screen = link.observe = Screen(depth, vocab)
     out = generate.generate(link, prompts, **kw)
     drafted = depth * out.rounds * 1.0
     c = (out.seconds["draft"] / max(drafted, 1)) / target_s_per_token
@@ -305,7 +308,7 @@ def print_tables(record: dict) -> None:
     pos = " ".join(f"{a:.2f} ({x:.2f})" for a, x in zip(
         e["acceptance_by_position"], e["expected_by_position"]))
     print(f"| {name} | {pos} | {e['mean_accepted']:.2f} | "
-          f"{e['tokens'] / max(e['rounds'], 1) / record['requests']:.2f} |")
+          f"{e['mean_accepted'] + 1:.2f} |")
   r = record["rows"]
   print(f"\nrows of one chunked verify pass vs one token per call "
         f"({r['prompts']} prompts x {r['rows_per_prompt']} rows): max |logit "

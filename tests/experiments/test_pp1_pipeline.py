@@ -298,3 +298,51 @@ def test_a_failing_worker_shows_its_own_error(tmp_path):
                       "--tokens=4", expect=1, finished=False, tmpdir=deep)
   assert "pp1_pipeline: the worker exited with status 1" in stderr
   assert "bind" in stderr                          # the worker's traceback
+
+
+@pytest.mark.long
+@pytest.mark.multidevice
+def test_trained_pair_commits_the_same_tokens_everywhere(tmp_path):
+  # The stdlib pair over the bridge (a worker process, the draft's context
+  # from CONTEXT frames) with a 2-device vocabulary mesh, against both
+  # sides in this process on one device (`bridge.generate.Local`): the same
+  # prompts and seeds commit the same tokens.
+  record, stdout, _ = _run(tmp_path, "--model=stdlib", "--tokens=8",
+                           "--verifier_devices=2", "--timeout=30")
+  _healthy(record)
+  assert record["errors"] == {} and record["fallback_rounds"] == 0
+  assert record["config"]["model"] == "stdlib"
+  speed = record["speed"]
+  assert speed["tokens_per_second"] > 0 and speed["speedup"] > 0
+  assert speed["target_only"]["tokens"] == 4 * 8
+  assert "Request 0: prompt (held-out source)" in stdout
+  assert "tokens per second" in stdout
+  assert len(record["samples"]) == 2
+  from dyadic_jax import bridge  # pylint: disable=g-import-not-at-top
+  from dyadic_jax.bridge import generate  # pylint: disable=g-import-not-at-top
+  from dyadic_jax.models import pair as pair_lib  # pylint: disable=g-import-not-at-top
+  from dyadic_jax.wire.layouts import Representation  # pylint: disable=g-import-not-at-top
+  from experiments import corpus  # pylint: disable=g-import-not-at-top
+  pair = pair_lib.load_pair("stdlib", max_depth=5)
+  prompts = [list(p) for p in corpus.held_out_prompts(
+      pair.tokenizer, 64, 64, 0)[:4]]
+  caps = bridge.Capabilities(vocab=pair.target.vocab, max_depth=5,
+                             max_requests=4, max_support=32,
+                             representation=Representation.SPARSE)
+  local = generate.generate(generate.Local(pair.draft, pair.target, caps),
+                            prompts, max_new_tokens=8, seed=0)
+  for rid, tokens in enumerate(local.tokens):
+    assert record["outputs"][str(rid)] == tokens.tolist(), rid
+
+
+@pytest.mark.long
+def test_trained_pair_distribution_check_and_its_mutant(tmp_path):
+  # The check on the trained pair: the first token after a held-out
+  # prompt, 2,000 fresh requests (alpha 1e-8 per statistic, as above); the
+  # uniform-q mutant on the same prompt must fail it.
+  record, stdout, _ = _run(tmp_path, "--model=stdlib", "--check_distribution",
+                           f"--alpha={_ALPHA}")
+  assert record["distribution_check"]["verdict"] == "pass", stdout[-2000:]
+  mutant, _, _ = _run(tmp_path, "--model=stdlib", "--check_distribution",
+                      f"--alpha={_ALPHA}", "--mutant=uniform_q", expect=1)
+  assert mutant["distribution_check"]["verdict"] == "fail"

@@ -1,0 +1,64 @@
+"""experiments/bench_pair.py runs and reports what it measured.
+
+No test asserts on time: one small run (2 prompts, dense and sparse k=16,
+the bridge leg included) checks that the record holds every figure the
+README's tables come from, that they are consistent with each other, and
+that the rows a chunked verify pass computes equal the rows of a
+one-token-at-a-time decode within the float tolerance docs/numerics.md
+states.
+"""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tests import paths  # pylint: disable=g-import-not-at-top
+from tests.paths import ROOT as _ROOT  # pylint: disable=g-import-not-at-top
+
+
+@pytest.mark.long
+def test_a_small_run(tmp_path):
+  out, plot = tmp_path / "pair.json", tmp_path / "pair.png"
+  run = subprocess.run(
+      [sys.executable, "-m", "experiments.bench_pair", "--prompts=2",
+       "--new_tokens=12", "--formats=dense,16", f"--json_out={out}",
+       f"--plot_out={plot}"], cwd=_ROOT, env=paths.subprocess_env(),
+      capture_output=True, text=True, timeout=600)
+  assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+  assert plot.stat().st_size > 0
+  assert "Unable to initialize backend" not in run.stderr
+  record = json.loads(out.read_text())
+  assert set(record["formats"]) == {"dense", "16"}
+  for name, e in record["formats"].items():
+    assert e["tokens"] == 2 * 12, name
+    for a, x in zip(e["acceptance_by_position"], e["expected_by_position"]):
+      assert 0 <= a <= 1 and 0 <= x <= 1
+    assert 0 <= e["expected"] <= 1 and e["draft_cost_ratio"] > 0
+    assert e["predicted_speedup"] > 0 and e["speedup"] > 0
+    # The split adds up to the wall.
+    assert sum(e["seconds"][p] for p in ("draft", "target", "verify",
+                                         "exchange", "host")) == (
+                                             pytest.approx(
+                                                 e["seconds"]["wall"]))
+  # A sparse row holds at most the dense row's mass: sum min(p, q) too.
+  assert record["formats"]["16"]["expected"] <= (
+      record["formats"]["dense"]["expected"] + 1e-9)
+  assert record["target_only"]["tokens"] == 2 * 12
+  assert record["bridge"]["tokens"] == 2 * 12
+  assert record["bridge"]["fallbacks"] == 0
+  rows = record["rows"]
+  assert rows["max_abs_logit_difference"] < 1e-3 and rows["max_tv"] < 1e-4
+  for table in ("k screen", "speed", "rows of one chunked verify pass"):
+    assert table in run.stdout
+
+
+def test_bad_formats_flag_is_one_line():
+  run = subprocess.run(
+      [sys.executable, "-m", "experiments.bench_pair", "--formats=dense,x"],
+      cwd=_ROOT, env=paths.subprocess_env(), capture_output=True, text=True,
+      timeout=120)
+  assert run.returncode == 2
+  assert len(run.stderr.strip().splitlines()) == 1, run.stderr
+  assert "--formats" in run.stderr
