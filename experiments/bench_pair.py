@@ -266,7 +266,7 @@ def main(argv):
     warm(link, prompts)          # the same link: its programs compiled
     screen = link.observe = Screen(depth, vocab)
     out = generate.generate(link, prompts, **kw)
-    drafted = depth * out.rounds * 1.0
+    drafted = depth * len(out.accepted)       # request-rounds x D
     c = (out.seconds["draft"] / max(drafted, 1)) / target_s_per_token
     entry = dict(run_record(out), **screen.record(), draft_cost_ratio=c)
     entry["speedup"] = out.tokens_per_second / base.tokens_per_second

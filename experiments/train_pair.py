@@ -67,6 +67,11 @@ _TIME_BUDGET = flags.DEFINE_float(
 _EVAL_WINDOWS = flags.DEFINE_integer(
     "eval_windows", 64, "Held-out windows of --seq_len tokens scored at the "
     "end.", lower_bound=1)
+_INIT_FROM = flags.DEFINE_string(
+    "init_from", None, "Continue from the pair in this checkpoint directory "
+    "(its weights; its tokenizer must be the one this run trains or "
+    "caches): a fresh optimizer and schedule over --steps more steps. The "
+    "record keeps the earlier runs' commands and training.")
 _LOG_EVERY = flags.DEFINE_integer("log_every", 25, "Steps between progress "
                                   "lines.", lower_bound=1)
 
@@ -254,6 +259,33 @@ def decode_ms_per_token(params: transformer.Params,
           "per_call": 1e3 * float(np.median(times))}
 
 
+def _continued(directory: pathlib.Path,
+               configs: tuple[transformer.Config, ...],
+               tok: tokenizer_lib.Tokenizer
+               ) -> tuple[tuple[transformer.Params, ...],
+                          list[dict[str, typing.Any]]]:
+  """The weights of checkpoint `directory` (shapes as `configs`, the same
+  tokenizer) and the record of the runs that made them."""
+  meta = checkpoint.read_config(directory / checkpoint.CONFIG_FILE)
+  theirs = tokenizer_lib.load(directory / meta.get(
+      "tokenizer_file", checkpoint.TOKENIZER_FILE))
+  if theirs.to_json() != tok.to_json():
+    cli.fail(f"--init_from={directory}: its tokenizer is not this run's")
+  for role, config in zip(_ROLES, configs):
+    if checkpoint.model_config(meta, role) != config:
+      cli.fail(f"--init_from={directory}: its {role} is "
+               f"{meta[role]}, this run's {config.to_dict()}")
+  params = tuple(checkpoint.load_params(directory / name, config)
+                 for name, config in zip(
+                     (checkpoint.TARGET_FILE, checkpoint.DRAFT_FILE),
+                     configs))
+  cli.progress(f"continuing from {directory} ({meta['training']['steps']} "
+               "steps before)")
+  return params, [*meta.get("earlier_runs", []), {
+      "command": meta["command"], "training": meta["training"],
+      "held_out": meta["held_out"], "date": meta["date"]}]
+
+
 def main(argv: list[str]) -> int:
   del argv
   command = shlex.join(["python", "-m", "experiments.train_pair", *sys.argv[1:]])
@@ -281,6 +313,9 @@ def main(argv: list[str]) -> int:
   root = jax.random.key(_SEED.value)
   params = tuple(transformer.init(c, jax.random.fold_in(root, i))
                  for i, c in enumerate(configs))
+  earlier: list[dict[str, typing.Any]] = []
+  if _INIT_FROM.value:
+    params, earlier = _continued(pathlib.Path(_INIT_FROM.value), configs, tok)
   counts = [transformer.param_count(p) for p in params]
   cli.progress(f"params: target {counts[0]:,}, draft {counts[1]:,}")
   optimizers = (_optimizer(_LR.value), _optimizer(_DRAFT_LR.value))
@@ -348,6 +383,7 @@ def main(argv: list[str]) -> int:
           "train_tokens": int(train_tokens.size),
           "held_out_tokens": int(held_tokens.size)},
       "command": command,
+      "earlier_runs": earlier,
       "held_out": held,
       "params": dict(zip(_ROLES, counts)),
       "decode_ms_per_token": timing,
