@@ -55,7 +55,8 @@ class Proposer(typing.Protocol):
 
   def __call__(self, seed: int, generation: int, round_id: int, anchor: int,
                last_token: int, depth: int,
-               out: qformats.Rows | None = None) -> Proposal:
+               out: qformats.Rows | None = None, *, request: int = 0,
+               context: np.ndarray | None = None) -> Proposal:
     ...
 
 
@@ -145,7 +146,9 @@ def draft_proposer(
 
   def propose(seed: int, generation: int, round_id: int, anchor: int,
               last_token: int, depth: int,
-              out: qformats.Rows | None = None) -> Proposal:
+              out: qformats.Rows | None = None, *, request: int = 0,
+              context: np.ndarray | None = None) -> Proposal:
+    del request, context    # this draft conditions on last_token alone
     check_step(caps, int(seed), int(generation), int(round_id), int(anchor),
                int(last_token), int(depth))
     with jax.enable_x64(True):
