@@ -86,10 +86,11 @@ class Bounds(typing.NamedTuple):
 
   @property
   def max_frame(self) -> int:
+    context = self.context_bytes(self.max_context) if self.max_context else 0
     if self.packed:
       return max(self.packed_bytes(self.max_requests, self.depth),
-                 _MAX_FIXED)
-    return max(self.reply_bytes(), _MAX_FIXED)
+                 _MAX_FIXED, context)
+    return max(self.reply_bytes(), _MAX_FIXED, context)
 
   @property
   def max_reply_message(self) -> int:
