@@ -357,3 +357,21 @@ def test_rounds_through_the_drivers_carry_the_context():
 
 def test_serve_forever_takes_wants_context():
   assert "wants_context" in inspect.signature(bridge.serve_forever).parameters
+
+
+def test_a_restarted_worker_refuses_a_message_that_opens_with_a_context():
+  # The worker's refusal is keyed by the message's first frame: here the
+  # CONTEXT, and the verifier still takes it (and opens a new session).
+  pair, drafts = _pair()
+  pair.restart_worker()
+  step = pair.begin([0, 1], 2)
+  assert _kinds(step)[0] == Kind.CONTEXT
+  (refusal,) = pair.to_worker(step)
+  plan = pair.outcome(collections.deque([refusal]), draws=None)
+  assert list(plan.codes) == [Code.UNKNOWN_SESSION] * 2
+  assert pair.verifier.counters.errors(Code.AUTH_FAILED) == 0
+  assert not pair.verifier.is_open and pair.open()
+  pair.commit(plan, [(0, 5), (0, 6)])
+  before = {r: list(q.tokens) for r, q in pair.verifier.requests.items()}
+  assert _kinds(_round(pair))[0] == Kind.CONTEXT
+  assert drafts.last(0) == before[0] and drafts.last(1) == before[1]
