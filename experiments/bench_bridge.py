@@ -305,9 +305,9 @@ class Rounds:
       proposer_lib.write(p.rows, self.proposal(p.seed, p.round))
 
   def propose(self, seed, generation, round_id, anchor, last_token, depth,
-              out=None):
+              out=None, *, request=0, context=None):
     """A `bridge.Worker` proposer writing the round's rows into `out`."""
-    del generation, anchor, last_token, depth
+    del generation, anchor, last_token, depth, request, context
     p = self.proposal(seed, round_id)
     if out is not None:
       proposer_lib.write(out, p)
@@ -766,8 +766,8 @@ class _AnyRound:
     self.rounds = rounds
 
   def __call__(self, seed, generation, round_id, anchor, last_token, depth,
-               out=None):
-    del generation, round_id, anchor, last_token, depth
+               out=None, *, request=0, context=None):
+    del generation, round_id, anchor, last_token, depth, request, context
     p = self.rounds.proposal(int(seed) % self.rounds.requests, 1)
     if out is not None:
       proposer_lib.write(out, p)

@@ -118,8 +118,8 @@ def token_not_from_q(propose):
   are not drawn from it."""
   import numpy as np  # pylint: disable=g-import-not-at-top
 
-  def buggy(*args, out=None):
-    proposal = propose(*args, out=out)
+  def buggy(*args, out=None, **kwargs):
+    proposal = propose(*args, out=out, **kwargs)
     if out is None:           # a warm-up draw: nothing is sent
       return proposal
     for i in range(len(out.tokens)):
@@ -142,8 +142,8 @@ def shard_mass(propose):
   formed and sealed, but the first row's first entry carries 2^-24 more,
   so the row's global mass is M + 1."""
 
-  def buggy(*args, out=None):
-    proposal = propose(*args, out=out)
+  def buggy(*args, out=None, **kwargs):
+    proposal = propose(*args, out=out, **kwargs)
     if out is not None:
       out.values[0, 0] += 2.0 ** -24
     return proposal

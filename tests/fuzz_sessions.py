@@ -2,7 +2,9 @@
 
 Each input drives one `WorkerSession` and one `VerifierSession` (sans I/O,
 a sparse, dense or greedy session answering with PACKED frames, or a
-sparse or dense one with per-frame REPLY + COMPLETION answers;
+sparse or dense one with per-frame REPLY + COMPLETION answers; the
+sparse, greedy and per-frame dense ones agree on CONTEXT frames, with a
+small context budget;
 `dyadic_jax.testing.session_pair`: fixed secret, deterministic nonces, a
 fake proposer: no JAX), the verifier's session opened by a real HELLO and
 the worker then restarted (see `Pair`), through a sequence of operations
@@ -23,7 +25,8 @@ decoded from the input (atheris.FuzzedDataProvider):
 Any exception out of a session is a crash, and so is a broken invariant:
 committed tokens change only through commits, tags only grow, at most
 `max_views` worker views, a Stage only with framed rows, counters bounded
-by what was fed. Every refusal must be counted (no silent drop of an
+by what was fed, a proposal's context (when handed one) of the STEP's
+length and last token, the worker's contexts within their budget. Every refusal must be counted (no silent drop of an
 authenticated frame of the current exchange is checked by the round
 outcome: every round ends verified or with a code).
 
@@ -103,12 +106,19 @@ CAPS = {
 # the per-frame v3 form (REPLY + COMPLETION per request).
 CAPS.update({f"{name}.frames": dataclasses.replace(CAPS[name], features=0)
              for name in ("dense", "sparse")})
+# Sessions whose worker wants CONTEXT frames: each form (packed, per
+# frame) with and without them, with the same input bytes as before.
+CONTEXT_NAMES = frozenset({"sparse", "greedy", "dense.frames"})
+CONTEXT_BUDGET = 16
 MAX_OPS = 6
 _U64 = (1 << 64) - 1
 
 
 def fake_propose(fdp, p):
   """Fills a Propose's rows: a valid dyadic draw, or fuzzed bytes."""
+  if p.context is not None:    # the worker hands only the STEP's prefix
+    assert len(p.context) == p.anchor and p.context[-1] == p.last_token
+    assert not p.context.flags.writeable
   rows = p.rows
   if fdp.ConsumeBool():           # valid rows, tokens drawn from them
     for i in range(p.depth):
@@ -150,7 +160,7 @@ def _forge(fdp, pair):
   """Arbitrary frames: fuzz bytes, framed, sealed with some key or none."""
   frames = []
   for _ in range(fdp.ConsumeIntInRange(1, 3)):
-    kind = fdp.ConsumeIntInRange(0, 7)
+    kind = fdp.ConsumeIntInRange(0, 8)
     size = fdp.ConsumeIntInRange(0, 400)
     body = fdp.ConsumeBytes(size)
     fixed = layouts.FIXED_BYTES.get(kind)
@@ -218,7 +228,8 @@ def _hello_answer(name):
     pair = session_pair.SessionPair(
         CAPS[name], secret=SECRET, proposer=None,
         worker_entropy=session_pair.CountingEntropy(1),
-        verifier_entropy=session_pair.CountingEntropy(2))
+        verifier_entropy=session_pair.CountingEntropy(2),
+        wants_context=name in CONTEXT_NAMES)
     (_ANSWERS[name],) = pair.to_worker(pair.hello())
   return _ANSWERS[name]
 
@@ -240,7 +251,9 @@ class Pair(session_pair.SessionPair):
     super().__init__(CAPS[name], secret=SECRET, proposer=_proposer(fdp),
                      timeout_s=1.0, max_views=4,
                      worker_entropy=session_pair.CountingEntropy(3),
-                     verifier_entropy=session_pair.CountingEntropy(2))
+                     verifier_entropy=session_pair.CountingEntropy(2),
+                     wants_context=name in CONTEXT_NAMES,
+                     context_budget=CONTEXT_BUDGET)
     self.fdp = fdp
     self.hello()
     self.to_verifier(_hello_answer(name))
@@ -353,6 +366,9 @@ def run_ops(data):
       pair.now += 10.0
       pair.effects(pair.poll())
     assert len(w.views) <= w.max_views
+    held = sum(view.context.n for view in w.views.values()
+               if view.context is not None)
+    assert w.context_tokens == held <= w.context_budget
     for rid, req in v.requests.items():
       assert 0 <= req.generation < 1 << 32 and 0 <= req.round < 1 << 32
 

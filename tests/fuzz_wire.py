@@ -4,7 +4,8 @@ Each input is decoded as received and, when it holds a whole header, once
 more repaired (length field set to its size and the tag resealed with the
 corpus key, else most mutations would only ever reach those checks),
 under a sampled sparse, a sampled dense and a greedy session's `Bounds`
-and the sparse and dense ones of a session with PACKED replies,
+the sparse and dense ones of a session with PACKED replies and the
+sparse one of a session with CONTEXT frames,
 with rows validated (`validate_rows=True`, the q formats on qrows). It is
 also split as a message. The only allowed outcomes are a decoded frame or
 `ProtocolError`. A crash is any other exception, a code that `decode` must
@@ -21,7 +22,9 @@ never raise (a session-level code), or a broken invariant:
   - an accepted PACKED frame: the session's form, 1..max_requests
     records, depth <= the bound, width, mass and size the layout's, the
     rows [R, D, ...]; the rows of records whose status is 0 hold what an
-    accepted REPLY's do (their counts checked as above).
+    accepted REPLY's do (their counts checked as above);
+  - an accepted CONTEXT frame: a session that agreed on it, 1..max_context
+    tokens, each in [0, vocab), size exactly the layout's.
 
 Fuzz (libFuzzer flags; new inputs go to the first directory; see
 docs/fuzzing.md):
@@ -69,7 +72,8 @@ with _instrumented:
   from dyadic_jax.wire import auth, codec, layouts, qformats
   from dyadic_jax.wire.refusals import ProtocolError
   from dyadic_jax.wire.layouts import FIXED_BYTES, Kind
-  from tests.fuzz_corpus.make_wire_corpus import (BOUNDS, DENSE_BOUNDS,
+  from tests.fuzz_corpus.make_wire_corpus import (BOUNDS, CONTEXT_BOUNDS,
+                                                  DENSE_BOUNDS,
                                                   GREEDY_BOUNDS, KEY,
                                                   NEVER_FROM_DECODE,
                                                   PACKED_BOUNDS,
@@ -77,7 +81,7 @@ with _instrumented:
 
 M = 1 << 24
 ALL_BOUNDS = (BOUNDS, DENSE_BOUNDS, GREEDY_BOUNDS, PACKED_BOUNDS,
-              PACKED_DENSE_BOUNDS)
+              PACKED_DENSE_BOUNDS, CONTEXT_BOUNDS)
 CORPUS = _ROOT / "tests" / "fuzz_corpus" / "wire"
 # Longer than any frame the bounds admit, so oversized inputs get tried.
 MAX_LEN = max(b.max_frame for b in ALL_BOUNDS) + 64
@@ -104,6 +108,15 @@ def _check_packed(frame, bounds):
   for i, j in enumerate(ok):
     _check_rows(qformats.Rows(*(None if a is None else a[j] for a in rows)),
                 None if counts is None else counts[i], d, bounds)
+
+
+def _check_context(frame, bounds):
+  n, tokens = frame.body.count, frame.tokens
+  assert bounds.max_context and 1 <= n <= bounds.max_context
+  assert len(frame.raw) == bounds.context_bytes(n)
+  assert tokens.shape == (n,) and tokens.dtype == np.dtype("<i4")
+  assert np.all((tokens >= 0) & (tokens < bounds.vocab))
+  assert frame.rows is None and frame.counts is None
 
 
 def _check_reply(frame, bounds):
@@ -160,6 +173,8 @@ def _check(buf, bounds):
     _check_reply(frame, bounds)
   elif kind == Kind.PACKED:
     _check_packed(frame, bounds)
+  elif kind == Kind.CONTEXT:
+    _check_context(frame, bounds)
   else:
     assert header.length == FIXED_BYTES[kind]
     assert frame.rows is None and frame.counts is None

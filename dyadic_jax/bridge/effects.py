@@ -42,7 +42,10 @@ class Propose(typing.NamedTuple):
   """Draw request `request`'s proposal with the PROPOSAL keys of (seed,
   generation, round, anchor + i) into `rows` (writable views of the REPLY
   frame: tokens, n and the q rows), then call `WorkerSession.finish`.
-  entry: its place in the answer (the key of `finish`'s `failed`)."""
+  entry: its place in the answer (the key of `finish`'s `failed`).
+  context: the request's committed prefix, int32[anchor] (prompt first,
+  its last token `last_token`; read only), on a session that agreed on
+  CONTEXT frames when the worker holds it; else None."""
   entry: int
   request: int
   seed: int
@@ -52,6 +55,7 @@ class Propose(typing.NamedTuple):
   last_token: int
   depth: int
   rows: qformats.Rows
+  context: np.ndarray | None = None
 
 
 class Plan(typing.NamedTuple):

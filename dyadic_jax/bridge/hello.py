@@ -13,7 +13,12 @@ The one exception is `features` (`layouts.Feature`): optional forms of
 the same protocol, not identities. The verifier offers its own; the
 worker answers with the part of the offer it also has (`agree`), and the
 verifier accepts an answer only within its offer. The session uses what
-the answer holds (the PACKED reply: `Feature.PACKED_REPLY`).
+the answer holds (the PACKED reply: `Feature.PACKED_REPLY`; the
+committed prefix in CONTEXT frames: `Feature.CONTEXT`, which a worker
+accepts only when its session is made with `wants_context`).
+
+`max_context` is no HELLO field: a local bound, the same default on both
+sides (a verifier never sends a longer CONTEXT; a worker refuses one).
 """
 
 import dataclasses
@@ -34,10 +39,16 @@ MAX_SLOTS = 16
 MAX_REQUESTS = 1024
 MAX_SHARDS = 64
 # The features this build offers and accepts (HELLO `features`).
-FEATURES = Feature.PACKED_REPLY
+FEATURES = Feature.PACKED_REPLY | Feature.CONTEXT
+# Tokens of one CONTEXT frame: the default bound, and the most a side
+# accepts as its bound (one frame is 4 bytes a token).
+MAX_CONTEXT = 4096
+MAX_CONTEXT_BOUND = 1 << 20
 # Positions are folded into RNG keys and held in int64 by the proposer: a
 # STEP whose anchor + depth exceeds this is refused (ABSURD_LENGTH).
 MAX_POSITION = 1 << 62
+# Capabilities that never travel in the HELLO.
+_LOCAL = frozenset({"max_context"})
 _TEXT = ("draft_id", "target_id", "id_map_hash", "semantic_id",
          "verifier_id")
 
@@ -81,7 +92,12 @@ class Capabilities:
     features: the `layouts.Feature`s this side offers (a verifier) or
       accepts (a worker); default all of this build's (`FEATURES`), 0 for
       the v3 per-frame protocol only (a peer from before features: it
-      refuses a HELLO offering any, IDENTITY_MISMATCH).
+      refuses a HELLO offering any, IDENTITY_MISMATCH). A worker's
+      CONTEXT also needs its session's `wants_context`.
+    max_context: the most tokens of a CONTEXT frame, in [1,
+      MAX_CONTEXT_BOUND]: local, not in the HELLO (equal on both sides: a
+      verifier sends no CONTEXT for a longer prefix, a worker refuses a
+      longer one, ABSURD_LENGTH).
   """
   mode: int = Mode.SAMPLED
   vocab: int = DEFAULT_VOCAB
@@ -100,6 +116,7 @@ class Capabilities:
   shards: int = 1
   shard: int = 0
   features: int = FEATURES
+  max_context: int = MAX_CONTEXT
 
   def __post_init__(self) -> None:
     if self.mode not in tuple(Mode):
@@ -122,6 +139,9 @@ class Capabilities:
     if int(self.features) & ~int(FEATURES):
       raise ValueError(f"Capabilities: features {self.features} not within "
                        f"{int(FEATURES)}")
+    if not 1 <= self.max_context <= MAX_CONTEXT_BOUND:
+      raise ValueError(f"Capabilities: max_context {self.max_context} not "
+                       f"in [1, {MAX_CONTEXT_BOUND}]")
     set_ = functools.partial(object.__setattr__, self)
     set_("mode", Mode(self.mode))
     set_("features", Feature(int(self.features)))
@@ -186,7 +206,7 @@ class Capabilities:
   def body(self, nonce: bytes = b"") -> dict[str, int | bytes]:
     """The HELLO body fields (a dict for `codec.encode`)."""
     values = {f.name: getattr(self, f.name)
-              for f in dataclasses.fields(self)}
+              for f in dataclasses.fields(self) if f.name not in _LOCAL}
     fields: dict[str, int | bytes] = {
         k: (v.encode() if isinstance(v, str) else int(v))
         for k, v in values.items()}

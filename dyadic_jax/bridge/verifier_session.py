@@ -40,6 +40,14 @@ request is answered, `Stage` asks the driver to
 validate the rows (the q format's kernel) and audit the tokens against
 the PROPOSAL draws; only `staged` turns the verdicts into a `Plan`.
 
+Contexts. On a session that agreed on CONTEXT frames (`Feature.CONTEXT`),
+`begin` puts a CONTEXT frame (the request's committed tokens, prompt
+first) right before a request's STEP whenever the worker may not hold
+them: the first round of the request in each (session, generation), so
+after a new request, a fallback, a reset or a reconnection
+(`Request.context_sent`). A prefix longer than `caps.max_context` is not
+sent (`contexts_too_long`): the worker draws without it.
+
 A request whose q is missing, corrupt, late or refused is never verified:
 its whole proposal is discarded, one token comes from the target alone
 (TARGET_ONLY key of that round) and the request moves to generation g + 1,
@@ -81,6 +89,9 @@ class Request:
   round: int = 0
   context_version: int = 0
   digest: bytes = b""
+  # (session, generation) whose first round carried a CONTEXT (or found
+  # the prefix too long for one): the worker may hold the prefix.
+  context_sent: tuple[int, int] | None = None
 
   @property
   def anchor(self) -> int:
@@ -314,8 +325,11 @@ class VerifierSession:
       self.state, self.refused = CLOSED, Code.IDENTITY_MISMATCH
       return
     self.keys, self.state = keys, OPEN
+    features = Feature(int(f.body.features))
     self.bounds = self.caps.bounds._replace(
-        packed=bool(f.body.features & Feature.PACKED_REPLY))
+        packed=bool(features & Feature.PACKED_REPLY),
+        max_context=(self.caps.max_context if features & Feature.CONTEXT
+                     else 0))
     if self.slots is None:        # nothing is allocated before agreement
       self.slots = staging.slots_for(self.caps)
     self.counters.event("hellos")
@@ -352,17 +366,36 @@ class VerifierSession:
       ex.expected[j] = (req.rid, depth, 0, 0, req.generation, req.round,
                         req.anchor, req.context_version)
     policy = Policy.GREEDY if self.caps.greedy else Policy.SAMPLED
-    frames = [codec.encode(
-        Kind.STEP, session=session, generation=req.generation,
-        round_id=req.round, send=keys.send, body={
-            "request": req.rid, "depth": depth, "policy": policy,
-            "last_token": req.tokens[-1], "seed": req.seed,
-            "anchor": req.anchor, "context_version": req.context_version,
-            "prefix_digest": req.digest}) for req in reqs]
+    frames: list[bytes] = []
+    for req in reqs:
+      frames.extend(self._context(req, session, keys))
+      frames.append(codec.encode(
+          Kind.STEP, session=session, generation=req.generation,
+          round_id=req.round, send=keys.send, body={
+              "request": req.rid, "depth": depth, "policy": policy,
+              "last_token": req.tokens[-1], "seed": req.seed,
+              "anchor": req.anchor, "context_version": req.context_version,
+              "prefix_digest": req.digest}))
     self.exchange.step_tag = auth.tag_of(frames[0])   # what a refusal keys
     message = b"".join(frames)
     self.counters.event("bytes_out", len(message))
     return Send(message)
+
+  def _context(self, req: Request, session: int,
+               keys: auth.Keys) -> list[bytes]:
+    """The CONTEXT frame to put before `req`'s STEP: one in the first round
+    of each (session, generation) on a session that agreed on them."""
+    marker = (session, req.generation)
+    if not self.bounds.max_context or req.context_sent == marker:
+      return []
+    req.context_sent = marker
+    if req.anchor > self.bounds.max_context:
+      self.counters.event("contexts_too_long")
+      return []
+    self.counters.event("contexts")
+    return [codec.encode_context(
+        session=session, generation=req.generation, round_id=req.round,
+        request=req.rid, tokens=req.tokens, send=keys.send)]
 
   def draw_inputs(self) -> tuple[np.ndarray, np.ndarray, np.ndarray,
                                  np.ndarray]:

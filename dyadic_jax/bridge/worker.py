@@ -51,15 +51,18 @@ class Worker:
                propose_fn: "proposer.Proposer", *,
                secret: bytes | None, counters: Counters | None = None,
                max_views: int = 4096,
-               draw_hook: DrawHook | None = None) -> None:
+               draw_hook: DrawHook | None = None,
+               wants_context: bool = False) -> None:
     """secret: the deployment secret (32 bytes; `bridge.keys`) or None
     (`--insecure`: nothing is authenticated). draw_hook: told before every
-    draw (default: nobody)."""
+    draw (default: nobody). wants_context: accept CONTEXT frames, so the
+    proposer is handed each request's committed prefix (`context=`)."""
     self.caps = caps
     self.propose = propose_fn
     self.draw_hook = draw_hook or DrawHook()
     self.session = WorkerSession(caps, secret=secret, counters=counters,
-                                 max_views=max_views)
+                                 max_views=max_views,
+                                 wants_context=wants_context)
     self._trackers: dict[int, list[zmq.MessageTracker]] = {}
 
   @property
@@ -100,7 +103,7 @@ class Worker:
     """Draws one proposal into its REPLY rows (the draw hook first)."""
     self.draw_hook.draw(p)
     self.propose(p.seed, p.generation, p.round, p.anchor, p.last_token,
-                 p.depth, out=p.rows)
+                 p.depth, out=p.rows, request=p.request, context=p.context)
 
   def _release(self) -> None:
     for slot, trackers in list(self._trackers.items()):
@@ -134,15 +137,18 @@ def serve_forever(caps: hello.Capabilities,
                   *, secret: bytes | None, curve: Curve | None = None,
                   ready: typing.Callable[[str], None] | None = None,
                   on_exit: typing.Callable[["Worker"], None] | None = None,
-                  draw_hook: DrawHook | None = None) -> None:
+                  draw_hook: DrawHook | None = None,
+                  wants_context: bool = False) -> None:
   """Binds `address` and serves until interrupted (SystemExit, Ctrl-C).
 
   ready(address) is called once the proposer is compiled and the socket
   bound; on_exit(worker) when the loop ends, whatever ended it.
   draw_hook: the Worker's (a tensor-parallel worker's leader passes a
-  `rank_links.ProposalBroadcast`).
+  `rank_links.ProposalBroadcast`). wants_context: the Worker's (the
+  proposer gets each request's committed prefix).
   """
-  worker = Worker(caps, propose_fn, secret=secret, draw_hook=draw_hook)
+  worker = Worker(caps, propose_fn, secret=secret, draw_hook=draw_hook,
+                  wants_context=wants_context)
   endpoint = Endpoint.bind(address, max_message=worker.max_message,
                            curve=curve, counters=worker.counters)
   worker.warmup()

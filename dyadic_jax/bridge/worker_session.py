@@ -46,6 +46,19 @@ digest, from COMMITs) and the reply of the latest round it served:
 * a STEP whose anchor or digest disagrees with the committed view (a
   COMMIT was lost) resyncs the view from the STEP, counted as an event.
 
+Contexts. On a session that agreed on CONTEXT frames (`Feature.CONTEXT`:
+the verifier offers it, this side accepts it with `wants_context`), a
+STEP message may hold a CONTEXT frame right before a request's STEP (the
+same request and tags; anything else refuses the message, BAD_SEQUENCE):
+the request's committed prefix. A fresh STEP takes it as its view's
+context; each COMMIT appends the committed tokens. A proposal is handed
+the context only when it is the STEP's prefix (its length the anchor, its
+last token the last token); otherwise it is unknown for that draw
+(`contexts_lost`: a lost COMMIT, an evicted view) and dropped until the
+next CONTEXT (the verifier sends one with every new generation). The
+contexts of all views hold at most `context_budget` tokens (the least
+recently used are dropped first, `contexts_evicted`).
+
 Memory is bounded: at most `max_views` request views (least recently used
 first out; RESET(REMOVE) drops one), as many tag floors of dropped views
 (a view made again starts at its floor, so a replayed STEP of a removed
@@ -84,12 +97,38 @@ class _Session(typing.NamedTuple):
   keys: auth.Keys
   answer: bytes          # the HELLO answer (sent again to a retried HELLO)
   packed: bool = False   # agreed on PACKED replies
+  context: bool = False  # agreed on CONTEXT frames
+
+
+class _Context:
+  """A request's committed prefix: int32 tokens in a buffer that grows by
+  doubling (a COMMIT appends without copying the prefix)."""
+  __slots__ = ("buf", "n")
+
+  def __init__(self, tokens: np.ndarray) -> None:
+    self.buf = np.array(tokens, np.int32)
+    self.n = len(self.buf)
+
+  def extend(self, tokens: list[int]) -> None:
+    end = self.n + len(tokens)
+    if end > len(self.buf):
+      grown = np.empty(max(end, 2 * len(self.buf)), np.int32)
+      grown[:self.n] = self.buf[:self.n]
+      self.buf = grown
+    self.buf[self.n:end] = tokens
+    self.n = end
+
+  def tokens(self) -> np.ndarray:
+    """A read-only view: later appends never change what it shows."""
+    view = self.buf[:self.n]
+    view.flags.writeable = False
+    return view
 
 
 class _View:
   """What the worker knows of one request."""
   __slots__ = ("generation", "round", "step", "cached", "anchor",
-               "last_token", "digest", "proposal", "committed")
+               "last_token", "digest", "proposal", "committed", "context")
 
   def __init__(self) -> None:
     self.generation = 0       # newest generation seen (older are stale)
@@ -104,6 +143,8 @@ class _View:
     # Tokens of the served round (for COMMIT).
     self.proposal: np.ndarray | None = None
     self.committed = (-1, -1)  # (generation, round) of the last COMMIT
+    # The committed prefix (CONTEXT frames and COMMITs), or None.
+    self.context: _Context | None = None
 
 
 class _Entry(typing.NamedTuple):
@@ -138,10 +179,14 @@ class WorkerSession:
 
   def __init__(self, caps: hello.Capabilities, *, secret: bytes | None,
                entropy: typing.Callable[[int], bytes] = os.urandom,
-               max_views: int = 4096, counters: Counters | None = None):
+               max_views: int = 4096, counters: Counters | None = None,
+               wants_context: bool = False,
+               context_budget: int = 1 << 22):
     """caps: this side's Capabilities; secret: the deployment secret (32
     bytes) or None (`--insecure`: CRC32C tags, nothing authenticated);
-    entropy(n): n fresh random bytes (the HELLO nonces)."""
+    entropy(n): n fresh random bytes (the HELLO nonces); wants_context:
+    accept CONTEXT frames (the draft needs the committed prefix);
+    context_budget: the most context tokens kept over all views."""
     self.caps = caps
     self.bounds = caps.bounds
     self.counters = counters or Counters("worker")
@@ -149,6 +194,9 @@ class WorkerSession:
     self._entropy = entropy
     self._hello_keys = auth.hello_keys(secret, auth.WORKER)
     self.max_views = int(max_views)
+    self.wants_context = bool(wants_context)
+    self.context_budget = int(context_budget)
+    self.context_tokens = 0     # held by the views' contexts
     self.established: _Session | None = None
     self.pending: _Session | None = None   # the newest
     # Older pending sessions, oldest first (at most MAX_PENDING - 1).
@@ -164,10 +212,14 @@ class WorkerSession:
     self._epoch = [0] * caps.max_slots
     self._busy = [False] * caps.max_slots
     self._next = 0
+    # A session that agreed on CONTEXT frames decodes with these.
+    self._context_bounds = self.bounds._replace(max_context=caps.max_context)
     # Local bounds of what a verifier may send (one HELLO, or one frame
-    # per request of a batch): checked before any frame is read.
-    self.max_message = self.bounds.max_request_message
-    self.max_frames = caps.max_requests
+    # per request of a batch, two with CONTEXT frames): checked before any
+    # frame is read.
+    limits = self._context_bounds if self.wants_context else self.bounds
+    self.max_message = limits.max_request_message
+    self.max_frames = limits.max_request_frames
 
   @property
   def session(self) -> int | None:
@@ -196,8 +248,8 @@ class WorkerSession:
                   if s is not None and s.id == first.session]
     if not candidates:
       self.counters.reject(Code.UNKNOWN_SESSION, f"session {first.session}")
-      if first.kind != Kind.STEP:
-        return _NOTHING       # only a STEP waits for an answer
+      if first.kind not in (Kind.STEP, Kind.CONTEXT):
+        return _NOTHING       # only a STEP message waits for an answer
       # Tagged like the STEP, so that a late one is recognized as stale.
       return WorkerAnswer([Send(self._refusal(
           Code.UNKNOWN_SESSION, frames[0], first))], [])
@@ -206,9 +258,9 @@ class WorkerSession:
     if session is None:
       self.counters.reject(Code.AUTH_FAILED, "verifier frame")
       return _NOTHING
+    bounds = self._context_bounds if session.context else self.bounds
     try:
-      decoded = [codec.decode(f, self.bounds, session.keys.recv)
-                 for f in frames]
+      decoded = [codec.decode(f, bounds, session.keys.recv) for f in frames]
     except ProtocolError as e:
       self.counters.reject(e.code, "in a verifier message")
       return _NOTHING
@@ -217,15 +269,22 @@ class WorkerSession:
       self._older.clear()
       self.views = collections.OrderedDict()
       self._floors = collections.OrderedDict()
+      self.context_tokens = 0
       self.counters.event("sessions")
     kinds = {f.header.kind for f in decoded}
     sessions = {f.header.session for f in decoded}
+    if kinds == {Kind.STEP, Kind.CONTEXT}:
+      kinds = {Kind.STEP}     # CONTEXT frames come with their STEPs
     if len(kinds) != 1 or sessions != {session.id}:
       self.counters.reject(Code.BAD_SEQUENCE, f"mixed message {kinds}")
       return _NOTHING
     kind = kinds.pop()
     if kind == Kind.STEP:
-      return self._steps(decoded, session)
+      paired = self._pair_contexts(decoded)
+      if paired is None:
+        self.counters.reject(Code.BAD_SEQUENCE, "CONTEXT without its STEP")
+        return _NOTHING
+      return self._steps(*paired, session)
     if kind == Kind.COMMIT:
       for f in decoded:
         self._commit(f)
@@ -276,6 +335,8 @@ class WorkerSession:
     keys = auth.session_keys(self._secret, header.session, body.nonce,
                              nonce_w, auth.WORKER)
     agreed = hello.agree(self.caps, body.features)
+    if not self.wants_context:    # nothing to do with a prefix: never ask
+      agreed &= ~Feature.CONTEXT
     answer = hello.hello_frame(self.caps, header.session, nonce_w, keys.send,
                                features=agreed)
     if self.pending is not None:
@@ -285,7 +346,8 @@ class WorkerSession:
         self._older.popitem(last=False)
     self._older.pop(header.session, None)
     self.pending = _Session(header.session, bytes(body.nonce), keys, answer,
-                            bool(agreed & Feature.PACKED_REPLY))
+                            bool(agreed & Feature.PACKED_REPLY),
+                            bool(agreed & Feature.CONTEXT))
     if self.slots is None:   # sized from the agreed (local) bounds, once
       self.slots = [bytearray(self.bounds.max_reply_message)
                     for _ in range(self.caps.max_slots)]
@@ -293,6 +355,62 @@ class WorkerSession:
     return WorkerAnswer([Send(answer)], [])
 
   # -- STEP ------------------------------------------------------------------
+
+  def _pair_contexts(self, frames: list[codec.Frame]) -> tuple[
+      list[codec.Frame], dict[int, np.ndarray]] | None:
+    """(STEPs, {index of a STEP: its CONTEXT's tokens}), or None when a
+    CONTEXT is not followed by the STEP of its request and tags."""
+    steps: list[codec.Frame] = []
+    contexts: dict[int, np.ndarray] = {}
+    held: codec.Frame | None = None
+    for f in frames:
+      if f.kind == Kind.CONTEXT:
+        if held is not None:
+          return None
+        held = f
+        continue
+      if held is not None:
+        if (held.body.request, held.tag) != (f.body.request, f.tag):
+          return None
+        assert held.tokens is not None    # a decoded CONTEXT
+        contexts[len(steps)] = held.tokens
+        held = None
+      steps.append(f)
+    if held is not None:
+      return None
+    self.counters.event("contexts", len(contexts))
+    return steps, contexts
+
+  def _set_context(self, view: _View, context: _Context | None) -> None:
+    """Replaces a view's context, keeping the tokens held in budget."""
+    old = view.context
+    self.context_tokens += (0 if context is None else context.n) - (
+        0 if old is None else old.n)
+    view.context = context
+
+  def _fit_contexts(self) -> None:
+    """Drops the least recently used views' contexts until the budget
+    holds (the newest one too, if it alone is over)."""
+    for view in self.views.values():
+      if self.context_tokens <= self.context_budget:
+        return
+      if view.context is not None:
+        self._set_context(view, None)
+        self.counters.event("contexts_evicted")
+
+  def _draw_context(self, view: _View, body: layouts.Body,
+                    session: _Session) -> np.ndarray | None:
+    """The context a proposal is handed: the view's, if it is the STEP's
+    committed prefix; else None (counted on a context session)."""
+    if not session.context:
+      return None
+    ctx = view.context
+    if ctx is not None and ctx.n == body.anchor and (
+        int(ctx.buf[ctx.n - 1]) == body.last_token):
+      return ctx.tokens()
+    self._set_context(view, None)     # stale: wait for the next CONTEXT
+    self.counters.event("contexts_lost")
+    return None
 
   def _drop(self, rid: int, view: _View) -> None:
     """Keeps a dropped view's tags (bounded, oldest out): its old STEPs
@@ -310,7 +428,9 @@ class WorkerSession:
       if floor is not None:
         view.generation, view.round, view.committed = floor
       if len(self.views) > self.max_views:
-        self._drop(*self.views.popitem(last=False))
+        old_rid, old = self.views.popitem(last=False)
+        self._set_context(old, None)
+        self._drop(old_rid, old)
         self.counters.event("views_evicted")
     else:
       self.views.move_to_end(rid)
@@ -377,11 +497,12 @@ class WorkerSession:
             for slot, start, end in merged]
 
   def _steps(self, steps: list[codec.Frame],
+             contexts: dict[int, np.ndarray],
              session: _Session) -> WorkerAnswer:
     retries: list[tuple[int, int, int]] = []
     fresh: list[tuple[codec.Frame, _View]] = []
     seen: set[int] = set()
-    for f in steps:
+    for j, f in enumerate(steps):
       body, tag = f.body, f.tag
       rid = body.request
       if rid == ALL_REQUESTS or rid in seen:
@@ -405,6 +526,9 @@ class WorkerSession:
       if tag[0] == view.generation and tag[1] <= view.round:
         self.counters.reject(Code.DUPLICATE_ROUND, f"request {rid} {tag}")
         continue
+      if j in contexts:
+        self._set_context(view, _Context(contexts[j]))
+        self._fit_contexts()
       fresh.append((f, view))
     sends = self._retries(retries)
     if not fresh:
@@ -425,9 +549,10 @@ class WorkerSession:
             buf[offset:], bounds=self.bounds, session=session.id,
             generation=tag[0], round_id=tag[1], request=body.request,
             depth=body.depth)
-        proposals.append(Propose(len(entries), body.request, body.seed,
-                                 tag[0], tag[1], body.anchor,
-                                 body.last_token, body.depth, rows))
+        proposals.append(Propose(
+            len(entries), body.request, body.seed, tag[0], tag[1],
+            body.anchor, body.last_token, body.depth, rows,
+            self._draw_context(view, body, session)))
       entries.append(_Entry(body.request, tag, offset, reply, rows,
                             body.depth, body.anchor, body.context_version,
                             int(status)))
@@ -473,13 +598,15 @@ class WorkerSession:
         depth=depth)
     proposals: list[Propose] = []
     entries: list[_Entry] = []
-    for j, ((f, _), status) in enumerate(zip(fresh, statuses)):
+    for j, ((f, view), status) in enumerate(zip(fresh, statuses)):
       body, tag = f.body, f.tag
       rows = None
       if not status:
         rows = codec.select(packed.rows, j)
-        proposals.append(Propose(j, body.request, body.seed, tag[0], tag[1],
-                                 body.anchor, body.last_token, depth, rows))
+        proposals.append(Propose(
+            j, body.request, body.seed, tag[0], tag[1], body.anchor,
+            body.last_token, depth, rows,
+            self._draw_context(view, body, session)))
       entries.append(_Entry(body.request, tag, j, None, rows, depth,
                             body.anchor, body.context_version, int(status)))
       self.counters.event("proposals")
@@ -599,11 +726,29 @@ class WorkerSession:
     view.digest = (None if view.digest is None or (
         view.proposal is None and not fallback) else
                    digest_lib.extend(view.digest, committed))
+    self._commit_context(view, committed, bool(
+        fallback or proposal is not None or body.accepted == 0),
+                         int(body.new_position))
     view.anchor = int(body.new_position)
     view.last_token = committed[-1]
     view.cached = view.proposal = view.step = None
     view.committed = tag
     self.counters.event("commits")
+
+  def _commit_context(self, view: _View, committed: list[int], known: bool,
+                      new_position: int) -> None:
+    """Appends a COMMIT's tokens to the view's context; drops the context
+    when they are unknown (accepted drafts of a proposal this side does not
+    hold) or the result is not `new_position` tokens long."""
+    ctx = view.context
+    if ctx is None:
+      return
+    if not known or ctx.n + len(committed) != new_position:
+      self._set_context(view, None)
+      return
+    ctx.extend(committed)
+    self.context_tokens += len(committed)
+    self._fit_contexts()
 
   def _reset(self, f: codec.Frame) -> None:
     body = f.body
@@ -621,6 +766,7 @@ class WorkerSession:
       for key in targets:
         view = self.views.pop(key, None)
         if view is not None:
+          self._set_context(view, None)
           self._drop(key, view)
       self.counters.event("removes")
       return

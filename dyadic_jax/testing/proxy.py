@@ -418,7 +418,7 @@ class Proxy:
     for message in pending:
       self._send_front(message)
     kind = _kind_of(frames)
-    if kind == Kind.STEP:
+    if kind in (Kind.STEP, Kind.CONTEXT):   # a STEP message, CONTEXT first
       self._maybe_fault(TO_WORKER, frames)
       return
     self._send(TO_WORKER, frames)

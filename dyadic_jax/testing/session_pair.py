@@ -96,7 +96,8 @@ class SessionPair:
                max_views: int = 4096,
                worker_entropy: Entropy = os.urandom,
                verifier_entropy: Entropy = os.urandom,
-               record: bool = True):
+               record: bool = True, wants_context: bool = False,
+               context_budget: int = 1 << 22):
     """Builds both sessions; nothing is sent (`open` does the HELLO).
 
     Args:
@@ -113,6 +114,7 @@ class SessionPair:
         answers as bytes. False: nothing is kept and the worker's answers
         are views of its slot buffers, valid until it reuses that slot
         (`caps.max_slots` fresh answers later): no copy, for benchmarks.
+      wants_context, context_budget: the worker's (CONTEXT frames).
     """
     self.caps = caps
     self.proposer = proposer
@@ -122,6 +124,7 @@ class SessionPair:
     self.worker_received: list[bytes] = []
     self._secret = secret
     self._max_views = max_views
+    self._context = (bool(wants_context), int(context_budget))
     self._worker_entropy = worker_entropy
     self._hello_keys: auth.Keys | None = None
     self._crc = auth.Crc32cTag()
@@ -133,7 +136,9 @@ class SessionPair:
   def _new_worker(self, entropy):
     return WorkerSession(self.caps, secret=self._secret, entropy=entropy,
                          max_views=self._max_views,
-                         counters=Counters("worker", log=False))
+                         counters=Counters("worker", log=False),
+                         wants_context=self._context[0],
+                         context_budget=self._context[1])
 
   def _sent(self, message):
     if self.record:

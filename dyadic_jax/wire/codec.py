@@ -16,7 +16,9 @@ failure (docs/wire.md, "Decoding order"):
      (`decode(..., validate_rows=True)` does it here, for tests and fuzz);
      for a PACKED frame (a session that negotiated it: `Bounds.packed`)
      the same checks once for the whole batch, then a view of its record
-     table and of its [R, D, ...] rows.
+     table and of its [R, D, ...] rows; for a CONTEXT frame (a session
+     that negotiated it: `Bounds.max_context`) its token count, its size
+     and every token in [0, V), then a view of the tokens.
 
 Fields are read with `struct` (no numpy record per frame): the hot path
 reads a header in about a microsecond.
@@ -34,8 +36,8 @@ from dyadic_jax.wire.refusals import Code, ProtocolError
 
 _LENGTH = struct.Struct("<I")
 _LENGTH_OFFSET = 8
-_FIXED_KINDS = frozenset(k for k in Kind if k not in (Kind.REPLY,
-                                                       Kind.PACKED))
+_FIXED_KINDS = frozenset(k for k in Kind if k not in (
+    Kind.REPLY, Kind.PACKED, Kind.CONTEXT))
 # The per-frame answer of a batch: refused on a PACKED session, as PACKED is
 # on a per-frame one (UNKNOWN_KIND: a form the session did not negotiate).
 _PER_FRAME = frozenset((Kind.REPLY, Kind.COMPLETION))
@@ -50,6 +52,8 @@ class Bounds(typing.NamedTuple):
 
   width: entries per q row (V dense, k sparse, 0 greedy). packed: the
   session answers batches with PACKED frames (HELLO agreed on it).
+  max_context: the most tokens of a CONTEXT frame; 0: the session did not
+  agree on CONTEXT frames (one is refused, UNKNOWN_KIND).
   """
   vocab: int
   depth: int
@@ -57,6 +61,7 @@ class Bounds(typing.NamedTuple):
   representation: int = Representation.SPARSE
   max_requests: int = 1
   packed: bool = False
+  max_context: int = 0
 
   @property
   def mode(self) -> Mode:
@@ -81,10 +86,11 @@ class Bounds(typing.NamedTuple):
 
   @property
   def max_frame(self) -> int:
+    context = self.context_bytes(self.max_context) if self.max_context else 0
     if self.packed:
       return max(self.packed_bytes(self.max_requests, self.depth),
-                 _MAX_FIXED)
-    return max(self.reply_bytes(), _MAX_FIXED)
+                 _MAX_FIXED, context)
+    return max(self.reply_bytes(), _MAX_FIXED, context)
 
   @property
   def max_reply_message(self) -> int:
@@ -93,11 +99,25 @@ class Bounds(typing.NamedTuple):
     return self.max_requests * (self.reply_bytes()
                                 + FIXED_BYTES[Kind.COMPLETION])
 
+  def context_bytes(self, count: int) -> int:
+    """Exact size of a CONTEXT frame of `count` tokens."""
+    return FIXED_BYTES[Kind.CONTEXT] + 4 * count
+
   @property
   def max_request_message(self) -> int:
-    """Largest verifier -> worker message: R fixed frames (or one HELLO)."""
-    return max(FIXED_BYTES[Kind.HELLO], self.max_requests * max(
-        FIXED_BYTES[k] for k in (Kind.STEP, Kind.COMMIT, Kind.RESET)))
+    """Largest verifier -> worker message: R fixed frames (or one HELLO);
+    with CONTEXT frames, R (CONTEXT of max_context tokens + STEP)."""
+    fixed = max(FIXED_BYTES[k] for k in (Kind.STEP, Kind.COMMIT, Kind.RESET))
+    if self.max_context:
+      fixed = max(fixed, FIXED_BYTES[Kind.STEP] + self.context_bytes(
+          self.max_context))
+    return max(FIXED_BYTES[Kind.HELLO], self.max_requests * fixed)
+
+  @property
+  def max_request_frames(self) -> int:
+    """Most frames of a verifier -> worker message: a STEP per request,
+    and a CONTEXT before each with CONTEXT frames."""
+    return self.max_requests * (2 if self.max_context else 1)
 
 
 # Fixed-size frames only (HELLO, RESET, ...): what a side reads before any
@@ -114,6 +134,7 @@ class Frame(typing.NamedTuple):
   rows: qformats.Rows | None = None    # REPLY and PACKED ([R, D, ...])
   counts: typing.Optional[qformats.Counts] = None  # validate_rows=True only
   records: np.ndarray | None = None    # PACKED only: PACKED_RECORD[R]
+  tokens: np.ndarray | None = None     # CONTEXT only: int32[n] (a view)
 
   @property
   def kind(self) -> Kind:
@@ -201,6 +222,8 @@ def decode(frame: layouts.Buffer, bounds: Bounds,
                         "session")
   if kind == Kind.PACKED:
     return _packed(h, frame, bounds, validate_rows)
+  if kind == Kind.CONTEXT:
+    return _context(h, frame, bounds)
   fixed = FIXED_BYTES[kind]
   if kind in _FIXED_KINDS:
     if h.length != fixed:
@@ -276,6 +299,29 @@ def _packed(h: layouts.Header, frame: memoryview, bounds: Bounds,
                           f"record row {bad[0]}")
     counts = verdict.counts
   return Frame(h, body, frame, rows, counts, records)
+
+
+def _context(h: layouts.Header, frame: memoryview,
+             bounds: Bounds) -> Frame:
+  """A CONTEXT frame: count and size, then every token in [0, V)."""
+  if not bounds.max_context:
+    raise ProtocolError(Code.UNKNOWN_KIND, "CONTEXT frame on a session "
+                        "without it")
+  fixed = FIXED_BYTES[Kind.CONTEXT]
+  if h.length < fixed:
+    raise ProtocolError(Code.TRUNCATED, "CONTEXT body cut short")
+  body = _body(Kind.CONTEXT, frame)
+  if not 1 <= body.count <= bounds.max_context:
+    raise ProtocolError(Code.ABSURD_LENGTH, f"CONTEXT of {body.count} "
+                        f"tokens, bound {bounds.max_context}")
+  if h.length != bounds.context_bytes(body.count):
+    raise ProtocolError(Code.UNEXPECTED_SIZE, f"CONTEXT of {body.count} "
+                        f"tokens in {h.length} bytes")
+  tokens = np.frombuffer(frame, "<i4", body.count, fixed)
+  if int(tokens.min()) < 0 or int(tokens.max()) >= bounds.vocab:
+    raise ProtocolError(Code.TOKEN_OUT_OF_RANGE, f"CONTEXT token not in "
+                        f"[0, {bounds.vocab})")
+  return Frame(h, body, frame, tokens=tokens)
 
 
 def _batch_rows(fmt: qformats.QFormat, buf: memoryview | bytearray,
@@ -361,16 +407,17 @@ def encode(kind: int, *, session: int, generation: int, round_id: int,
            body: dict[str, typing.Any] | None = None,
            send: auth.Tagger | None = None,
            out: bytearray | memoryview | None = None) -> bytes | memoryview:
-  """One fixed-size frame (any kind but REPLY), sealed with `send`.
+  """One fixed-size frame (not REPLY, PACKED, CONTEXT), sealed with `send`.
 
   body: dict of body fields (missing ones are zero). send: the
   `auth.Tagger` that seals it (None: tag left zero, tests only). out: a
   writable buffer to write into (its start); returns bytes without it.
   """
   kind = Kind(kind)
-  if kind in (Kind.REPLY, Kind.PACKED):
-    raise ValueError(f"encode: a {kind.name} is built with begin_"
-                     f"{kind.name.lower()}")
+  if kind in (Kind.REPLY, Kind.PACKED, Kind.CONTEXT):
+    maker = ("encode_context" if kind == Kind.CONTEXT
+             else f"begin_{kind.name.lower()}")
+    raise ValueError(f"encode: a {kind.name} is built with {maker}")
   length = FIXED_BYTES[kind]
   buf: bytearray | memoryview = (
       bytearray(length) if out is None else memoryview(out).cast("B")[:length])
@@ -401,6 +448,23 @@ def begin_reply(out: bytearray | memoryview, *, bounds: Bounds, session: int,
       buf, HEADER_BYTES, int(request), int(depth), int(fmt.representation),
       0, int(bounds.width), fmt.mass)
   return buf, fmt.rows(buf, FIXED_BYTES[Kind.REPLY], depth, bounds.width)
+
+
+def encode_context(*, session: int, generation: int, round_id: int,
+                   request: int, tokens: typing.Sequence[int] | np.ndarray,
+                   send: auth.Tagger | None = None) -> bytes:
+  """A CONTEXT frame of request `request`'s committed prefix `tokens`
+  (tagged like its STEP: `generation`, `round_id`), sealed with `send`."""
+  values = np.asarray(tokens, "<i4")
+  length = FIXED_BYTES[Kind.CONTEXT] + values.nbytes
+  buf = bytearray(length)
+  _write_header(buf, Kind.CONTEXT, length, session, generation, round_id)
+  layouts.BODY_STRUCTS[Kind.CONTEXT].pack_into(
+      buf, HEADER_BYTES, int(request), 0, len(values))
+  buf[FIXED_BYTES[Kind.CONTEXT]:] = values.tobytes()
+  if send is not None:
+    auth.seal(buf, send)
+  return bytes(buf)
 
 
 def _frame_space(out: bytearray | memoryview, length: int,

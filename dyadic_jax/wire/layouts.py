@@ -20,7 +20,9 @@ The tag covers every byte of the frame but itself: bytes [0, 32) and
 [48, length) (`dyadic_jax.wire.auth`). A PACKED frame (negotiated in
 HELLO, `Feature.PACKED_REPLY`) is a whole batch's answer: its body, R
 records, then tokens int32[R, D], n int32[R, D] and the q format's
-[R, D, w] arrays, under one tag. Version 3 keeps the v2 message set
+[R, D, w] arrays, under one tag. A CONTEXT frame (`Feature.CONTEXT`)
+is a request's committed prefix: its body, then int32[n] tokens. Version
+3 keeps the v2 message set
 and semantics; the v1 greedy mode is a HELLO mode (`Mode.GREEDY`), not a
 header version.
 
@@ -59,6 +61,7 @@ class Kind(enum.IntEnum):
   COMMIT = 5
   RESET = 6
   PACKED = 7     # every request's answer in one frame (Feature.PACKED_REPLY)
+  CONTEXT = 8    # a request's committed prefix (Feature.CONTEXT)
 
 
 class Feature(enum.IntFlag):
@@ -66,6 +69,7 @@ class Feature(enum.IntFlag):
   accepts of that offer (the worker's answer). A session uses what the
   answer holds; 0 is the v3 per-frame protocol."""
   PACKED_REPLY = 1   # the worker answers a batch with one PACKED frame
+  CONTEXT = 2        # the verifier sends a request's committed prefix
 
 
 class Representation(enum.IntEnum):
@@ -157,6 +161,12 @@ BODIES = {
         ("reserved", "<u2"),
         ("width", "<u4"),            # entries per row: V, k or 0
         ("mass", "<u4")]),           # 2^24 (0 greedy), as a REPLY's
+    # Then int32[count] tokens: the request's committed prefix, prompt
+    # first (a STEP message, before that request's STEP, same tags).
+    Kind.CONTEXT: np.dtype([
+        ("request", "<u2"),
+        ("reserved", "<u2"),
+        ("count", "<u4")]),          # tokens n, in [1, max_context]
 }
 
 # One request's answer in a PACKED frame (a COMPLETION without the REPLY

@@ -16,7 +16,10 @@ otherwise, and each defect is exactly the one named:
   process under a 500 MB message), frames-per-message caps;
 * memory bounded by the live requests (removal, bounded views);
 * authentication: a peer without the key gets nothing accepted (a HELLO
-  storm, replayed HELLOs, a fake worker on the port).
+  storm, replayed HELLOs, a fake worker on the port);
+* CONTEXT frames (a worker with `wants_context`): every refusal class
+  counted under its code with no state change, every field at every
+  extreme, the socket bound the frames need.
 """
 
 import os
@@ -31,11 +34,13 @@ import zmq
 from dyadic_jax import bridge
 from dyadic_jax.bridge import transport, worker_session
 from dyadic_jax.wire import auth, codec, layouts
-from dyadic_jax.wire.layouts import FIXED_BYTES, Kind, Reason, Representation
+from dyadic_jax.wire.layouts import (FIXED_BYTES, Feature, Kind, Reason,
+                                     Representation)
 from dyadic_jax.wire.refusals import Code, ProtocolError
 from tests import bridge_harness as h
 
 SPARSE = h.caps()
+CONTEXT = h.caps(features=Feature.CONTEXT, max_context=8)
 EXTREMES = (0, 2 ** 31, 2 ** 32 - 1, 2 ** 63, 2 ** 64 - 1)
 
 
@@ -108,6 +113,12 @@ def _reseal_field(message, kind, field, value, tagger):
 def _clean_round(client):
   s = client.session
   client.send(s.begin(sorted(s.requests), h.DEPTH, time.monotonic()).message)
+  return _finish_round(client)
+
+
+def _finish_round(client):
+  """Reads the exchange in flight to its outcome and commits it."""
+  s = client.session
   while s.exchange is not None:
     got = client.recv()
     effects = (s.receive(got, time.monotonic()) if got is not None
@@ -690,3 +701,136 @@ def test_a_replayed_hello_cannot_evict_the_session_being_opened():
   other.add_request(0, [1], seed=1)
   assert not worker.receive(other.begin([0], 2, 0.0).message).propose
   assert worker.counters.errors(Code.UNKNOWN_SESSION) == 1
+
+
+# -- CONTEXT frames --------------------------------------------------------------
+
+
+@pytest.fixture
+def served_context():
+  """A real worker that wants CONTEXT frames (max_context 8)."""
+  loop = h.serve(h.Tampering(CONTEXT, h.proposer_for(CONTEXT),
+                             wants_context=True))
+  yield loop
+  assert loop.thread.is_alive(), "the worker loop died"
+  loop.close()
+
+
+def _views(worker):
+  """The worker's request views as plain values (what a refusal must not
+  change)."""
+  return {rid: (v.generation, v.round, v.anchor, v.last_token, v.committed,
+                None if v.context is None else v.context.tokens().tolist())
+          for rid, v in list(worker.session.views.items())}
+
+
+def _wait_counted(worker, code, before):
+  deadline = time.monotonic() + h.GENEROUS_S
+  while worker.counters.errors(code) == before:
+    assert time.monotonic() < deadline, f"{code.name} never counted"
+    time.sleep(0.005)
+
+
+def _wait_context(worker, rid, tokens):
+  """Until the worker's view of `rid` holds `tokens` (a COMMIT in flight)."""
+  deadline = time.monotonic() + h.GENEROUS_S
+  while _views(worker).get(rid, (None,))[-1] != tokens:
+    assert time.monotonic() < deadline, _views(worker)
+    time.sleep(0.005)
+
+
+def _context_step(client, rid):
+  """A STEP message of `rid` with its CONTEXT first (a generation's first
+  round, forced), not waited for: (context, step) frames."""
+  s = client.session
+  s.requests[rid].context_sent = None
+  message = s.begin([rid], h.DEPTH, time.monotonic()).message
+  s.exchange = None
+  frames = h.frames(message)
+  assert [codec.peek(f)[0] for f in frames] == [Kind.CONTEXT, Kind.STEP]
+  return frames
+
+
+_COUNT = layouts.HEADER_BYTES + 4
+_TOKENS = FIXED_BYTES[Kind.CONTEXT]
+
+
+def test_every_context_refusal_is_counted_and_changes_nothing(
+    served_context):
+  worker = served_context.worker
+  # The socket's bound admits a STEP and a whole CONTEXT per request.
+  assert worker.max_message == CONTEXT.max_requests * (
+      FIXED_BYTES[Kind.STEP] + _TOKENS + 4 * CONTEXT.max_context)
+  assert served_context.endpoint.socket.getsockopt(zmq.MAXMSGSIZE) == (
+      worker.max_message)
+  client = Client(worker.address, CONTEXT)
+  try:
+    client.open()
+    s = client.session
+    s.add_request(0, [1, 2, 3], seed=3)
+    assert not _clean_round(client)[0].fallback    # a view with a context
+    _wait_context(worker, 0, s.requests[0].tokens)
+    s.add_request(1, [4, 5], seed=4)
+    message = s.begin([1], h.DEPTH, time.monotonic()).message
+    context, step = h.frames(message)
+    t = s.keys.send
+    flipped = bytearray(context)
+    flipped[layouts.TAG_OFFSET] ^= 1
+    edits = [
+        ([h.reseal(_set(context, _COUNT, 9), t), step], Code.ABSURD_LENGTH),
+        ([h.reseal(_set(context, _COUNT, 1), t), step],
+         Code.UNEXPECTED_SIZE),
+        ([h.reseal(_set(context, _TOKENS, h.V), t), step],
+         Code.TOKEN_OUT_OF_RANGE),
+        ([bytes(flipped), step], Code.AUTH_FAILED),
+        ([step, context], Code.BAD_SEQUENCE),
+        ([context], Code.BAD_SEQUENCE),
+    ]
+    for frames, code in edits:
+      before = _views(worker), worker.session.context_tokens
+      total = worker.counters.total_errors()
+      counted = worker.counters.errors(code)
+      client.send(h.join(frames))
+      _wait_counted(worker, code, counted)
+      assert worker.counters.total_errors() == total + 1
+      assert client.recv(0.05) is None
+      assert (_views(worker), worker.session.context_tokens) == before
+    client.send(message)                         # the frames as sent
+    results = _finish_round(client)
+    assert not results[0].fallback, results
+    _wait_context(worker, 1, s.requests[1].tokens)
+  finally:
+    client.close()
+
+
+def _set(frame, offset, value):
+  buf = bytearray(frame)
+  buf[offset:offset + 4] = int(value).to_bytes(4, "little")
+  return bytes(buf)
+
+
+def test_worker_survives_every_context_field_extreme(served_context):
+  worker = served_context.worker
+  client = Client(worker.address, CONTEXT)
+  try:
+    client.open()
+    client.session.add_request(0, [1, 2], seed=3)
+    outcomes = {"refused": 0, "accepted": 0}
+    for field, value in _edits(Kind.CONTEXT):
+      before = worker.counters.total_errors()
+      context, step = _context_step(client, 0)
+      edited = h.set_field(context, Kind.CONTEXT, field, value,
+                           client.session.keys.send)
+      client.send(h.join([edited, step]))
+      answer = client.recv(0.3)
+      refused = worker.counters.total_errors() > before
+      if answer is None and not refused:     # a slow draw, not a refusal
+        answer = client.recv()
+        refused = worker.counters.total_errors() > before
+      outcomes["refused" if refused else "accepted"] += 1
+      assert refused == (answer is None), (field, value)
+    assert outcomes["refused"] > 0 and outcomes["accepted"] > 0, outcomes
+    client.session.requests[0].context_sent = None
+    assert not _clean_round(client)[0].fallback
+  finally:
+    client.close()

@@ -16,7 +16,9 @@ that re-seals a reply with a token not drawn from its q (the audit); a
 late reply delivered rounds later; an old STEP or COMMIT replayed to the
 worker; reset, remove and re-add of a request; reconnect (maybe with a
 duplicated HELLO answer); another verifier taking the worker over; a
-worker restart; a storm of HELLOs without the key.
+worker restart; a storm of HELLOs without the key. ContextMachine runs
+them all on a session that agreed on CONTEXT frames, with a context
+budget small enough to evict.
 
 What is checked, without re-deriving the sessions' classification:
 
@@ -31,7 +33,10 @@ What is checked, without re-deriving the sessions' classification:
   answered byte for byte from the cache;
 * every fallback is counted (its code among the verifier's errors) and
   every round ends (verified, or with a code) with no exchange left;
-* the worker's views stay bounded.
+* the worker's views stay bounded;
+* with CONTEXT frames, a proposal's context, when the worker hands one,
+  is exactly the verifier's committed prefix of that request (never a
+  stale one), and the worker's contexts stay within their budget.
 """
 
 import collections
@@ -83,6 +88,8 @@ class Recorder:
     self.incarnation = 0
     self.keys = set()
     self.tokens = {}            # (seed, generation, round) -> tokens
+    # check(p): called for every proposal (the context machine's check).
+    self.check = None
 
   def __call__(self, proposals):
     """The pair's proposer: draws every proposal of one answer."""
@@ -90,6 +97,8 @@ class Recorder:
       self.draw(p)
 
   def draw(self, p):
+    if self.check is not None:
+      self.check(p)
     for position in range(p.anchor, p.anchor + p.depth):
       key = (self.incarnation, p.seed, p.generation, p.round, position)
       assert key not in self.keys, f"PROPOSAL key drawn twice: {key}"
@@ -135,14 +144,17 @@ class Network:
 class ProtocolMachine(RuleBasedStateMachine):
   """The two sessions; the network, the clock and faults are ours."""
   caps = CAPS        # PACKED answers (the default); FramesMachine: per frame
+  wants_context = False       # ContextMachine: CONTEXT frames agreed
+  context_budget = 1 << 22
 
   def __init__(self):
     super().__init__()
     self.recorder = Recorder()
     self.net = Network()
-    self.pair = session_pair.SessionPair(self.caps, secret=SECRET,
-                                         proposer=self.recorder,
-                                         timeout_s=TIMEOUT_S, max_views=8)
+    self.pair = session_pair.SessionPair(
+        self.caps, secret=SECRET, proposer=self.recorder,
+        timeout_s=TIMEOUT_S, max_views=8, wants_context=self.wants_context,
+        context_budget=self.context_budget)
     self.verifier = self.pair.verifier
     self.model = {}
     for rid in RIDS:
@@ -413,6 +425,41 @@ class FramesMachine(ProtocolMachine):
   caps = CAPS_FRAMES
 
 
+class ContextMachine(ProtocolMachine):
+  """The same rules on a session with CONTEXT frames (a small budget)."""
+  wants_context = True
+  context_budget = 8
+
+  def __init__(self):
+    super().__init__()
+    self.recorder.check = self._check_context
+    self.contexts_seen = 0
+
+  def _check_context(self, p):
+    if p.context is None:
+      return
+    rid = next((r for r, m in self.model.items() if m.seed == p.seed), None)
+    if rid is None:
+      return        # another verifier's request (another_verifier_takes_over)
+    self.contexts_seen += 1
+    prefix = self.verifier.requests[rid].tokens[:p.anchor]
+    assert len(p.context) == p.anchor and list(p.context) == prefix, (
+        p, list(p.context), prefix)
+    assert not p.context.flags.writeable
+
+  @invariant()
+  def contexts_stay_in_budget(self):
+    worker = self.pair.worker
+    held = sum(v.context.n for v in worker.views.values()
+               if v.context is not None)
+    assert worker.context_tokens == held <= worker.context_budget
+
+  def teardown(self):
+    # Negotiated: a verifier that opened its session agreed on CONTEXT.
+    assert self.verifier.bounds.max_context
+    super().teardown()
+
+
 # 120 examples in all, as before PACKED answers were the default.
 TestProtocol = ProtocolMachine.TestCase
 TestProtocol.settings = hypothesis.settings(
@@ -421,6 +468,9 @@ TestProtocol.settings = hypothesis.settings(
     suppress_health_check=[hypothesis.HealthCheck.too_slow])
 TestProtocolFrames = FramesMachine.TestCase
 TestProtocolFrames.settings = hypothesis.settings(
+    TestProtocol.settings, max_examples=40)
+TestProtocolContext = ContextMachine.TestCase
+TestProtocolContext.settings = hypothesis.settings(
     TestProtocol.settings, max_examples=40)
 
 

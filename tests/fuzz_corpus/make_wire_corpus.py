@@ -14,8 +14,9 @@ that outcome:
     [PREFIX.]valid_WHAT.bin        decode accepts the frame
 
 under `BOUNDS` (a sampled sparse session), `DENSE_BOUNDS` (the `dense.`
-prefix), `GREEDY_BOUNDS` (`greedy.`), or the sparse and dense bounds of a
-session that agreed on PACKED replies (`packed.`, `packed_dense.`).
+prefix), `GREEDY_BOUNDS` (`greedy.`), the sparse and dense bounds of a
+session that agreed on PACKED replies (`packed.`, `packed_dense.`), or
+those of a session that agreed on CONTEXT frames (`context.`).
 tests/system/test_fuzz_wire.py checks the
 names and that the checked-in files equal what this script writes; the
 fuzz harness (tests/fuzz_wire.py) decodes under the same bounds and key.
@@ -54,6 +55,7 @@ DENSE_BOUNDS = BOUNDS._replace(width=64, representation=Representation.DENSE)
 GREEDY_BOUNDS = BOUNDS._replace(width=0, representation=Representation.TOKEN)
 PACKED_BOUNDS = BOUNDS._replace(packed=True)
 PACKED_DENSE_BOUNDS = DENSE_BOUNDS._replace(packed=True)
+CONTEXT_BOUNDS = BOUNDS._replace(max_context=8)
 KEY = auth.Blake3Tag(bytes(range(100, 132)))
 
 NEVER_FROM_DECODE = {
@@ -73,7 +75,8 @@ NEVER_FROM_DECODE = {
 
 DIRECTORY = pathlib.Path(__file__).resolve().parent / "wire"
 PREFIXES = {"greedy.": GREEDY_BOUNDS, "dense.": DENSE_BOUNDS,
-            "packed.": PACKED_BOUNDS, "packed_dense.": PACKED_DENSE_BOUNDS}
+            "packed.": PACKED_BOUNDS, "packed_dense.": PACKED_DENSE_BOUNDS,
+            "context.": CONTEXT_BOUNDS}
 VALID_PREFIX = "valid_"
 _BODY = HEADER_BYTES
 _SPARSE_IDS = np.array([2, 5, 9, 30, 63], np.int32)
@@ -129,6 +132,13 @@ def _packed(bounds=PACKED_BOUNDS, edit=None, depth=2, token=9):
   return _seal(bytes(packed.frame))
 
 
+def _context(tokens=(1, 2, 63, 0)):
+  """A valid CONTEXT frame of request 2's prefix `tokens`."""
+  return codec.encode_context(session=0x0123456789AB, generation=3,
+                              round_id=11, request=2, tokens=list(tokens),
+                              send=KEY)
+
+
 def _rows(**fields):
   def edit(rows):
     for name, (index, value) in fields.items():
@@ -171,6 +181,9 @@ def _valid():
       "packed_dense.valid_PACKED_dense": _packed(PACKED_DENSE_BOUNDS,
                                                  token=_DENSE_TOKEN),
       "packed.valid_STEP": _encode(Kind.STEP, **step),
+      "context.valid_CONTEXT": _context(),
+      "context.valid_CONTEXT_full": _context(range(56, 64)),
+      "context.valid_STEP": _encode(Kind.STEP, **step),
   }
 
 
@@ -252,6 +265,16 @@ def _refused():
       "packed_dense.NON_FINITE": _packed(
           PACKED_DENSE_BOUNDS, token=_DENSE_TOKEN,
           edit=lambda r: r.values.__setitem__((0, 0, 0), np.nan)),
+      # CONTEXT: the session's form, then its count, size and tokens.
+      "UNKNOWN_KIND.context_on_plain": _context(),
+      "context.TRUNCATED.context_body": _set(_context()[:52], 8, 52, 4),
+      "context.ABSURD_LENGTH.context_count": _set(_context(), _BODY + 4, 9,
+                                                  4),
+      "context.ABSURD_LENGTH.no_tokens": _set(_context(), _BODY + 4, 0, 4),
+      "context.UNEXPECTED_SIZE.context_count": _set(_context(), _BODY + 4,
+                                                    3, 4),
+      "context.TOKEN_OUT_OF_RANGE.context": _context((1, 64)),
+      "context.TOKEN_OUT_OF_RANGE.context_negative": _context((-1, 2)),
       # A greedy session: the tokens alone, never a q row.
       "greedy.SAMPLED_ON_GREEDY": good,
       "greedy.SAMPLED_ON_GREEDY.n": _reply(GREEDY_BOUNDS, token=_GREEDY_TOKEN,

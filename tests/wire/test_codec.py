@@ -54,7 +54,8 @@ def _set(buf, offset, value, nbytes, tagger=KEY):
 
 
 @pytest.mark.parametrize("kind", [k for k in Kind
-                                  if k not in (Kind.REPLY, Kind.PACKED)])
+                                  if k not in (Kind.REPLY, Kind.PACKED,
+                                                Kind.CONTEXT)])
 def test_fixed_frames_round_trip(kind):
   dtype = layouts.BODIES[kind]
   body = {name: i + 1 for i, name in enumerate(dtype.names)
@@ -316,3 +317,53 @@ def test_wire_doc_matches_layouts():
   assert layouts.describe() in doc
   for code in C:
     assert f"| {code.name} | {int(code)} |" in doc
+
+
+CTX = SPARSE._replace(max_context=8)
+
+
+def _context(tokens=(1, 2, 3), tagger=KEY):
+  return codec.encode_context(session=7, generation=3, round_id=11,
+                              request=1, tokens=list(tokens), send=tagger)
+
+
+def test_context_round_trips():
+  frame = _context()
+  assert len(frame) == CTX.context_bytes(3) == FIXED_BYTES[Kind.CONTEXT] + 12
+  got = codec.decode(frame, CTX, KEY)
+  assert got.kind == Kind.CONTEXT and got.tag == (3, 11)
+  assert (got.body.request, got.body.count) == (1, 3)
+  assert got.tokens.tolist() == [1, 2, 3]
+  with pytest.raises(ValueError, match="encode_context"):
+    codec.encode(Kind.CONTEXT, session=7, generation=0, round_id=0)
+
+
+_COUNT = layouts.HEADER_BYTES + 4    # CONTEXT body: count
+
+
+@pytest.mark.parametrize("name,edit,code", [
+    ("no_feature", lambda f: (f, SPARSE), C.UNKNOWN_KIND),
+    ("too_many", lambda f: (_set(f, _COUNT, 9, 4), CTX), C.ABSURD_LENGTH),
+    ("none", lambda f: (_set(f, _COUNT, 0, 4), CTX), C.ABSURD_LENGTH),
+    ("count_vs_size", lambda f: (_set(f, _COUNT, 2, 4), CTX),
+     C.UNEXPECTED_SIZE),
+    ("token_high", lambda f: (_set(f, 56, 16, 4), CTX),
+     C.TOKEN_OUT_OF_RANGE),
+    ("token_negative", lambda f: (_set(f, 60, -1 & 0xFFFFFFFF, 4), CTX),
+     C.TOKEN_OUT_OF_RANGE),
+    ("cut_body", lambda f: (_set(f[:52], 8, 52, 4), CTX), C.TRUNCATED),
+    ("bad_tag", lambda f: (_context(tagger=OTHER), CTX), C.AUTH_FAILED),
+])
+def test_every_context_refusal(name, edit, code):
+  del name
+  frame, bounds = edit(_context())
+  with pytest.raises(wire.ProtocolError) as e:
+    codec.decode(frame, bounds, KEY)
+  assert e.value.code == code
+
+
+def test_context_bounds_size_the_worker_message():
+  assert SPARSE.max_request_frames == 2
+  assert CTX.max_request_frames == 4
+  assert CTX.max_request_message == 2 * (FIXED_BYTES[Kind.STEP]
+                                         + CTX.context_bytes(8))
