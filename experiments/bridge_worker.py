@@ -11,7 +11,9 @@ RESET until it is stopped (SIGTERM/SIGINT); on the way out it prints one
 line `STATS <json>` (its counters: proposals, commits, refusals by code,
 `propose_us` = time spent drawing proposals). The draft is the DSpark-style
 toy draft of dyadic_jax/testing/toy_models.py (parallel backbone + Markov
-head); the verifier must announce the same capabilities (vocab, depth,
+head), or with --model=stdlib the trained transformer draft, which keeps a
+KV cache per request and learns each request's prefix from the verifier's
+CONTEXT frames (docs/wire.md); the verifier must announce the same capabilities (vocab, depth,
 requests, q, k and the identities) or the HELLO is refused, and hold the
 same deployment secret (--keys_dir; docs/security.md) or nothing it sends
 is accepted. --insecure turns authentication off (CRC32C only) and says so
@@ -224,7 +226,9 @@ def main(argv: list[str]) -> None:
     with _bind_errors():
       bridge.serve_forever(caps, propose, _ADDRESS.value, secret=secret,
                            curve=curve, ready=ready, on_exit=on_exit,
-                           draw_hook=others)
+                           draw_hook=others,
+                           # A trained draft conditions on the prefix.
+                           wants_context=config.model != "toy")
     return
   # A rank s >= 1: its block on its own link (dense), or only the draws.
   with _bind_errors():
