@@ -305,8 +305,8 @@ def main(argv: list[str]) -> int:
                    f"draft {losses[1]:.3f}, {rate:,.0f} tokens/s, "
                    f"{now - train_start:.0f} s")
       last_t, last_step = now, done
-    if _TIME_BUDGET.value and time.perf_counter() - train_start > \
-        _TIME_BUDGET.value:
+    if done < _STEPS.value and _TIME_BUDGET.value and \
+        time.perf_counter() - train_start > _TIME_BUDGET.value:
       cli.progress(f"time budget reached after {done} steps")
       break
   train_s = time.perf_counter() - train_start
