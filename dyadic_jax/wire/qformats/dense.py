@@ -9,15 +9,19 @@ and runs the sampling audit; a refused row's code is then taken from
 (tests/wire/test_qformats.py holds both to the kernel and the oracle on
 every class). Two shapes of that pass (`kernels.dense_verdict`):
 
-* on CPU (the default there): one elementwise XLA pass writes each entry's
-  count, or 2^24 + 1 for an entry that is not fine (`qrows.fine_counts`),
-  into the counts' buffer, and numpy sums it exactly (uint32 sums of
-  segments of 255 entries, int64 sums of those): a row is valid exactly
-  when its sum is 2^24, and the audit's mass before the token is the
-  whole segments before it plus part of one. XLA CPU's row reductions
-  (integer or several at once) ran at a tenth of memory speed; this reads
-  the rows once and writes the counts once (about 3x a numpy row sum;
-  experiments/bench_bridge.py, `validate`);
+* on CPU (the default there): one elementwise XLA pass reads the staged
+  slot in place and writes each entry's count, or 2^24 + 1 for an entry
+  that is not fine (`qrows.fine_counts`), into the counts' buffer, and in
+  the same executable reads each row's count at the token and the sum of
+  the token's segment before it (at most 254 entries); numpy then reads
+  the counts once and sums them exactly (uint32 sums of segments of 255
+  entries, int64 running sums of those): a row is valid exactly when its
+  sum is 2^24, and the audit's mass before the token is the running sum
+  of the whole segments before it plus that part of one. XLA CPU's row
+  reductions (integer or several at once) ran at a tenth of memory speed;
+  this reads the rows once, writes the counts once and reads them once
+  more, then a dozen numpy calls on rows x segments (experiments/
+  bench_bridge.py, `validate` against `rowsum`);
 * on an accelerator: one jitted verdict, `qrows.classify` per entry and
   ONE float64 reduction per row (a fine entry adds its count, any other
   2^25), plus one for the audit (exact in any order: below 2^44).
@@ -88,17 +92,21 @@ class DenseFormat(base.QFormat):
       counts, device_valid, device_ok = kernels.dense_verdict(values, tokens,
                                                               draws)
       valid, ok = np.asarray(device_valid), np.asarray(device_ok)
-      row_status = np.zeros(valid.shape, np.int32)
-      for index in zip(*np.nonzero(~valid)):   # rare: the kernel's code
-        _, one = qrows.dense(values[index].view(np.uint32)[None],
-                             tokens[index][None], vocab=int(vocab), xp=np)
-        row_status[index] = int(one[0]) or int(Status.WRONG_MASS)
+      if valid.all():   # the usual batch: only the audit can refuse a row
+        codes = np.where(ok, np.int32(0), np.int32(Code.SAMPLING_MISMATCH))
+      else:
+        row_status = np.zeros(valid.shape, np.int32)
+        for index in zip(*np.nonzero(~valid)):   # rare: the kernel's code
+          _, one = qrows.dense(values[index].view(np.uint32)[None],
+                               tokens[index][None], vocab=int(vocab), xp=np)
+          row_status[index] = int(one[0]) or int(Status.WRONG_MASS)
+        codes = base.with_audit(status.codes(row_status), ok)
     else:
       counts, row_status = qrows.dense(values.view(np.uint32), tokens,
                                        vocab=int(vocab), xp=np)
       ok = (np.ones(row_status.shape, bool) if draws is None else
             base.audit(np.asarray(counts), tokens, np.asarray(draws), np))
-    codes = base.with_audit(status.codes(row_status), ok)
+      codes = base.with_audit(status.codes(row_status), ok)
     # The live count of a dense row is V: anything else is a framing lie.
     codes = np.where(n != values.shape[-1], np.int32(
         Code.LENGTH_MISMATCH), codes).astype(np.int32)
