@@ -17,7 +17,9 @@ distribution check, one rank-link drill and a worker that cannot start;
 --runslow adds the check's mutant (its power, by default: the audit
 drill), the check under injected faults, a killed worker, the rank-link
 equality at an uneven vocabulary with CURVE, and the other two rank-link
-drills.
+drills, and the trained pair's distribution check with its mutant (the
+default tier runs the trained pair once: over the bridge and a 2-device
+mesh, against one process).
 """
 
 import json
@@ -335,7 +337,7 @@ def test_trained_pair_commits_the_same_tokens_everywhere(tmp_path):
     assert record["outputs"][str(rid)] == tokens.tolist(), rid
 
 
-@pytest.mark.long
+@pytest.mark.slow   # two 2,000-sample runs on the trained pair: ~10 min
 def test_trained_pair_distribution_check_and_its_mutant(tmp_path):
   # The check on the trained pair: the first token after a held-out
   # prompt, 2,000 fresh requests (alpha 1e-8 per statistic, as above); the
