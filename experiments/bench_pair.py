@@ -42,8 +42,10 @@ from absl import flags
 
 from experiments import cli
 
-_MODEL = flags.DEFINE_enum("model", "stdlib", ["stdlib"], "The shipped "
-                           "pair (dyadic_jax/models/checkpoints/NAME).")
+_MODEL = flags.DEFINE_string(
+    "model", "stdlib", "The trained pair: a shipped one's name "
+    "(dyadic_jax/models/checkpoints/NAME) or a checkpoint directory "
+    "(python -m experiments.train_pair --output_dir).")
 _PROMPTS = flags.DEFINE_integer("prompts", 64, "Held-out prompts.",
                                 lower_bound=1, upper_bound=4096)
 _PROMPT_TOKENS = flags.DEFINE_integer("prompt_tokens", 64, "Tokens of each "
@@ -73,6 +75,8 @@ cli.check("formats", lambda formats: bool(formats) and all(
     f == "dense" or (f.isdigit() and int(f) >= 1) for f in formats),
           "--formats: a comma-separated list of dense and sparse k values "
           "(positive integers)")
+cli.check("model", cli.is_checkpoint, "--model is a shipped pair's name "
+          "(stdlib) or a checkpoint directory holding config.json")
 cli.check_output_path("json_out")
 cli.check_output_path("plot_out")
 cli.parse_flags_early(__name__)
@@ -193,7 +197,7 @@ def start_worker(name: str, tmp: str):
   q = ["--q=dense"] if name == "dense" else ["--q=sparse", f"--k={name}"]
   proc = subprocess.Popen(
       [sys.executable, "-m", "experiments.bridge_worker",
-       f"--model={_MODEL.value}", f"--depth={_DEPTH.value}",
+       f"--model={cli.model_name(_MODEL.value)}", f"--depth={_DEPTH.value}",
        f"--requests={_REQUESTS.value}", f"--keys_dir={keys_dir}", *q],
       stdout=subprocess.PIPE, text=True)
   assert proc.stdout is not None
@@ -233,7 +237,8 @@ def main(argv):
   logging.getLogger("jax._src.xla_bridge").setLevel(logging.WARNING)
   cli.progress(f"loading the {_MODEL.value} pair and {_PROMPTS.value} "
                "held-out prompts")
-  pair = pair_lib.load_pair(_MODEL.value, max_depth=_DEPTH.value)
+  pair = pair_lib.load_dir(cli.model_dir(_MODEL.value),
+                          max_depth=_DEPTH.value)
   vocab, depth = pair.target.vocab, _DEPTH.value
   need = _PROMPT_TOKENS.value + _NEW_TOKENS.value + depth + 1
   if need > pair.target.max_len:
@@ -348,7 +353,8 @@ def plot(record: dict, path: str) -> None:
     left.plot(positions, e["expected_by_position"], "x--",
               color=line.get_color())
   left.set(xlabel="drafted position", ylabel="acceptance",
-           title="measured (o) and exact sum min(p, q) (x)", ylim=(0, 1))
+           title="measured (o) and exact sum min(p, q) (x)", ylim=(0, 1),
+           xticks=positions)
   left.legend(fontsize=8)
   runs = [("target-only", record["target_only"])] + [
       (f"q {n}", e) for n, e in record["formats"].items()]

@@ -199,7 +199,8 @@ def main(argv: list[str]) -> None:
     draft = toy.markov(config.backbone)
   else:
     from dyadic_jax.models import pair  # pylint: disable=g-import-not-at-top
-    draft = pair.load_pair(config.model, max_depth=config.depth).draft
+    draft = pair.load_dir(cli.model_dir(config.model),
+                          max_depth=config.depth).draft
   propose = bridge.draft_proposer(draft, caps, executor=executor)
   if config.worker_bug == "token_not_from_q":
     propose = token_not_from_q(propose)

@@ -36,7 +36,9 @@ equal).
 """
 
 import fractions
+import importlib.util
 import os
+import pathlib
 import re
 import sys
 import typing
@@ -182,6 +184,33 @@ def check_problem(names: str | typing.Sequence[str],
       raise flags.ValidationError(message)
     return True
   check(names, checker, "")
+
+
+def model_dir(model: str) -> pathlib.Path:
+  """The checkpoint directory of trained pair `model`: a shipped one's
+  name (dyadic_jax/models/checkpoints/<name>, found without importing
+  dyadic_jax) or a directory path, made absolute."""
+  return _shipped(model) or pathlib.Path(model).resolve()
+
+
+def _shipped(model: str) -> pathlib.Path | None:
+  spec = importlib.util.find_spec("dyadic_jax")
+  assert spec is not None and spec.submodule_search_locations
+  directory = pathlib.Path(list(spec.submodule_search_locations)[0]) / (
+      "models") / "checkpoints" / model
+  return directory if "/" not in model and (
+      directory / "config.json").is_file() else None
+
+
+def is_checkpoint(model: str) -> bool:
+  """Whether `model_dir(model)` holds a checkpoint's config.json."""
+  return (model_dir(model) / "config.json").is_file()
+
+
+def model_name(model: str) -> str:
+  """`model` as another process (started elsewhere) can resolve it: a
+  shipped name unchanged, a path absolute."""
+  return model if _shipped(model) else str(model_dir(model))
 
 
 def writable_path(path: str | None) -> bool:

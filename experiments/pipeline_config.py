@@ -117,14 +117,14 @@ WORKER_BUG = flags.DEFINE_enum(
     "first entry of its block's first row, a well-formed, authenticated "
     "shard whose row no longer sums to 1; only the verifier ranks' global "
     "mass agreement can see it.")
-MODELS = ("toy", "stdlib")
-MODEL = flags.DEFINE_enum(
-    "model", "toy", list(MODELS), "The draft/target pair. toy: "
-    "deterministic pseudo-random logits of any V (--closeness, "
-    "--model_seed, --backbone); stdlib: the transformer pair trained on the "
-    "Python standard library's source (python -m experiments.train_pair), "
-    "shipped in dyadic_jax/models/checkpoints/stdlib, KV caches on both "
-    "sides, V its tokenizer's, prompts cut from held-out files.")
+MODEL = flags.DEFINE_string(
+    "model", "toy", "The draft/target pair. toy: deterministic pseudo-random "
+    "logits of any V (--closeness, --model_seed, --backbone); stdlib: the "
+    "transformer pair trained on the Python standard library's source, "
+    "shipped in dyadic_jax/models/checkpoints/stdlib; or the directory of a "
+    "checkpoint that python -m experiments.train_pair wrote. A trained pair "
+    "keeps KV caches on both sides; V is its tokenizer's, prompts are cut "
+    "from held-out files.")
 WORKER_RANKS = flags.DEFINE_integer(
     "worker_ranks", 1, f"Tensor-parallel ranks of the draft worker "
     f"(1..{MAX_RANKS}): jax.distributed processes on loopback, each holding one vocabulary "
@@ -138,19 +138,14 @@ INSECURE_WARNING = ("WARNING: --insecure: the bridge link is NOT "
 
 
 
-def checkpoint_meta(name: str) -> dict[str, typing.Any]:
-  """The config.json of shipped checkpoint `name` (read without importing
-  dyadic_jax.models, which starts JAX)."""
-  return _checkpoint_meta(name)
+def checkpoint_meta(model: str) -> dict[str, typing.Any]:
+  """The config.json of trained pair `model` (`cli.model_dir`)."""
+  return _checkpoint_meta(cli.model_dir(model))
 
 
 @functools.cache
-def _checkpoint_meta(name: str) -> dict[str, typing.Any]:
-  spec = importlib.util.find_spec("dyadic_jax")
-  assert spec is not None and spec.submodule_search_locations
-  root = pathlib.Path(list(spec.submodule_search_locations)[0])
-  with open(root / "models" / "checkpoints" / name / "config.json",
-            encoding="utf-8") as f:
+def _checkpoint_meta(directory: pathlib.Path) -> dict[str, typing.Any]:
+  with open(directory / "config.json", encoding="utf-8") as f:
     return dict(json.load(f))
 
 
@@ -167,6 +162,9 @@ def model_max_len(name: str) -> int | None:
 
 
 TOY_FLAGS = ("closeness", "model_seed", "backbone")
+cli.check("model", lambda model: model == "toy" or cli.is_checkpoint(model),
+          "--model is toy, stdlib, or a checkpoint directory holding "
+          "config.json (python -m experiments.train_pair --output_dir)")
 cli.check(["model", "vocab"], lambda model, vocab: (
     vocab is None or model == "toy" or vocab == model_vocab(model)),
           "--vocab is the model's with --model (leave it out)")
@@ -288,7 +286,8 @@ class PipelineConfig:
     worker_bug: "none", or the "token_not_from_q" or "shard_mass" drill.
     worker_ranks: tensor-parallel ranks of the worker (shardable, i.e.
       dense, q: one rank link per rank, `Capabilities.shards`).
-    model: the pair (`MODELS`): "toy", or a shipped checkpoint's name.
+    model: the pair: "toy", a shipped checkpoint's name or a checkpoint
+      directory (`cli.model_dir`).
   """
   vocab: int = cli.DEFAULT_VOCAB
   depth: int = 5
@@ -314,8 +313,7 @@ class PipelineConfig:
             and 1 <= self.requests <= MAX_REQUESTS
             and 0.0 <= self.closeness <= 1.0
             and 0 <= self.model_seed <= MAX_MODEL_SEED
-            and 1 <= self.worker_ranks <= MAX_RANKS
-            and self.model in MODELS):
+            and 1 <= self.worker_ranks <= MAX_RANKS and self.model):
       raise ValueError(f"PipelineConfig: a value out of bounds: {self}")
     if Q_FORMATS[self.q].uses_support and not 1 <= self.k <= self.vocab:
       raise ValueError(f"PipelineConfig: k={self.k} not in [1, V={self.vocab}]")
@@ -382,7 +380,10 @@ def from_flags(default_vocab: int = cli.DEFAULT_VOCAB) -> PipelineConfig:
 
   When --k is not given it is min(--k default, V // 2) (at least 1).
   """
-  vocab = model_vocab(MODEL.value) or (
+  model = MODEL.value
+  if model != "toy":    # a path made absolute: the worker may start elsewhere
+    model = cli.model_name(model)
+  vocab = model_vocab(model) or (
       VOCAB.value if VOCAB.value is not None else default_vocab)
   k = K.value if flags.FLAGS["k"].present else min(K.value,
                                                     max(1, vocab // 2))
@@ -392,4 +393,4 @@ def from_flags(default_vocab: int = cli.DEFAULT_VOCAB) -> PipelineConfig:
                         model_seed=MODEL_SEED.value, backbone=BACKBONE.value,
                         keys_dir=KEYS_DIR.value, insecure=INSECURE.value,
                         encrypt=ENCRYPT.value, worker_bug=WORKER_BUG.value,
-                        worker_ranks=WORKER_RANKS.value, model=MODEL.value)
+                        worker_ranks=WORKER_RANKS.value, model=model)

@@ -1,17 +1,18 @@
 """Trains the shipped draft/target pair on the Python standard library.
 
-    python -m experiments.train_pair            # a pair from scratch
+    python -m experiments.train_pair            # a pair from scratch, in ./stdlib_pair
+    python -m experiments.pp1_pipeline --model=stdlib_pair
 
 The shipped checkpoint is three runs, each continuing the last
 (--init_from; config.json records each command, its steps and held-out
 loss), 861 steps of 8 x 512 tokens (3.5M tokens seen of the 8.9M of the
 training split), 59 min of training on 2 cores shared with other jobs,
-measured 2026-12-03. To make it again:
+measured 2026-12-03. To make it again (in ./stdlib_pair):
 
     python -m experiments.train_pair --steps=240 --warmup=24
-    python -m experiments.train_pair --init_from=dyadic_jax/models/checkpoints/stdlib \
+    python -m experiments.train_pair --init_from=stdlib_pair \
         --steps=300 --warmup=10 --lr=1e-3 --draft_lr=1.5e-3 --seed=1
-    python -m experiments.train_pair --init_from=dyadic_jax/models/checkpoints/stdlib \
+    python -m experiments.train_pair --init_from=stdlib_pair \
         --steps=400 --warmup=10 --lr=8e-4 --draft_lr=1.2e-3 --seed=2 \
         --stop_after_steps=321
 
@@ -54,11 +55,17 @@ from absl import flags
 from experiments import cli
 
 _OUTPUT_DIR = flags.DEFINE_string(
-    "output_dir", "dyadic_jax/models/checkpoints/stdlib",
-    "Checkpoint directory to write (created if missing).")
+    "output_dir", "stdlib_pair",
+    "Checkpoint directory to write (created if missing); the pipeline and "
+    "bench_pair run it with --model=DIR. The shipped pair is "
+    "dyadic_jax/models/checkpoints/stdlib.")
 _CACHE_DIR = flags.DEFINE_string(
     "cache_dir", os.path.join(tempfile.gettempdir(), "dyadic_jax_corpus"),
     "Where the tokenizer and the tokenized corpus are cached.")
+_CORPUS_ROOT = flags.DEFINE_string(
+    "corpus_root", None, "Train on the *.py files under this directory "
+    "instead of the whole standard library (e.g. one stdlib package, for a "
+    "quick trial); split by path the same way.")
 _VOCAB = flags.DEFINE_integer(
     "vocab", 4096, "Tokenizer vocabulary size, 258..65536.", lower_bound=258,
     upper_bound=65536)
@@ -131,6 +138,11 @@ for _role in _ROLES:
             lambda **v: _head_width_ok(*v.values()),
             f"--{_role}_d_model must be a multiple of --{_role}_heads with "
             "an even quotient (the head width)")
+cli.check("corpus_root", lambda root: root is None or os.path.isdir(root),
+          "--corpus_root must be a directory")
+cli.check("init_from", lambda d: d is None or os.path.isfile(
+    os.path.join(d, "config.json")), "--init_from must be a checkpoint "
+          "directory holding config.json")
 cli.check("lr", lambda x: 0.0 < x < 1.0, "--lr must be in (0, 1)")
 cli.check("draft_lr", lambda x: 0.0 < x < 1.0, "--draft_lr must be in (0, 1)")
 cli.check("weight_decay", lambda x: 0.0 <= x < 1.0,
@@ -312,11 +324,16 @@ def main(argv: list[str]) -> int:
   del argv
   command = shlex.join(["python", "-m", "experiments.train_pair", *sys.argv[1:]])
   wall_start = time.perf_counter()
-  files = corpus.load_files()
+  root = (pathlib.Path(_CORPUS_ROOT.value) if _CORPUS_ROOT.value
+          else corpus.stdlib_root())
+  files = corpus.load_files(root)
   train_files, held_files = corpus.split(files)
+  if not train_files or not held_files:
+    cli.fail(f"{root}: {len(train_files)} training and {len(held_files)} "
+             f"held-out files; both splits need at least one")
   fingerprint = corpus.fingerprint(files)
   cli.progress(f"corpus: {len(train_files)} training and {len(held_files)} "
-               f"held-out files from {corpus.stdlib_root()} (fingerprint "
+               f"held-out files from {root} (fingerprint "
                f"{fingerprint[:16]})")
   cache = pathlib.Path(_CACHE_DIR.value)
   cache.mkdir(parents=True, exist_ok=True)
@@ -402,8 +419,10 @@ def main(argv: list[str]) -> int:
       "tokenizer_file": checkpoint.TOKENIZER_FILE,
       "corpus": {
           "fingerprint": fingerprint, "python": f"{v[0]}.{v[1]}.{v[2]}",
-          "source": "the Python standard library's *.py files (not "
-                    "site-packages), UTF-8 only; experiments/corpus.py",
+          "source": ("the Python standard library's *.py files (not "
+                     "site-packages), UTF-8 only; experiments/corpus.py"
+                     + (f"; under {_CORPUS_ROOT.value} only"
+                        if _CORPUS_ROOT.value else "")),
           "train_files": len(train_files), "held_out_files": len(held_files),
           "train_tokens": int(train_tokens.size),
           "held_out_tokens": int(held_tokens.size)},
@@ -421,7 +440,8 @@ def main(argv: list[str]) -> int:
           timespec="seconds"),
   })
   size = sum(f.stat().st_size for f in out.iterdir() if f.is_file())
-  print(f"Wrote {out} ({size / 1e6:.2f} MB)")
+  print(f"Wrote {out} ({size / 1e6:.2f} MB); run it with python -m "
+        f"experiments.pp1_pipeline --model={out}")
   return 0
 
 

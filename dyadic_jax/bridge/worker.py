@@ -18,6 +18,7 @@ import time
 import typing
 
 from absl import logging
+import numpy as np
 import zmq
 
 from dyadic_jax.bridge import hello
@@ -74,12 +75,24 @@ class Worker:
     """The largest message this worker accepts (ZMQ_MAXMSGSIZE)."""
     return self.session.max_message
 
-  def warmup(self) -> None:
+  def warmup(self, max_context: int = 128) -> None:
     """Compiles the proposer before the first STEP (a STEP must not wait
-    for a compile past the verifier's deadline). The draw uses a seed no
-    request is given (2^64 - 1) and is thrown away."""
+    for a compile past the verifier's deadline). The draws use a seed no
+    request is given (2^64 - 1) and are thrown away. With wants_context,
+    also draws after contexts of 2, 3, 5, ..., max_context + 1 tokens, so
+    a draft that catches up in chunks of power-of-two sizes (a KV cache's
+    prompt fill, a round's one or two committed tokens) has compiled each
+    one."""
     self.draw_hook.warmup(self.caps.max_depth)
     self.propose(2 ** 64 - 1, 0, 0, 0, 0, self.caps.max_depth)
+    if not self.session.wants_context:
+      return
+    n = 1
+    while n <= max_context:
+      context = np.zeros(n + 1, np.int32)
+      self.propose(2 ** 64 - 1, 0, 0, n + 1, 0, self.caps.max_depth,
+                   context=context)
+      n *= 2
 
   def handle(self, message: layouts.Buffer) -> list[Send]:
     """Answers one message: the list of `Send`s (no socket involved)."""

@@ -282,8 +282,8 @@ def pair() -> typing.Any:
   """The trained pair of --model (`dyadic_jax.models.pair.Pair`; loaded
   once, JAX starts)."""
   from dyadic_jax.models import pair as pair_lib  # pylint: disable=g-import-not-at-top
-  return pair_lib.load_pair(pipeline_config.MODEL.value,
-                            max_depth=pipeline_config.DEPTH.value)
+  return pair_lib.load_dir(cli.model_dir(
+      pipeline_config.MODEL.value), max_depth=pipeline_config.DEPTH.value)
 
 
 @functools.cache

@@ -1,0 +1,59 @@
+"""`python -m experiments.train_pair` as a user runs it, at toy size.
+
+A tiny pair trained on one stdlib package (json: 5 files, decoder.py held
+out), continued with --init_from, then run by the pipeline through
+--model=DIR: the path from a fresh clone to one's own pair, in seconds.
+The shipped pair's figures are the long run's (the module's docstring).
+"""
+
+import json
+import subprocess
+import sys
+
+from experiments import corpus
+
+from tests import paths  # pylint: disable=g-import-not-at-top
+from tests.paths import ROOT as _ROOT  # pylint: disable=g-import-not-at-top
+
+_TINY = ["--vocab=300", "--max_len=96", "--seq_len=64", "--batch=2",
+         "--warmup=1", "--eval_windows=2", "--log_every=1",
+         "--target_d_model=32", "--target_layers=1", "--target_heads=2",
+         "--target_d_ff=64", "--draft_d_model=16", "--draft_heads=1",
+         "--draft_d_ff=32"]
+
+
+def _run(module, *flags):
+  proc = subprocess.run([sys.executable, "-m", f"experiments.{module}",
+                         *flags], cwd=_ROOT, env=paths.subprocess_env(),
+                        capture_output=True, text=True, timeout=600)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  return proc
+
+
+def test_a_tiny_pair_trains_continues_and_runs(tmp_path):
+  out, cache = tmp_path / "pair", tmp_path / "cache"
+  first = _run("train_pair", f"--corpus_root={corpus.stdlib_root() / 'json'}",
+               "--steps=3", f"--output_dir={out}", f"--cache_dir={cache}",
+               *_TINY)
+  assert "held-out loss" in first.stdout and "step 3/3" in first.stderr
+  assert f"--model={out}" in first.stdout
+  _run("train_pair", f"--corpus_root={corpus.stdlib_root() / 'json'}",
+       "--steps=2", f"--init_from={out}", f"--output_dir={out}",
+       f"--cache_dir={cache}", *_TINY)
+  meta = json.loads((out / "config.json").read_text())
+  assert meta["corpus"]["held_out_files"] == 1      # json/decoder.py
+  assert "json" in meta["corpus"]["source"]
+  assert meta["training"]["steps"] == 2
+  assert [r["training"]["steps"] for r in meta["earlier_runs"]] == [3]
+  assert "--init_from" in meta["command"]
+
+  record_path = tmp_path / "pp1.json"
+  run = _run("pp1_pipeline", f"--model={out}", "--tokens=4",
+             "--prompt_tokens=16", "--requests=2", "--show_samples=1",
+             f"--json_out={record_path}", f"--plot_out={tmp_path / 'pp1.png'}")
+  record = json.loads(record_path.read_text())
+  assert record["config"]["model"] == str(out)
+  assert record["config"]["vocab"] == 300
+  assert sum(len(t) for t in record["outputs"].values()) == 2 * 4
+  assert record["errors"] == {}
+  assert "Request 0: prompt (held-out source)" in run.stdout
