@@ -324,16 +324,16 @@ def main(argv: list[str]) -> int:
   del argv
   command = shlex.join(["python", "-m", "experiments.train_pair", *sys.argv[1:]])
   wall_start = time.perf_counter()
-  root = (pathlib.Path(_CORPUS_ROOT.value) if _CORPUS_ROOT.value
-          else corpus.stdlib_root())
-  files = corpus.load_files(root)
+  source = (pathlib.Path(_CORPUS_ROOT.value) if _CORPUS_ROOT.value
+            else corpus.stdlib_root())
+  files = corpus.load_files(source)
   train_files, held_files = corpus.split(files)
   if not train_files or not held_files:
-    cli.fail(f"{root}: {len(train_files)} training and {len(held_files)} "
+    cli.fail(f"{source}: {len(train_files)} training and {len(held_files)} "
              f"held-out files; both splits need at least one")
   fingerprint = corpus.fingerprint(files)
   cli.progress(f"corpus: {len(train_files)} training and {len(held_files)} "
-               f"held-out files from {root} (fingerprint "
+               f"held-out files from {source} (fingerprint "
                f"{fingerprint[:16]})")
   cache = pathlib.Path(_CACHE_DIR.value)
   cache.mkdir(parents=True, exist_ok=True)
