@@ -41,6 +41,7 @@ The tokenizer and the tokenized corpus are cached under --cache_dir
 
 import datetime
 import hashlib
+import logging
 import math
 import os
 import pathlib
@@ -322,6 +323,8 @@ def _continued(directory: pathlib.Path,
 
 def main(argv: list[str]) -> int:
   del argv
+  # JAX's backend probe logs "Unable to initialize backend 'tpu'" at INFO.
+  logging.getLogger("jax._src.xla_bridge").setLevel(logging.WARNING)
   command = shlex.join(["python", "-m", "experiments.train_pair", *sys.argv[1:]])
   wall_start = time.perf_counter()
   source = (pathlib.Path(_CORPUS_ROOT.value) if _CORPUS_ROOT.value

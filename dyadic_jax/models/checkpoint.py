@@ -38,7 +38,10 @@ def save_params(path: _PathLike, params: transformer.Params) -> None:
   from safetensors import numpy as st_numpy  # pylint: disable=import-outside-toplevel
   arrays = {name: np.asarray(value, np.float32).astype(np.float16)
             for name, value in params._asdict().items()}
-  st_numpy.save_file(arrays, os.fspath(path))
+  # Written by open(), not save_file, so the file gets the umask's mode
+  # (save_file makes it owner-only: 0600).
+  with open(path, "wb") as f:
+    f.write(st_numpy.save(arrays))
 
 
 def load_params(path: _PathLike,

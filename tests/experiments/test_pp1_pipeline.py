@@ -308,12 +308,16 @@ def test_trained_pair_commits_the_same_tokens_everywhere(tmp_path):
   # The stdlib pair over the bridge (a worker process, the draft's context
   # from CONTEXT frames) with a 2-device vocabulary mesh, against both
   # sides in this process on one device (`bridge.generate.Local`): the same
-  # prompts and seeds commit the same tokens.
-  record, stdout, _ = _run(tmp_path, "--model=stdlib", "--tokens=8",
-                           "--verifier_devices=2", "--timeout=30")
+  # prompts and seeds commit the same tokens. The pair is named by its
+  # directory, relative to the working directory (what train_pair writes):
+  # the worker process resolves it to the same checkpoint.
+  record, stdout, _ = _run(tmp_path, "--model=dyadic_jax/models/checkpoints/"
+                           "stdlib", "--tokens=8", "--verifier_devices=2",
+                           "--timeout=30")
   _healthy(record)
   assert record["errors"] == {} and record["fallback_rounds"] == 0
-  assert record["config"]["model"] == "stdlib"
+  assert record["config"]["model"] == os.path.join(
+      _ROOT, "dyadic_jax", "models", "checkpoints", "stdlib")
   speed = record["speed"]
   assert speed["tokens_per_second"] > 0 and speed["speedup"] > 0
   assert speed["target_only"]["tokens"] == 4 * 8

@@ -28,6 +28,10 @@ def test_round_trip_within_float16_rounding(tmp_path):
     assert np.all(np.abs(got - want) <= bound), name
   # 2 bytes per weight plus a small header.
   assert path.stat().st_size < 2 * tf.param_count(params) + 2048
+  # The umask's mode, as any file this process writes (not owner-only).
+  plain = tmp_path / "plain"
+  plain.write_bytes(b"")
+  assert path.stat().st_mode == plain.stat().st_mode
 
 
 def test_load_checks_the_config(tmp_path):
