@@ -1,7 +1,9 @@
 """experiments/bench_pair.py runs and reports what it measured.
 
 No test asserts on time: one small run (2 prompts, dense and sparse k=16,
-the bridge leg included) checks that the record holds every figure the
+the bridge leg included; --runslow: about a minute, mostly compiles, and
+the default tier's generate and pipeline tests already decode the trained
+pair in one process and over the bridge) checks that the record holds every figure the
 README's tables come from, that they are consistent with each other, and
 that the rows a chunked verify pass computes equal the rows of a
 one-token-at-a-time decode within the float tolerance docs/numerics.md
@@ -18,7 +20,7 @@ from tests import paths  # pylint: disable=g-import-not-at-top
 from tests.paths import ROOT as _ROOT  # pylint: disable=g-import-not-at-top
 
 
-@pytest.mark.long
+@pytest.mark.slow
 def test_a_small_run(tmp_path):
   out, plot = tmp_path / "pair.json", tmp_path / "pair.png"
   run = subprocess.run(
