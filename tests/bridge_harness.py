@@ -92,6 +92,20 @@ class Tampering(bridge.Worker):
     return out
 
 
+def draw_half_rows(props):
+  """A session proposer's stand-in (`Propose` effects): valid rows, half
+  the mass on ids 0 and 1, token 0."""
+  for p in props:
+    r = p.rows
+    for i in range(p.depth):
+      r.values[i] = 0
+      r.values[i, :2] = 0.5
+      r.n[i] = r.values.shape[1]
+      if r.ids is not None:
+        r.ids[i] = np.arange(r.values.shape[1])
+      r.tokens[i] = 0
+
+
 def frames(message):
   """The frames of a message, as bytes."""
   return [bytes(f) for f in codec.split(message, max_frames=1 << 20,

@@ -9,7 +9,6 @@ the real drivers over ZeroMQ.
 import collections
 import dataclasses
 
-import numpy as np
 import pytest
 
 from dyadic_jax import bridge
@@ -27,17 +26,7 @@ FRAMES = h.caps()
 RIDS = [0, 1]
 
 
-def _draw(props):
-  """Valid rows: half the mass on ids 0 and 1, token 0."""
-  for p in props:
-    r = p.rows
-    for i in range(p.depth):
-      r.values[i] = 0
-      r.values[i, :2] = 0.5
-      r.n[i] = r.values.shape[1]
-      if r.ids is not None:
-        r.ids[i] = np.arange(r.values.shape[1])
-      r.tokens[i] = 0
+_draw = h.draw_half_rows
 
 
 def _failing(rid):
