@@ -20,7 +20,6 @@ the command line is parsed, before any heavy import.
 
 import dataclasses
 import functools
-import importlib.util
 import json
 import os
 import pathlib

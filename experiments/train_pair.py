@@ -141,9 +141,9 @@ for _role in _ROLES:
             "an even quotient (the head width)")
 cli.check("corpus_root", lambda root: root is None or os.path.isdir(root),
           "--corpus_root must be a directory")
-cli.check("init_from", lambda d: d is None or os.path.isfile(
-    os.path.join(d, "config.json")), "--init_from must be a checkpoint "
-          "directory holding config.json")
+cli.check("init_from", lambda d: d is None or cli.is_checkpoint(d),
+          "--init_from must be a checkpoint directory holding config.json "
+          "(or a shipped pair's name)")
 cli.check("lr", lambda x: 0.0 < x < 1.0, "--lr must be in (0, 1)")
 cli.check("draft_lr", lambda x: 0.0 < x < 1.0, "--draft_lr must be in (0, 1)")
 cli.check("weight_decay", lambda x: 0.0 <= x < 1.0,
@@ -357,7 +357,7 @@ def main(argv: list[str]) -> int:
                  for i, c in enumerate(configs))
   earlier: list[dict[str, typing.Any]] = []
   if _INIT_FROM.value:
-    params, earlier = _continued(pathlib.Path(_INIT_FROM.value), configs, tok)
+    params, earlier = _continued(cli.model_dir(_INIT_FROM.value), configs, tok)
   counts = [transformer.param_count(p) for p in params]
   cli.progress(f"params: target {counts[0]:,}, draft {counts[1]:,}")
   optimizers = (_optimizer(_LR.value), _optimizer(_DRAFT_LR.value))

@@ -150,6 +150,9 @@ _BAD = [
     ("train_pair", ["--lr=0"], "lr"),
     ("train_pair", ["--warmup=500", "--steps=100"], "warmup"),
     ("train_pair", ["--time_budget_s=-1"], "time_budget_s"),
+    ("train_pair", ["--init_from=/nonexistent/pair"], "init_from"),
+    ("train_pair", ["--corpus_root=/nonexistent/dir"], "corpus_root"),
+    ("bench_pair", ["--model=/nonexistent/pair"], "model"),
 ]
 
 
