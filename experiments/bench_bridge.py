@@ -27,7 +27,8 @@ Dense rows (one request: D rows of V float32; one batch: R requests):
                 decoded, rows copied into the aligned staging slot
   plan          `VerifierSession.staged`: the audited verdicts, the Plan
   validate      the staged rows validated (`qformats` dense: on CPU one
-                elementwise XLA pass and exact numpy sums, counts out),
+                compiled sweep that writes the counts and sums them
+                exactly),
                 with the sampling audit, blocked on
   validate_device  the same verdict in the accelerator's form (one jitted
                 pass; what CPU ran before), for comparison
@@ -77,7 +78,7 @@ tags) and `exchange_curve` (CURVE), and `round`, a whole `Verifier.round`
 with a constant verify_fn (for information). Each timed round trip follows
 an untimed one to the same server, so all are timed equally idle (a
 server thread that slept through the other stages answers about 2.5x
-slower). Target: exchange p50 <= 2x the pyzmq floor's p50. Every server
+slower). Target: exchange p50 <= 3x the pyzmq floor's p50. Every server
 runs in a thread of this process; the garbage collector is off while
 timing.
 """
@@ -165,7 +166,7 @@ from dyadic_jax.wire.layouts import FIXED_BYTES, Kind, Representation
 _M = dj.M
 _WARMUP = 3
 _MAX_X_MEMCPY = 4.0
-_MAX_X_FLOOR = 2.0
+_MAX_X_FLOOR = 3.0
 _HEADLINE_PARTS = ("encode", "completion", "decode", "plan", "validate")
 # Each side of a dense round, its stages, the floor it is held to (a stage
 # or a sum of stages of the same run) and its target (x that floor's name).

@@ -260,7 +260,9 @@ class WorkerSession:
       return _NOTHING
     bounds = self._context_bounds if session.context else self.bounds
     try:
-      decoded = [codec.decode(f, bounds, session.keys.recv) for f in frames]
+      # The first frame's tag was checked just above: not twice.
+      decoded = [codec.decode(f, bounds, session.keys.recv if i else None)
+                 for i, f in enumerate(frames)]
     except ProtocolError as e:
       self.counters.reject(e.code, "in a verifier message")
       return _NOTHING

@@ -9,19 +9,16 @@ and runs the sampling audit; a refused row's code is then taken from
 (tests/wire/test_qformats.py holds both to the kernel and the oracle on
 every class). Two shapes of that pass (`kernels.dense_verdict`):
 
-* on CPU (the default there): one elementwise XLA pass reads the staged
-  slot in place and writes each entry's count, or 2^24 + 1 for an entry
-  that is not fine (`qrows.fine_counts`), into the counts' buffer, and in
-  the same executable reads each row's count at the token and the sum of
-  the token's segment before it (at most 254 entries); numpy then reads
-  the counts once and sums them exactly (uint32 sums of segments of 255
-  entries, int64 running sums of those): a row is valid exactly when its
-  sum is 2^24, and the audit's mass before the token is the running sum
-  of the whole segments before it plus that part of one. XLA CPU's row
-  reductions (integer or several at once) ran at a tenth of memory speed;
-  this reads the rows once, writes the counts once and reads them once
-  more, then a dozen numpy calls on rows x segments (experiments/
-  bench_bridge.py, `validate` against `rowsum`);
+* on CPU (the default there): one compiled sweep (numba,
+  `dense_host.sweep`) reads the staged slot in place and writes each
+  entry's count, or 2^24 + 1 for an entry that is not fine, into the
+  counts' buffer, with each row's exact int64 total, its sum before the
+  token and its count at the token: a row is valid exactly when its total
+  is 2^24 and the count at its token is positive, and the audit reads the
+  sum before the token. One read of q and one write of the counts
+  (verification takes the counts): XLA CPU's row reductions ran at a
+  tenth of memory speed and numpy needs a pass per operation
+  (experiments/bench_bridge.py, `validate` against `rowsum`);
 * on an accelerator: one jitted verdict, `qrows.classify` per entry and
   ONE float64 reduction per row (a fine entry adds its count, any other
   2^25), plus one for the audit (exact in any order: below 2^44).

@@ -4,9 +4,10 @@ JAX's half of `dense` and `sparse` validation (`validate(...,
 device=True)`, the verifier's staged batch), loaded on first use so that
 the formats, the codec and the protocol sessions import without JAX. The
 dense pass and why it is shaped so: `dense`'s docstring (on CPU one
-elementwise XLA pass and exact numpy partial sums, `_host_dense`; on an
-accelerator one jitted verdict, `_dense`); the sparse one is the core
-kernel `qrows.sparse` under one jit with the sampling audit.
+compiled sweep that writes the counts and sums them exactly,
+`_host_dense` over `dense_host.sweep`; on an accelerator one jitted
+verdict, `_dense`); the sparse one is the core kernel `qrows.sparse` under
+one jit with the sampling audit.
 """
 
 import functools
@@ -49,120 +50,56 @@ def _dense(values: jax.Array, tokens: jax.Array, draws: jax.Array, *,
   return counts, ok, drawn
 
 
-# A non-fine entry's value in `_entries`: above M, so one such entry puts
-# its row's exact sum above M whatever the other (nonnegative) entries are.
-_BAD_ENTRY = M + 1
-# Entries per exact partial sum: 255 (M + 1) < 2^32, so a uint32 sum of a
-# segment never wraps (256 could: 256 (M + 1) > 2^32).
-_SEGMENT = 255
-
-
-@jax.jit
-def _entries(values: jax.Array, tokens: jax.Array
-             ) -> tuple[jax.Array, jax.Array]:
-  """The host path's one XLA pass: (e, near). e [..., V]: each entry's
-  count where fine, else M + 1 (`qrows.fine_counts`). near uint32[..., 2]
-  per row: e at the token (0 if the token is out of range) and the sum of
-  e over the token's own segment of _SEGMENT entries before it (the
-  audit's part of a segment; fewer than _SEGMENT entries: no wrap), read
-  from at most _SEGMENT entries of the row, so XLA's gathers cost nothing
-  beside the pass."""
-  vocab = values.shape[-1]
-  e = qrows.fine_counts(lax.bitcast_convert_type(values, jnp.uint32),
-                        _BAD_ENTRY, jnp)
-  token = jnp.clip(tokens, 0, vocab - 1)
-  start = token // _SEGMENT * _SEGMENT
-  places = jnp.arange(_SEGMENT, dtype=jnp.int32)
-  seg = jnp.take_along_axis(
-      e, jnp.minimum(start[..., None] + places, vocab - 1), axis=-1)
-  part = jnp.sum(jnp.where(places < (token - start)[..., None], seg, 0)
-                 .astype(jnp.uint32), -1, dtype=jnp.uint32)
-  at = jnp.take_along_axis(e, token[..., None], axis=-1)[..., 0]
-  at = jnp.where(token == tokens, at, 0).astype(jnp.uint32)
-  return e, jnp.stack([at, part], -1)
-
-
-@functools.lru_cache(maxsize=16)
-def _layout(rows: int, vocab: int) -> tuple[np.ndarray, np.ndarray]:
-  """Per (rows, vocab), made once: the flat offsets of each row's
-  segments of _SEGMENT entries (the last one of a row shorter), for
-  `np.add.reduceat` [rows * segments], and the flat offset of each row's
-  first exclusive running sum in a [rows, segments + 1] table [rows]."""
-  per_row = np.arange(0, vocab, _SEGMENT, dtype=np.int64)
-  first = np.arange(rows, dtype=np.int64) * vocab
-  starts = (first[:, None] + per_row[None, :]).reshape(-1)
-  return starts, np.arange(rows, dtype=np.int64) * (len(per_row) + 1)
-
-
 def _host_dense(values: np.ndarray | jax.Array, tokens: np.ndarray,
                 draws: np.ndarray | None
-                ) -> tuple[jax.Array, np.ndarray, np.ndarray]:
-  """`_dense`'s verdict with the reductions on the host (XLA CPU).
-
-  XLA CPU runs integer and multi-output row reductions several times
-  slower than a pass over memory, and numpy runs a uint32 sum at memory
-  speed; so one elementwise XLA pass (`_entries`) reads the rows (a staged
-  numpy slot goes in as it is: the CPU client aliases an aligned buffer,
-  no copy, no DLPack round trip) and writes e = count (fine) or M + 1 (any
-  other entry) per entry, the counts' own buffer, plus two numbers per
-  row from at most 255 entries of it (e at the token, and the token's
-  segment before it); numpy then reads e once: uint32 sums of segments of
-  255 entries (never wrap), then exact int64 running sums of those per
-  row. A row is valid iff its sum is M (one non-fine entry alone makes it
-  > M), its token is in range and e > 0 there; the audit's count mass
-  before the token is the running sum of the whole segments before it
-  plus its own segment's part (read only where the row is valid, so e is
-  then its counts). After the two passes, a dozen numpy calls on arrays
-  of rows x segments or smaller. docs/numerics.md section 4.
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+  """`_dense`'s verdict on the host: one compiled sweep
+  (`dense_host.sweep`) reads the rows once and writes the counts once (M +
+  1 for an entry that is not fine), with each row's exact total, its mass
+  before the token and its count at the token; then a few numpy calls on
+  arrays of rows. A row is valid iff its total is M and its count at the
+  token is > 0; the audit's mass before the token is `before`. The counts
+  are a 64-byte-aligned numpy array, which JAX on CPU reads without a
+  copy. docs/numerics.md section 4.
   """
+  # numba loads on first use: the device path and the sparse verdicts
+  # never need it.
+  from dyadic_jax.wire.qformats import dense_host  # pylint: disable=g-import-not-at-top
+  values = np.asarray(values)   # a CPU jax.Array: no copy
   shape = values.shape
-  vocab = shape[-1]
   rows = math.prod(shape[:-1])
-  entries, near = _entries(values, tokens)
-  if rows == 0:
-    empty = np.zeros(shape[:-1], bool)
-    return entries, empty, empty
-  starts, running_first = _layout(rows, vocab)
-  flat = np.asarray(entries).reshape(-1).view(np.uint32)   # no copy (CPU)
-  sums = np.add.reduceat(flat, starts, dtype=np.uint32).reshape(rows, -1)
-  near = np.asarray(near).reshape(rows, 2).astype(np.int64)
-  at = near[:, 0]
-  # running[r, j]: the exact mass of row r's first j segments.
-  running = np.zeros((rows, sums.shape[1] + 1), np.int64)
-  np.cumsum(sums, -1, dtype=np.int64, out=running[:, 1:])
-  valid = (running[:, -1] == M) & (at > 0)
+  counts = base.aligned_empty(shape, np.int32)
+  flat = counts.reshape(rows, shape[-1])
+  total, before, at = dense_host.sweep(values.reshape(rows, shape[-1]),
+                                       tokens.reshape(rows), flat)
+  valid = (total == M) & (at > 0)
   if draws is None:
     drawn = np.ones(rows, bool)
   else:
-    segment = np.minimum(np.maximum(tokens.reshape(rows), 0),
-                         vocab - 1) // _SEGMENT
-    before = running.reshape(-1)[running_first + segment] + near[:, 1]
     u = draws.reshape(rows).astype(np.int64)
     drawn = (before <= u) & (u < before + at)
-  counts = entries
   if not valid.all():   # rare: refused rows' counts are zeros (qrows.dense)
-    e = flat.view(np.int32).reshape(rows, vocab)
-    counts = jnp.asarray(np.where(valid[:, None], e, 0).reshape(shape))
+    flat[~valid] = 0
   return counts, valid.reshape(shape[:-1]), drawn.reshape(shape[:-1])
 
 
 def dense_verdict(values: np.ndarray | jax.Array, tokens: ArrayLike,
                   draws: ArrayLike | None, *, host: bool | None = None
-                  ) -> tuple[jax.Array, np.ndarray | jax.Array,
+                  ) -> tuple[np.ndarray | jax.Array, np.ndarray | jax.Array,
                              np.ndarray | jax.Array]:
   """(counts, valid, drawn) of dense rows [..., V]: counts where a row is
   valid (zeros elsewhere on the host path; on the device path each fine
   entry's count), valid as `qrows.dense`'s OK without the audit, drawn the
   audit's verdict (meaningful where valid; True without draws).
 
-  host: reductions on the host (`_host_dense`; default on a CPU backend)
-  or the one jitted verdict (`_dense`; default on an accelerator). Both
+  host: one compiled sweep on the host (`_host_dense`, counts as an
+  aligned numpy array; default on a CPU backend) or the one jitted verdict (`_dense`; default on an accelerator). Both
   give the same valid, drawn where valid and counts of valid rows.
   """
   if host is None:
     host = jax.default_backend() == "cpu"
   if host:
-    # A numpy slot goes to the elementwise pass as it is (see _host_dense).
+    # The staged slot is read in place (see _host_dense).
     return _host_dense(values, np.asarray(tokens, np.int32),
                        None if draws is None else np.asarray(draws, np.uint32))
   if isinstance(values, np.ndarray):
