@@ -14,22 +14,20 @@ is on unless a stage's name says otherwise. Each repetition serves new
 rounds through the sessions' public methods (`Rounds`: the same q rows,
 each round's tokens those its PROPOSAL draws pick, precomputed).
 
-Dense rows (one request: D rows of V float32; one batch: R requests):
+Dense rows (one request: D rows of V float32; one batch: R requests), in
+the default form: one PACKED frame per batch, tagged with AES-256-GMAC:
 
   encode        the worker's side of a round after the draft: its rows
-                written into the REPLY frames of its slot buffer (one copy
-                of q, what the proposer's `out=` does), header and body,
-                and the REPLY's MAC
-  completion    the COMPLETION frames (they bind each REPLY by its tag);
-                the message is the slot's bytes, as `finish` sends them
+                written into the PACKED frame of its slot buffer (one copy
+                of q, what the proposer's `out=` does), then `finish`: the
+                records and the frame's MAC
   decode        the verifier's `VerifierSession.receive` of the reply
-                message: split, headers, every frame's MAC checked, bodies
-                decoded, rows copied into the aligned staging slot
+                message: split, header, the MAC checked, records compared,
+                rows copied into the aligned staging slot
   plan          `VerifierSession.staged`: the audited verdicts, the Plan
-  validate      the staged rows validated (`qformats` dense: on CPU one
-                compiled sweep that writes the counts and sums them
-                exactly),
-                with the sampling audit, blocked on
+  validate      the staged rows validated with the sampling audit
+                (`qformats` dense: on CPU one compiled sweep that writes
+                the counts and sums them exactly), blocked on
   validate_device  the same verdict in the accelerator's form (one jitted
                 pass; what CPU ran before), for comparison
   audit         validate minus the same without the audit, and `draws`
@@ -45,19 +43,22 @@ Dense rows (one request: D rows of V float32; one batch: R requests):
 Floors in the same run: `memcpy` (np.copyto of the batch's q, interleaved,
 as cold as the stages' bytes), `memcpy_hot` (back to back), `read` (a
 fused jitted sum of the staged slot), `rowsum` (numpy's one-pass row sum
-of the staged slot), `blake3` (keyed BLAKE3 of the q bytes, one thread:
-one MAC pass; `blake3_threads` with blake3's thread pool, which the wire no
-longer uses), `crc32c` and `hmac_sha256` of the same bytes (the v2 check
-and the standard-library MAC), and the seed's ideal: q bytes at
+of the staged slot), `gmac` (AES-256-GMAC of the q bytes: the PACKED
+frame's MAC pass), `blake3` (keyed BLAKE3 of the q bytes, one thread: the
+MAC of every other frame and of sessions without GMAC; `blake3_threads`
+with blake3's thread pool, which the wire no longer uses), `crc32c` and
+`hmac_sha256` of the same bytes (the v2 check and the standard-library
+MAC), and the seed's ideal: q bytes at
 --link_gbps (40 Gb/s: 2.068 ms per batch at V = 129280).
 
 Per side of a dense round (`sides`), each as a ratio to memcpy of its
-bytes, to one BLAKE3 pass, to the link's ideal and to its own floor, with
+bytes, to one GMAC pass, to one BLAKE3 pass, to the link's ideal and to
+its own floor, with
 its target:
 
-  worker         encode + completion; floor one write + one MAC (memcpy +
-                 blake3); target <= 2.5x memcpy
-  verifier_host  decode + plan; floor one MAC + the staging copy (blake3 +
+  worker         encode; floor one write + one MAC (memcpy + gmac); target
+                 <= 2.5x memcpy
+  verifier_host  decode + plan; floor one MAC + the staging copy (gmac +
                  memcpy); target <= 2.5x memcpy
   validation     validate; floor `rowsum`; target <= 3x rowsum
 
@@ -146,6 +147,7 @@ cli.parse_flags_early(__name__)   # a bad flag exits here, before JAX
 
 # pylint: disable=g-import-not-at-top,g-bad-import-order
 import blake3
+from cryptography.hazmat.primitives.ciphers import aead
 import crc32c
 import jax
 import jax.numpy as jnp
@@ -157,26 +159,25 @@ from dyadic_jax import bridge
 from dyadic_jax.bridge import audit, keys, proposer as proposer_lib
 from dyadic_jax.bridge.counters import Counters
 from dyadic_jax.testing import session_pair
-from dyadic_jax.wire import auth as bridge_auth
 from dyadic_jax.wire import codec, qformats, validate_q_row
 from dyadic_jax.wire.qformats import kernels
-from dyadic_jax.wire.layouts import FIXED_BYTES, Kind, Representation
+from dyadic_jax.wire.layouts import Feature, Representation
 # pylint: enable=g-import-not-at-top,g-bad-import-order
 
 _M = dj.M
 _WARMUP = 3
 _MAX_X_MEMCPY = 4.0
 _MAX_X_FLOOR = 3.0
-_HEADLINE_PARTS = ("encode", "completion", "decode", "plan", "validate")
+_HEADLINE_PARTS = ("encode", "decode", "plan", "validate")
 # Each side of a dense round, its stages, the floor it is held to (a stage
 # or a sum of stages of the same run) and its target (x that floor's name).
 _SIDES = {
-    "worker": {"parts": ("encode", "completion"),
-               "floor": ("memcpy", "blake3"),
-               "about": "rows written into the frames, sealed, COMPLETIONs",
+    "worker": {"parts": ("encode",),
+               "floor": ("memcpy", "gmac"),
+               "about": "rows written into the PACKED frame, records, sealed",
                "target": ("memcpy", 2.5)},
     "verifier_host": {"parts": ("decode", "plan"),
-                      "floor": ("blake3", "memcpy"),
+                      "floor": ("gmac", "memcpy"),
                       "about": "received message authenticated, staged, "
                                "planned (validation apart)",
                       "target": ("memcpy", 2.5)},
@@ -185,7 +186,6 @@ _SIDES = {
                    "target": ("rowsum", 3.0)},
 }
 _SECRET = bytes(range(32))
-_COMPLETION = FIXED_BYTES[Kind.COMPLETION]
 
 
 # ---------------------------------------------------------------------------
@@ -380,19 +380,18 @@ def _link(address, curve_keys=None):
 def dense_scale(requests, depth, vocab, rng, transports, tmpdir, repeats,
                 curve_keys):
   """Every dense stage for one batch of `requests`; returns its record."""
-  # Per-frame answers: the stages below split a round by its frames (a
-  # PACKED answer makes the same passes over q: one write, one MAC).
+  # The default answer: one PACKED frame, tagged with AES-256-GMAC.
   caps = bridge.Capabilities(vocab=vocab, max_depth=depth,
                              max_requests=requests, max_slots=2,
-                             representation=Representation.DENSE,
-                             features=0)
+                             representation=Representation.DENSE)
   props = proposals(rng, caps, depth, requests)
   # Each repetition begins two rounds (`start`, `objects`); one more checks.
   rounds = Rounds(props, depth, 2 * (_WARMUP + repeats) + 2)
   pair = host_pair(caps, rounds)
   v, w = pair.verifier, pair.worker
+  if not (v.bounds.packed and caps.features & Feature.GMAC):
+    raise RuntimeError("bench_bridge: the dense session is not PACKED + GMAC")
   rids = list(range(requests))
-  keys_w = None
   state = {}
 
   def start():     # untimed: a fresh round up to the worker's fresh answer
@@ -400,30 +399,15 @@ def dense_scale(requests, depth, vocab, rng, transports, tmpdir, repeats,
     state["draws"] = rounds.draws_of(*v.draw_inputs(), depth)
 
   def encode():
-    nonlocal keys_w
+    # The rows written into the PACKED frame (what the proposer's `out=`
+    # does), then `finish`: the records and the frame's MAC.
     answer = state["answer"]
-    keys_w = w.established.keys.send
     rounds(answer.propose)
-    for e in answer.entries:
-      bridge_auth.seal(e.reply, keys_w)
-
-  def completion():
-    # What `finish` adds once the REPLYs are sealed: the COMPLETIONs.
-    answer = state["answer"]
-    buf = memoryview(w.slots[answer.slot])
-    offset = 0
-    for e in answer.entries:
-      offset = e.start + len(e.reply)
-      codec.encode(Kind.COMPLETION, session=w.established.id,
-                   generation=e.tag[0], round_id=e.tag[1], send=keys_w,
-                   out=buf[offset:], body={
-                       "request": e.request, "depth": e.depth,
-                       "reply_bytes": len(e.reply), "anchor": e.anchor,
-                       "context_version": e.context,
-                       "reply_tag": bridge_auth.tag_of(e.reply)})
-    # The slot's bytes as `finish` sends them (no copy: the next encode
-    # writes the other slot).
-    state["message"] = buf[:offset + _COMPLETION]
+    sent = w.finish(answer, {})[-1]
+    state["message"] = sent.message
+    # Read by `decode` before the next `start` can take the slot again:
+    # let it go, as the driver does once the transport has sent it.
+    w.released(sent.slot)
 
   def decode():
     state["effects"] = v.receive(state["message"], pair.now)
@@ -452,8 +436,8 @@ def dense_scale(requests, depth, vocab, rng, transports, tmpdir, repeats,
 
   start()
   encode()
-  completion()
-  # The same round served by `finish`, in a pair that says the same bytes.
+  # The same round served through `to_worker`, in a pair that says the
+  # same bytes.
   twin = host_pair(caps, rounds)
   reference = twin.to_worker(twin.begin(rids, depth))[-1]
   if bytes(reference) != bytes(state["message"]):
@@ -488,6 +472,7 @@ def dense_scale(requests, depth, vocab, rng, transports, tmpdir, repeats,
   with jax.enable_x64(True):
     slot_view = jax.dlpack.from_dlpack(rows.values)
   mac_key = bytes(32)
+  gmac = aead.AESGCM(mac_key)
 
   links = {}
   for name in transports:
@@ -508,8 +493,7 @@ def dense_scale(requests, depth, vocab, rng, transports, tmpdir, repeats,
         tracker.wait(30)
     return run
 
-  stages = {"start": start, "encode": encode, "completion": completion,
-            "decode": decode, "validate": validate(True),
+  stages = {"start": start, "encode": encode, "decode": decode, "validate": validate(True),
             "validate_no_audit": validate(False),
             "validate_device": validate_device, "plan": plan,
             "settle": settle,
@@ -519,6 +503,7 @@ def dense_scale(requests, depth, vocab, rng, transports, tmpdir, repeats,
             "read": lambda: read(slot_view).block_until_ready(),
             # The validation's floor: numpy's one-pass row sum of the slot.
             "rowsum": lambda: state["effects"][0].rows.values.sum(-1),
+            "gmac": lambda: gmac.encrypt(bytes(12), b"", q_bytes),
             "blake3": lambda: blake3.blake3(q_bytes, key=mac_key).digest(16),
             "blake3_threads": lambda: blake3.blake3(
                 q_bytes, key=mac_key,
@@ -559,7 +544,7 @@ def dense_scale(requests, depth, vocab, rng, transports, tmpdir, repeats,
       "objects_ms": figures["objects"]["median"],
       "objects_x_memcpy": figures["objects"]["median"] / memcpy,
       "audit_ms": audit_ms, "draws_ms": figures["draws"]["median"],
-      "mac_share": 2 * figures["blake3"]["median"] / host,
+      "mac_share": 2 * figures["gmac"]["median"] / host,
       "share": {name: figures[name]["median"] / host
                 for name in _HEADLINE_PARTS},
       "parts": list(_HEADLINE_PARTS),
@@ -568,7 +553,7 @@ def dense_scale(requests, depth, vocab, rng, transports, tmpdir, repeats,
                            if "send_tcp" in figures else None)}
   return {"requests": requests, "depth": depth, "rows": requests * depth,
           "q_bytes": nbytes, "message_bytes": len(message),
-          "frames": 2 * requests, "ideal_ms": ideal, "stages": result,
+          "frames": 1, "ideal_ms": ideal, "stages": result,
           "headline": headline, "sides": sides(figures, ideal)}
 
 
@@ -585,7 +570,8 @@ def sides(figures, ideal):
     x = ms / med[against]
     out[side] = {"ms": ms, "parts": list(spec["parts"]),
                  "about": spec["about"], "x_memcpy": ms / med["memcpy"],
-                 "x_blake3": ms / med["blake3"], "x_link": ms / ideal,
+                 "x_mac": ms / med["gmac"], "x_blake3": ms / med["blake3"],
+                 "x_link": ms / ideal,
                  "floor": list(spec["floor"]), "floor_ms": floor,
                  "x_floor": ms / floor, "target": f"<= {most:g}x {against}",
                  "target_x": x, "pass": bool(x <= most)}
@@ -790,11 +776,12 @@ def _print_dense(title, rec):
     print(f"  {name:<18} {s['median_ms']:10.3f} {s['p90_ms']:8.3f} "
           f"{s['x_memcpy']:9.2f} {s['x_read']:7.2f} {s['x_ideal']:8.2f} "
           f"{s['gb_per_s']:7.1f}")
-  print(f"  {'side':<14} {'ms':>7} {'x memcpy':>9} {'x blake3':>9} "
-        f"{'x link':>7} {'x floor':>8}  floor; target")
+  print(f"  {'side':<14} {'ms':>7} {'x memcpy':>9} {'x gmac':>7} "
+        f"{'x blake3':>9} {'x link':>7} {'x floor':>8}  floor; target")
   for side, f in rec["sides"].items():
     print(f"  {side:<14} {f['ms']:7.3f} {f['x_memcpy']:9.2f} "
-          f"{f['x_blake3']:9.2f} {f['x_link']:7.2f} {f['x_floor']:8.2f}  "
+          f"{f['x_mac']:7.2f} {f['x_blake3']:9.2f} {f['x_link']:7.2f} "
+          f"{f['x_floor']:8.2f}  "
           f"{' + '.join(f['floor'])} {f['floor_ms']:.3f} ms; "
           f"{f['target']}: {f['target_x']:.2f} "
           f"[{'PASS' if f['pass'] else 'MISS'}]")

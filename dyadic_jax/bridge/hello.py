@@ -39,7 +39,7 @@ MAX_SLOTS = 16
 MAX_REQUESTS = 1024
 MAX_SHARDS = 64
 # The features this build offers and accepts (HELLO `features`).
-FEATURES = Feature.PACKED_REPLY | Feature.CONTEXT
+FEATURES = Feature.PACKED_REPLY | Feature.CONTEXT | Feature.GMAC
 # Tokens of one CONTEXT frame: the default bound, and the most a side
 # accepts as its bound (one frame is 4 bytes a token).
 MAX_CONTEXT = 4096
@@ -90,7 +90,8 @@ class Capabilities:
       (`shard_range`); its rows are that block's counts (`width`), the
       last block's ids >= V zero. 1, 0: the whole vocabulary.
     features: the `layouts.Feature`s this side offers (a verifier) or
-      accepts (a worker); default all of this build's (`FEATURES`), 0 for
+      accepts (a worker); default all of this build's (`FEATURES`; GMAC
+      only while a PACKED frame fits in 2^31 - 1 bytes), 0 for
       the v3 per-frame protocol only (a peer from before features: it
       refuses a HELLO offering any, IDENTITY_MISMATCH). A worker's
       CONTEXT also needs its session's `wants_context`.
@@ -161,6 +162,10 @@ class Capabilities:
     for name in _TEXT:
       if len(getattr(self, name).encode()) > 32:
         raise ValueError(f"Capabilities: {name} longer than 32 bytes")
+    if (self.features & Feature.GMAC and self.bounds.packed_bytes(
+        self.max_requests, self.max_depth) > auth.GMAC_MAX_FRAME):
+      # The AEAD takes at most 2^31 - 1 bytes: such sessions keep BLAKE3.
+      set_("features", self.features & ~Feature.GMAC)
 
   @property
   def greedy(self) -> bool:

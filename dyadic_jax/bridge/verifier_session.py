@@ -324,8 +324,11 @@ class VerifierSession:
                            f"{int(self.caps.features)}")
       self.state, self.refused = CLOSED, Code.IDENTITY_MISMATCH
       return
-    self.keys, self.state = keys, OPEN
     features = Feature(int(f.body.features))
+    if features & Feature.GMAC:   # the answer's own tag is BLAKE3's either way
+      keys = auth.session_keys(self._secret, self.session, self._nonce,
+                               f.body.nonce, auth.VERIFIER, gmac=True)
+    self.keys, self.state = keys, OPEN
     self.bounds = self.caps.bounds._replace(
         packed=bool(features & Feature.PACKED_REPLY),
         max_context=(self.caps.max_context if features & Feature.CONTEXT

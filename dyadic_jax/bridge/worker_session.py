@@ -334,11 +334,12 @@ class WorkerSession:
       return WorkerAnswer([Send(self._refusal(Code.IDENTITY_MISMATCH,
                                               frame, header))], [])
     nonce_w = bytes(self._entropy(layouts.NONCE_BYTES))
-    keys = auth.session_keys(self._secret, header.session, body.nonce,
-                             nonce_w, auth.WORKER)
     agreed = hello.agree(self.caps, body.features)
     if not self.wants_context:    # nothing to do with a prefix: never ask
       agreed &= ~Feature.CONTEXT
+    keys = auth.session_keys(self._secret, header.session, body.nonce,
+                             nonce_w, auth.WORKER,
+                             gmac=bool(agreed & Feature.GMAC))
     answer = hello.hello_frame(self.caps, header.session, nonce_w, keys.send,
                                features=agreed)
     if self.pending is not None:

@@ -18,9 +18,31 @@ positions, anchor, ...) and the payload. A tag is one of:
   other, and a frame reflected back to its sender fails too (the two
   directions have different keys). Inside a session, sequencing
   (generation, round, request) refuses replays (docs/security.md).
+* `GmacTag(key)`: AES-256-GMAC (`cryptography`, i.e. OpenSSL's AES-NI and
+  carry-less multiply code), for the worker's PACKED frames of a session
+  that agreed `Feature.GMAC`: three times faster than BLAKE3 on the
+  2-core x86 machines measured (10.3 MB: 2.1 ms against 6.8 ms), which is
+  what lets a dense batch's MAC cost about one copy of it. The nonce is
+  the header's bytes [12, 24): the reserved u32, which the sealer sets to
+  its count of frames sealed with that key (1, 2, ...), then the session
+  id. The GCM tag covers the header's [0, 32) as the (discarded)
+  ciphertext's input and [48, length) as associated data, so it binds the
+  same bytes as a BLAKE3 tag. GMAC's one requirement, a nonce never used
+  twice with one key for two messages, holds because each session has its
+  own key per direction and the worker's session object is the only
+  sealer of its PACKED frames (a cached frame is resent as the same bytes,
+  never resealed); past 2^32 - 1 frames the sealer refuses to seal
+  (docs/security.md).
+
+      GMAC key, direction d = derive("session gmac " + d,
+                                     secret | session | nonce_v | nonce_w)
+
 * `Crc32cTag()`: CRC32C of the same bytes, in the first 4 bytes (little
   endian), zeros after. Detects transport corruption, authenticates
   nothing: `--insecure` sessions only.
+
+A session's taggers are `ByKind`: its PACKED frames by GMAC when agreed,
+every other frame by BLAKE3.
 
 CRC32C is not computed on authenticated sessions: any corruption that
 CRC32C would catch fails the MAC too, so it would be a second pass over
@@ -46,6 +68,11 @@ class Tagger:
 
   def tag(self, frame: layouts.Buffer) -> bytes:
     raise NotImplementedError
+
+  def prepare(self, frame: memoryview) -> None:
+    """Called by `seal` before `tag`: writes what the tag's input needs
+    from the sealer (nothing, but for GMAC's frame counter)."""
+    del frame
 
 
 class Crc32cTag(Tagger):
@@ -77,9 +104,66 @@ class Blake3Tag(Tagger):
     return h.digest(layouts.TAG_BYTES)
 
 
+# The header's reserved u32 and session u64: GMAC's 96-bit nonce.
+_NONCE = slice(12, 24)
+_COUNTER = slice(12, 16)
+_KIND = slice(6, 8)
+_PACKED = int(layouts.Kind.PACKED).to_bytes(2, "little")
+# cryptography's AEAD refuses more than this many bytes of associated data.
+GMAC_MAX_FRAME = (1 << 31) - 1
+
+
+class GmacTag(Tagger):
+  """AES-256-GMAC of the tagged bytes, the nonce from the header (above)."""
+  authenticated = True
+
+  def __init__(self, key: bytes) -> None:
+    if len(key) != 32:
+      raise ValueError(f"GmacTag: key of {len(key)} bytes, need 32")
+    # pylint: disable-next=g-import-not-at-top
+    from cryptography.hazmat.primitives.ciphers import aead
+    self._aead = aead.AESGCM(bytes(key))
+    self._sealed = 0
+
+  def prepare(self, frame: memoryview) -> None:
+    if self._sealed >= 0xFFFFFFFF:
+      raise RuntimeError("GmacTag: 2^32 - 1 frames sealed with one key; the "
+                         "session must end (a new HELLO, new keys)")
+    self._sealed += 1
+    frame[_COUNTER] = self._sealed.to_bytes(4, "little")
+
+  def tag(self, frame: layouts.Buffer) -> bytes:
+    view = memoryview(frame).cast("B")
+    if len(view) > GMAC_MAX_FRAME:
+      raise ValueError(f"GmacTag: a frame of {len(view)} bytes, at most "
+                       f"{GMAC_MAX_FRAME}")
+    return self._aead.encrypt(bytes(view[_NONCE]),
+                              bytes(view[:layouts.TAG_OFFSET]),
+                              view[_TAG_END:])[-layouts.TAG_BYTES:]
+
+
+class ByKind(Tagger):
+  """PACKED frames by `packed`, every other frame by `other`."""
+  authenticated = True
+
+  def __init__(self, other: Tagger, packed: Tagger) -> None:
+    self._other, self._packed = other, packed
+
+  def _of(self, view: memoryview) -> Tagger:
+    return self._packed if view[_KIND] == _PACKED else self._other
+
+  def prepare(self, frame: memoryview) -> None:
+    self._of(frame).prepare(frame)
+
+  def tag(self, frame: layouts.Buffer) -> bytes:
+    view = memoryview(frame).cast("B")
+    return self._of(view).tag(view)
+
+
 def seal(frame: bytearray | memoryview, tagger: Tagger) -> None:
   """Writes the tag of a writable frame (a bytearray or memoryview)."""
   view = memoryview(frame).cast("B")
+  tagger.prepare(view)
   view[layouts.TAG_OFFSET:_TAG_END] = tagger.tag(view)
 
 
@@ -144,15 +228,26 @@ def hello_keys(secret: bytes | None, role: str) -> Keys:
 
 
 def session_keys(secret: bytes | None, session: int, nonce_v: bytes,
-                 nonce_w: bytes, role: str) -> Keys:
-  """Keys of one session: from the secret and both HELLO nonces."""
+                 nonce_w: bytes, role: str, *, gmac: bool = False) -> Keys:
+  """Keys of one session: from the secret and both HELLO nonces.
+
+  gmac: the session agreed `Feature.GMAC`: its PACKED frames are tagged
+  with `GmacTag` (every other frame, and the HELLO answer, with BLAKE3).
+  Make a session's keys once: the sealer's frame counter lives in them.
+  """
   _check_secret(secret)
   if secret is None:
     return _keys(role, Crc32cTag(), Crc32cTag())
   material = (bytes(secret) + int(session).to_bytes(8, "little")
               + bytes(nonce_v) + bytes(nonce_w))
-  return _keys(role, Blake3Tag(_derive("session " + _V2W, material)),
-               Blake3Tag(_derive("session " + _W2V, material)))
+  taggers = []
+  for d in (_V2W, _W2V):
+    tagger: Tagger = Blake3Tag(_derive("session " + d, material))
+    if gmac:
+      tagger = ByKind(tagger, GmacTag(_derive("session gmac " + d,
+                                              material)))
+    taggers.append(tagger)
+  return _keys(role, *taggers)
 
 
 def refusal_keys(secret: bytes | None, refused_tag: bytes, role: str) -> Keys:

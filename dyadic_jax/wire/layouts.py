@@ -10,7 +10,8 @@ docs/wire.md (generated from these dtypes by `describe`, checked by a test).
     4       version      u16    wire version (3)
     6       kind         u16    Kind
     8       length       u32    total frame bytes, header included
-    12      reserved     u32    zero (covered by the tag)
+    12      reserved     u32    zero (covered by the tag); a GMAC-tagged
+                                PACKED frame's sealer counter (wire.auth)
     16      session      u64    session id
     24      generation   u32    generation (reset / reconnect bump it)
     28      round        u32    round id within the generation
@@ -70,6 +71,7 @@ class Feature(enum.IntFlag):
   answer holds; 0 is the v3 per-frame protocol."""
   PACKED_REPLY = 1   # the worker answers a batch with one PACKED frame
   CONTEXT = 2        # the verifier sends a request's committed prefix
+  GMAC = 4           # PACKED frames tagged with AES-256-GMAC (wire.auth)
 
 
 class Representation(enum.IntEnum):

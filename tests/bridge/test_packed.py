@@ -14,7 +14,7 @@ import pytest
 from dyadic_jax import bridge
 from dyadic_jax.bridge import hello
 from dyadic_jax.testing import session_pair
-from dyadic_jax.wire import codec, layouts
+from dyadic_jax.wire import auth, codec, layouts
 from dyadic_jax.wire.layouts import Feature, Kind, Representation
 from dyadic_jax.wire.refusals import Code
 from tests import bridge_harness as h
@@ -281,3 +281,111 @@ def test_a_round_through_the_drivers_is_packed():
     assert verifier.session.bounds.packed
     assert worker.session.established.packed
     assert verifier.counters.total_errors() == 0
+
+
+# -- GMAC (HELLO feature GMAC): the PACKED answer's tag ------------------------
+
+GMAC = h.caps(features=Feature.PACKED_REPLY | Feature.GMAC)
+
+
+def _counter(frame):
+  return int.from_bytes(bytes(frame[12:16]), "little")
+
+
+@pytest.mark.parametrize("offer,accept", [(1, 1), (1, 0), (0, 1), (0, 0)])
+def test_gmac_is_used_exactly_when_both_sides_have_it(offer, accept):
+  def with_gmac(on):
+    return h.caps(Representation.DENSE, features=Feature.PACKED_REPLY | (
+        Feature.GMAC if on else 0))
+  pair = _pair(with_gmac(offer), with_gmac(accept))
+  agreed = bool(offer and accept)
+  for n in range(1, 4):
+    message = _answer(pair)
+    (frame,) = codec.split(message, max_frames=8, max_bytes=1 << 24)
+    # A GMAC frame carries the worker's count of sealed frames, a BLAKE3
+    # frame zero there.
+    assert _counter(frame) == (n if agreed else 0)
+    blake3_only = isinstance(pair.verifier.keys.recv, auth.Blake3Tag)
+    assert blake3_only == (not agreed)
+    plan = _outcome(pair, message)
+    assert not plan.codes.any()
+    _, commit = pair.commit(plan, [(2, 3), (1, 4)])
+    pair.to_worker(commit)
+  assert pair.verifier.counters.total_errors() == 0
+  assert pair.worker.counters.total_errors() == 0
+
+
+def test_a_gmac_session_refuses_a_blake3_tag_and_any_edit():
+  pair = _pair(GMAC)
+  message = bytes(_answer(pair))
+  before = _state(pair)
+  # The frame under this session's own BLAKE3 key (what it would carry
+  # without GMAC), and with each byte of its nonce changed (the seal
+  # counter: AUTH_FAILED; the session id: refused before its tag is read,
+  # as another session's): each refused and counted, and nothing moves.
+  forged = [wire_edits.reseal(bytearray(message),
+                              pair.verifier.keys.recv._other)]
+  for offset in range(12, 24):
+    buf = bytearray(message)
+    buf[offset] ^= 1
+    forged.append(bytes(buf))
+  for n, bad in enumerate(forged, 1):
+    assert pair.to_verifier(bad) == []
+    after = _state(pair)
+    assert after[0] == before[0] and after[1] == before[1]
+    assert not after[2].any()
+    assert pair.verifier.counters.total_errors() == n
+  assert pair.verifier.counters.errors(Code.AUTH_FAILED) >= 5
+  assert not _outcome(pair, message).codes.any()   # the real one still counts
+
+
+def test_gmac_tags_bind_every_byte_and_count_the_seals():
+  v = auth.session_keys(h.SECRET, 7, b"v" * 32, b"w" * 32, auth.VERIFIER,
+                        gmac=True)
+  w = auth.session_keys(h.SECRET, 7, b"v" * 32, b"w" * 32, auth.WORKER,
+                        gmac=True)
+  plain = auth.session_keys(h.SECRET, 7, b"v" * 32, b"w" * 32, auth.WORKER)
+  frame = bytearray(layouts.HEADER_BYTES + 40)
+  frame[:4] = layouts.MAGIC
+  frame[6:8] = int(Kind.PACKED).to_bytes(2, "little")
+  frame[16:24] = (7).to_bytes(8, "little")
+  frame[48:] = bytes(range(40))
+  tags = set()
+  for n in (1, 2, 3):      # the same bytes sealed again: a new nonce and tag
+    auth.seal(frame, w.send)
+    assert _counter(frame) == n and auth.check(frame, v.recv)
+    tags.add(auth.tag_of(frame))
+  assert len(tags) == 3
+  assert not auth.check(frame, plain.send)        # not BLAKE3's tag
+  assert not auth.check(frame, w.recv)            # reflected
+  for bit in range(len(frame) * 8):
+    if layouts.TAG_OFFSET * 8 <= bit < (layouts.TAG_OFFSET + 16) * 8:
+      continue
+    buf = bytearray(frame)
+    buf[bit // 8] ^= 1 << (bit % 8)
+    assert not auth.check(buf, v.recv), bit
+  # Every other kind keeps the BLAKE3 tag of the same session.
+  frame[6:8] = int(Kind.STEP).to_bytes(2, "little")
+  assert v.send.tag(frame) == auth.session_keys(
+      h.SECRET, 7, b"v" * 32, b"w" * 32, auth.VERIFIER).send.tag(frame)
+
+
+def test_the_gmac_sealer_stops_before_its_counter_wraps():
+  w = auth.session_keys(h.SECRET, 7, b"v" * 32, b"w" * 32, auth.WORKER,
+                        gmac=True)
+  frame = bytearray(layouts.HEADER_BYTES)
+  frame[6:8] = int(Kind.PACKED).to_bytes(2, "little")
+  w.send._packed._sealed = 0xFFFFFFFE
+  auth.seal(frame, w.send)
+  assert _counter(frame) == 0xFFFFFFFF
+  with pytest.raises(RuntimeError, match="2\\^32 - 1 frames"):
+    auth.seal(frame, w.send)
+
+
+def test_gmac_is_not_offered_where_a_packed_frame_could_pass_2_gib():
+  big = bridge.Capabilities(representation=Representation.DENSE,
+                            max_depth=255, max_requests=1024)
+  assert not big.features & Feature.GMAC
+  assert big.features & Feature.PACKED_REPLY
+  assert bridge.Capabilities(representation=Representation.DENSE
+                             ).features & Feature.GMAC

@@ -14,9 +14,10 @@ import pytest
 from tests import paths  # pylint: disable=g-import-not-at-top
 from tests.paths import ROOT as _ROOT  # pylint: disable=g-import-not-at-top
 
-_STAGES = ("encode", "completion", "decode", "plan", "validate",
+_STAGES = ("encode", "decode", "plan", "validate",
            "validate_no_audit", "validate_device", "draws", "naive",
-           "objects", "memcpy", "memcpy_hot", "read", "rowsum", "blake3",
+           "objects", "memcpy", "memcpy_hot", "read", "rowsum", "gmac",
+           "blake3",
            "blake3_threads", "crc32c", "hmac_sha256", "send_tcp", "send_ipc",
            "send_curve")
 _STAGE_KEYS = ("median_ms", "p90_ms", "min_ms", "mean_ms", "x_memcpy",
@@ -24,13 +25,13 @@ _STAGE_KEYS = ("median_ms", "p90_ms", "min_ms", "mean_ms", "x_memcpy",
 _HEADLINE_KEYS = ("ms", "x_memcpy", "x_memcpy_hot", "x_read", "x_ideal",
                   "ideal_ms", "memcpy_ms", "objects_ms", "objects_x_memcpy",
                   "draws_ms", "mac_share", "curve_over_clear")
-_HEADLINE_PARTS = ("encode", "completion", "decode", "plan", "validate")
+_HEADLINE_PARTS = ("encode", "decode", "plan", "validate")
 # Each side: its stages and the stages of its floor.
-_SIDES = {"worker": (("encode", "completion"), ("memcpy", "blake3")),
-          "verifier_host": (("decode", "plan"), ("blake3", "memcpy")),
+_SIDES = {"worker": (("encode",), ("memcpy", "gmac")),
+          "verifier_host": (("decode", "plan"), ("gmac", "memcpy")),
           "validation": (("validate",), ("rowsum",))}
-_SIDE_KEYS = ("ms", "x_memcpy", "x_blake3", "x_link", "floor_ms", "x_floor",
-              "target_x")
+_SIDE_KEYS = ("ms", "x_memcpy", "x_mac", "x_blake3", "x_link", "floor_ms",
+              "x_floor", "target_x")
 _ROUND_TRIPS = ("pyzmq_floor", "exchange", "exchange_insecure",
                 "exchange_curve", "host", "round")
 _ROUND_TRIP_KEYS = ("p50_us", "p90_us", "p99_us", "min_us", "mean_us",
@@ -72,11 +73,11 @@ def test_dense_stages_and_ratios(record, scale, requests):
   vocab, depth = record["config"]["vocab"], record["config"]["depth"]
   assert rec["requests"] == requests and rec["rows"] == requests * depth
   assert rec["q_bytes"] == requests * depth * vocab * 4
-  # One REPLY per request (64 bytes of header and body, 8 per row, its
-  # rows) and one 96-byte COMPLETION.
-  assert rec["message_bytes"] == rec["q_bytes"] + requests * (
-      64 + 8 * depth + 96)
-  assert rec["frames"] == 2 * requests
+  # One PACKED frame (docs/wire.md): the 48 B header, a 16 B body, a 32 B
+  # record per request, tokens and n (int32 per row), then q.
+  assert rec["message_bytes"] == rec["q_bytes"] + 64 + requests * (
+      32 + 8 * depth)
+  assert rec["frames"] == 1
   _positive(rec["ideal_ms"], f"{scale} ideal_ms")
   assert set(_STAGES) <= set(rec["stages"]), sorted(rec["stages"])
   for stage in _STAGES:
@@ -125,7 +126,7 @@ def test_headline_and_targets(record):
 
 def test_sparse_round_trips(record):
   sparse = record["sparse"]
-  assert sparse["k"] == 32 and sparse["max_x_floor"] == 2.0
+  assert sparse["k"] == 32 and sparse["max_x_floor"] == 3.0
   # One PACKED answer (docs/wire.md): the 48 B header, a 16 B body, 4
   # records of 32 B, then tokens and n (int32[4, 5] each), ids and q
   # (int32 and float32 [4, 5, 32]).

@@ -69,7 +69,7 @@ MACRO = "pytest_test"
 KNOWN_THIRD_PARTY = {
     "absl", "chex", "crc32c", "hypothesis", "jax", "jaxlib", "matplotlib",
     "mpl_toolkits", "ml_dtypes", "numpy", "pytest", "_pytest", "scipy",
-    "zmq", "atheris", "blake3", "numba",
+    "zmq", "atheris", "blake3", "numba", "cryptography",
     # The shipped draft/target pair (dyadic_jax/models, experiments/train_pair).
     "tokenizers", "optax", "safetensors",
     # experiments/hf_peer.py runs under a peer's own interpreter (bench_core's
