@@ -32,8 +32,10 @@ Code or BAD_STATUS), anchor and context (STATE_MISMATCH), its REPLY
 the REPLY's tag: CHECKSUM_MISMATCH); then its rows are copied into the
 staging slot. On a session that agreed on PACKED replies
 (`Feature.PACKED_REPLY`) the answer is one frame under one tag: its
-records are compared with the exchange's expected ones at once (numpy),
-the rows of those that match are copied in bulk, and any other record
+records are compared with the exchange's expected ones at once (numpy);
+when all match (the usual answer) the Stage reads the q rows in place in
+the received message, else the rows of those that match are copied into
+the slot in bulk, and any other record
 goes through the same per-request checks (a stale or duplicate tag, a
 status, anchor and context, its depth: BAD_SEQUENCE). Once every
 request is answered, `Stage` asks the driver to
@@ -173,6 +175,7 @@ class VerifierSession:
     self._entropy = entropy
     self._hello_keys = auth.hello_keys(secret, auth.VERIFIER)
     self.keys: auth.Keys | None = None    # of the open session
+    self.features = Feature(0)            # the open session's agreed ones
     self.state = CLOSED
     self.session: int | None = None       # its id, once a HELLO left
     self._nonce: bytes | None = None
@@ -328,7 +331,7 @@ class VerifierSession:
     if features & Feature.GMAC:   # the answer's own tag is BLAKE3's either way
       keys = auth.session_keys(self._secret, self.session, self._nonce,
                                f.body.nonce, auth.VERIFIER, gmac=True)
-    self.keys, self.state = keys, OPEN
+    self.keys, self.state, self.features = keys, OPEN, features
     self.bounds = self.caps.bounds._replace(
         packed=bool(features & Feature.PACKED_REPLY),
         max_context=(self.caps.max_context if features & Feature.CONTEXT
@@ -427,7 +430,13 @@ class VerifierSession:
 
   def receive(self, message: layouts.Buffer,
               now: float = 0.0) -> list[Stage | Verify]:
-    """Handles one received message; returns [], [Stage] or [Verify]."""
+    """Handles one received message; returns [], [Stage] or [Verify].
+
+    The q rows of an expected PACKED answer are staged in place: the
+    Stage's `rows.values` is a view of `message`, so its buffer must not
+    change until the exchange's Verify (a driver hands over each received
+    message and keeps no other use of it: a ZeroMQ frame, bytes).
+    """
     self.counters.event("bytes_in", len(message))
     try:
       frames = codec.split(message, max_frames=self.max_frames,
@@ -599,7 +608,14 @@ class VerifierSession:
                    "anchor", "context_version"):
         good[:m] &= records[name][:m] == ex.expected[name][:m]
     if good.all() and ex is not None and r == len(ex.rids):
-      self._take(slice(None), rows, slice(None))   # the usual answer
+      # The usual answer: its q rows are staged where they arrived (no
+      # copy; validation reads them once, and a dense row's counts, which
+      # verification reads, are written by validation into their own
+      # buffer).
+      if rows.values is not None and ex.rows.values is not None:
+        ex.rows = ex.rows._replace(values=rows.values)
+        rows = rows._replace(values=None)
+      self._take(slice(None), rows, slice(None))
       return
     if good.any():
       assert ex is not None

@@ -172,7 +172,14 @@ class SessionPair:
     return out
 
   def to_verifier(self, message: typing.Any) -> list[Stage | Verify]:
-    """Delivers `message` to the verifier: [], [Stage] or [Verify]."""
+    """Delivers `message` to the verifier: [], [Stage] or [Verify].
+
+    A view of a worker's slot (what `to_worker` returns; the slot is
+    already released) is copied first, as a link would: the verifier
+    reads a PACKED answer's rows in place until its Verify.
+    """
+    if isinstance(message, memoryview):
+      message = bytes(message)
     return self.verifier.receive(message, self.now)
 
   def poll(self) -> list[Stage | Verify]:

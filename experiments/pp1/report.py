@@ -16,6 +16,7 @@ import typing
 import numpy as np
 
 from dyadic_jax.testing import stats
+from dyadic_jax.wire.layouts import Feature
 from experiments import pipeline_config
 from experiments.pp1 import flags
 
@@ -140,8 +141,11 @@ def summarize(run, verifier, config, worker_stats, proxy, watch, check,
                  "seed": flags.SEED.value,
                  "mutant": flags.MUTANT.value,
                  "kill_worker_at": flags.KILL_AT.value,
-                 "authentication": ("none (--insecure)" if config.insecure
-                                    else "keyed BLAKE3"),
+                 "authentication": (
+                     "none (--insecure)" if config.insecure else
+                     "keyed BLAKE3, batch answers AES-256-GMAC"
+                     if verifier.session.features & Feature.GMAC
+                     else "keyed BLAKE3"),
                  "encrypt": config.encrypt,
                  "sampling_audit": not flags.NO_AUDIT.value,
                  "worker_bug": config.worker_bug,

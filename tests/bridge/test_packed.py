@@ -9,6 +9,7 @@ the real drivers over ZeroMQ.
 import collections
 import dataclasses
 
+import numpy as np
 import pytest
 
 from dyadic_jax import bridge
@@ -389,3 +390,25 @@ def test_gmac_is_not_offered_where_a_packed_frame_could_pass_2_gib():
   assert big.features & Feature.PACKED_REPLY
   assert bridge.Capabilities(representation=Representation.DENSE
                              ).features & Feature.GMAC
+
+
+@pytest.mark.parametrize("rep", [Representation.SPARSE,
+                                 Representation.DENSE])
+def test_the_usual_answer_is_staged_where_it_arrived(rep):
+  # Every record as expected: the Stage reads the q rows in the received
+  # message (no copy into the slot); a record that is not (request 1's
+  # proposer failed) sends the others through the slot. Both plans verify
+  # the same rows.
+  for proposer, in_place in ((_draw, True), (_failing(1), False)):
+    pair = _pair(h.caps(rep, features=Feature.PACKED_REPLY),
+                 proposer=proposer)
+    message = bytes(_answer(pair))
+    (stage,) = pair.to_verifier(message)
+    arrived = np.frombuffer(message, np.uint8)
+    assert np.shares_memory(stage.rows.values, arrived) == in_place
+    assert not np.shares_memory(stage.rows.tokens, arrived)
+    verdict = pair.caps.format.validate(stage.rows, vocab=pair.caps.vocab,
+                                        device=True)
+    plan = pair.verifier.staged(verdict).plan
+    assert plan.codes.tolist() == ([0, 0] if in_place else
+                                   [0, Code.PROPOSER_FAILED])

@@ -103,9 +103,11 @@ def dense_verdict(values: np.ndarray | jax.Array, tokens: ArrayLike,
     return _host_dense(values, np.asarray(tokens, np.int32),
                        None if draws is None else np.asarray(draws, np.uint32))
   if isinstance(values, np.ndarray):
+    # Zero-copy only from an aligned, writable slot (DLPack exports no
+    # read-only array; rows staged in a received message are read-only).
     values = (jax.dlpack.from_dlpack(values)
               if values.ctypes.data % 64 == 0 and values.flags.c_contiguous
-              else jnp.asarray(values))
+              and values.flags.writeable else jnp.asarray(values))
   return _device_dense(values, tokens, draws)
 
 
