@@ -2,11 +2,11 @@
 
     python -m experiments.pp1_pipeline
 
-Runtime with the defaults: 84 s, measured 2026-12-03 on 2 cores with load
-average 11.3 before and 14.0 after (memcpy of 10 MB: 1.02 ms before, 0.88 ms
+Runtime with the defaults: 29 s, measured 2026-12-05 on 2 cores with load
+average 0.9 before and 1.2 after (memcpy of 10 MB: 1.59 ms before, 1.61 ms
 after); docs/figures.json, recorded by `python -m experiments.record_figures`.
-Of the 78.1 s its summary counts, start-up, compile and worker start-up took
-67.2 s and the 23 rounds 9.0 s; --tokens scales only the rounds.
+Of the 27.4 s its summary counts, start-up, compile and worker start-up took
+24.7 s and the 23 rounds 2.3 s; --tokens scales only the rounds.
 
 The summary's time split says where a run's time went.
 
