@@ -15,7 +15,8 @@ worker answers with the part of the offer it also has (`agree`), and the
 verifier accepts an answer only within its offer. The session uses what
 the answer holds (the PACKED reply: `Feature.PACKED_REPLY`; the
 committed prefix in CONTEXT frames: `Feature.CONTEXT`, which a worker
-accepts only when its session is made with `wants_context`).
+accepts only when its session is made with `wants_context`; the PACKED
+reply's AES-256-GMAC tag: `Feature.GMAC`, `wire.auth`).
 
 `max_context` is no HELLO field: a local bound, the same default on both
 sides (a verifier never sends a longer CONTEXT; a worker refuses one).
