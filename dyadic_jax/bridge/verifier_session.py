@@ -311,8 +311,12 @@ class VerifierSession:
       self.counters.reject(Code.BAD_SEQUENCE, f"{f.kind.name} to HELLO")
       return
     assert self.session is not None and self._nonce is not None  # OPENING
+    features = Feature(int(f.body.features))
+    # With or without GMAC the answer itself (a HELLO) carries BLAKE3's
+    # tag; the keys are made once, with the session's sealer state.
     keys = auth.session_keys(self._secret, self.session, self._nonce,
-                             f.body.nonce, auth.VERIFIER)
+                             f.body.nonce, auth.VERIFIER,
+                             gmac=bool(features & Feature.GMAC))
     if not auth.check(frame, keys.recv):
       self.counters.reject(Code.AUTH_FAILED, "HELLO answer")
       return
@@ -327,10 +331,6 @@ class VerifierSession:
                            f"{int(self.caps.features)}")
       self.state, self.refused = CLOSED, Code.IDENTITY_MISMATCH
       return
-    features = Feature(int(f.body.features))
-    if features & Feature.GMAC:   # the answer's own tag is BLAKE3's either way
-      keys = auth.session_keys(self._secret, self.session, self._nonce,
-                               f.body.nonce, auth.VERIFIER, gmac=True)
     self.keys, self.state, self.features = keys, OPEN, features
     self.bounds = self.caps.bounds._replace(
         packed=bool(features & Feature.PACKED_REPLY),

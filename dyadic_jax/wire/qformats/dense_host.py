@@ -51,11 +51,11 @@ _NONE = np.int32(0)
 
 @numba.njit(cache=True, inline="always", boundscheck=False)
 def _entry(b: np.uint32, q: np.float32) -> np.int32:   # pragma: no cover
-  x = q * _SCALE
-  x = x if x <= _SCALE else _SCALE      # NaN too: the bit tests refuse it
+  y = q * _SCALE
+  x = y if y <= _SCALE else _SCALE      # NaN too: the bit tests refuse it
   x = x if x >= _FLOOR else _FLOOR
   c = np.int32(x)
-  fine = (b >= _GRID_BITS) & (b <= _ONE_BITS) & (np.float32(c) == q * _SCALE)
+  fine = (b >= _GRID_BITS) & (b <= _ONE_BITS) & (np.float32(c) == y)
   zero = (b & _MAGNITUDE) == _ZERO
   return c if fine else (_NONE if zero else _BAD)
 

@@ -93,8 +93,9 @@ def dense_verdict(values: np.ndarray | jax.Array, tokens: ArrayLike,
   audit's verdict (meaningful where valid; True without draws).
 
   host: one compiled sweep on the host (`_host_dense`, counts as an
-  aligned numpy array; default on a CPU backend) or the one jitted verdict (`_dense`; default on an accelerator). Both
-  give the same valid, drawn where valid and counts of valid rows.
+  aligned numpy array; default on a CPU backend) or the one jitted
+  verdict (`_dense`; default on an accelerator). Both give the same
+  valid, drawn where valid and counts of valid rows.
   """
   if host is None:
     host = jax.default_backend() == "cpu"
