@@ -34,7 +34,6 @@ import contextlib
 import errno
 import json
 import logging
-import signal
 import socket
 import sys
 import typing
@@ -42,6 +41,7 @@ import typing
 from absl import flags
 
 from experiments import cli
+from experiments import interrupt
 from experiments import pipeline_config
 
 # --help lists the session flags too, not only under --helpfull.
@@ -103,8 +103,10 @@ _RANK = flags.DEFINE_integer(
     "link bound at --address).", lower_bound=0,
     upper_bound=pipeline_config.MAX_RANKS - 1)
 _COORDINATOR = flags.DEFINE_string(
-    "coordinator", "", "host:port of the worker ranks' jax.distributed "
-    "coordinator (rank 0's process), with --worker_ranks > 1.")
+    "coordinator", "", "The worker ranks' jax.distributed coordinator (rank "
+    "0's process), with --worker_ranks > 1: unix:PATH (the pipeline's: a "
+    "socket in its private run folder) or host:port; rank 0 listens there "
+    "and nowhere else.")
 cli.check(["rank", "worker_ranks", "coordinator"],
           lambda rank, worker_ranks, coordinator: rank < worker_ranks and (
               worker_ranks == 1 or bool(coordinator)),
@@ -112,6 +114,9 @@ cli.check(["rank", "worker_ranks", "coordinator"],
           "--coordinator")
 
 cli.parse_flags_early(__name__)
+if __name__ == "__main__":
+  # SIGTERM and Ctrl-C end it quietly, the counters reported (STATS).
+  interrupt.as_exit()
 
 
 def token_not_from_q(propose):
@@ -209,8 +214,6 @@ def main(argv: list[str]) -> None:
   if config.insecure:
     print(pipeline_config.INSECURE_WARNING, file=sys.stderr, flush=True)
   secret, curve = config.link_keys("worker")
-  # SIGTERM ends the loop like Ctrl-C, so the counters are reported.
-  signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
 
   def ready(address):
     print(f"READY {address}", flush=True)

@@ -120,6 +120,7 @@ rounds, the drills, the report and plot, and `main`).
 from absl import flags as absl_flags
 
 from experiments import cli
+from experiments import interrupt
 from experiments import pipeline_config
 # First: the wall clock starts when stopwatch is imported.
 from experiments.pp1 import stopwatch  # pylint: disable=unused-import
@@ -130,6 +131,8 @@ from experiments.pp1 import flags
 absl_flags.adopt_module_key_flags(flags)
 absl_flags.adopt_module_key_flags(pipeline_config)
 cli.parse_flags_early(__name__)    # a bad flag exits here, before JAX
+if __name__ == "__main__":
+  interrupt.install()     # before JAX: its threads inherit the signal mask
 
 # pylint: disable-next=g-import-not-at-top,wrong-import-position
 from experiments.pp1 import main as pp1_main

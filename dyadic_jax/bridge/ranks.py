@@ -34,16 +34,24 @@ def initialize(coordinator: str, count: int, rank: int, *,
   """Joins this process as rank `rank` of `count` (`jax.distributed`):
   one CPU device per rank, collectives over gloo.
 
-  coordinator: host:port of rank 0's coordinator service. Call it before
-  anything starts JAX's backend (the CPU device count and the collectives
-  are read then). Returns once every rank joined, or raises after
-  `timeout_s` seconds.
+  coordinator: where rank 0's coordinator service listens, and only there:
+  `unix:PATH` (what the pipeline gives: a socket in its 0700 run folder,
+  reachable by its user alone) or host:port (jax's own default would
+  listen on every interface). The service has no authentication: a
+  process that connects as an existing task aborts every rank
+  (docs/security.md, "The ranks' fabric"). Call it before anything starts
+  JAX's backend (the CPU device count and the collectives are read then).
+  Returns once every rank joined, or raises after `timeout_s` seconds.
   """
   jax.config.update("jax_cpu_collectives_implementation", "gloo")
   jax.config.update("jax_num_cpu_devices", 1)
+  # Its SIGTERM handler records a "preemption" and lets the process run
+  # on: a stopped run must stop (experiments/interrupt.py).
+  jax.config.update("jax_enable_preemption_service", False)
   jax.distributed.initialize(coordinator, num_processes=count,
                              process_id=rank,
-                             initialization_timeout=timeout_s)
+                             initialization_timeout=timeout_s,
+                             coordinator_bind_address=coordinator)
 
 
 def broadcast(value: typing.Any, leader: bool) -> typing.Any:

@@ -255,6 +255,7 @@ class Proxy:
     self._error = None
     self.address = None
     self._front = self._back = self._poller = None
+    self._retarget = threading.Event()
 
   # -- control ---------------------------------------------------------------
 
@@ -278,6 +279,12 @@ class Proxy:
     if self._error is not None:
       raise RuntimeError("Proxy: the forwarding thread failed") from (
           self._error)
+
+  def retarget(self, back_address):
+    """Forwards to the worker at `back_address` from now on (a restarted
+    worker on a new port): the forwarding thread reconnects its back."""
+    self.back_address = back_address
+    self._retarget.set()
 
   def pause(self):
     """No new faults until `resume` (held messages are still released)."""
@@ -364,6 +371,9 @@ class Proxy:
     self._ready.set()
     try:
       while not self._stop.is_set():
+        if self._retarget.is_set():
+          self._retarget.clear()
+          self._reset("back")
         events = dict(self._poller.poll(self._poll_ms()))
         if events.get(self._front):
           while self._front.poll(0):

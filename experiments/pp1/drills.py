@@ -21,8 +21,13 @@ class WorkerKill(bridge.RoundHook):
   when it has one rank) dies in the middle of the next round: once the
   round has begun, before its STEP goes out (`begin`). Then the
   supervisor restarts the worker: every rank (the survivors' collective
-  group is broken), on the same addresses.
+  group is broken). The session's link takes a fresh port (a squatter on
+  the dead worker's port cannot keep it from starting) and the verifier,
+  or the fault proxy in front of it (`proxy`), follows its READY line;
+  the rank links are sockets in the run's own folder, the same again.
   """
+
+  proxy: proxy_lib.Proxy | None = None   # set when it fronts the session
 
   def __init__(self, workers: list[supervisor.WorkerGroup],
                config: pipeline_config.PipelineConfig, tmp: str,
@@ -54,8 +59,17 @@ class WorkerKill(bridge.RoundHook):
     with self.watch.phase("worker restart"):
       group.kill()
       self.workers.append(supervisor.WorkerGroup(
-          self.config, self.tmp, self.on_death, group.addresses))
-      self.workers[-1].wait_ready()
+          self.config, self.tmp, self.on_death,
+          [supervisor.link_address(self.tmp, s)
+           for s in range(len(group.ranks))]))
+      address = self.workers[-1].wait_ready()
+    if self.proxy is not None:
+      self.proxy.retarget(address)
+    else:
+      verifier.address = address
+      if verifier.endpoint is not None:
+        # Replaced before the next round (a new socket, a new session).
+        verifier.endpoint.lost = True
     logging.info("fault drill: worker restarted")
     return lost
 

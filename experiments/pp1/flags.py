@@ -128,8 +128,9 @@ SHARD_ADDRESS = flags.DEFINE_string(
 STATS_OUT = flags.DEFINE_string(
     "stats_out", "", "Internal: where a follower rank writes its link's "
     "figures.")
-COORDINATOR = flags.DEFINE_string("coordinator", "",
-                                   "Internal: host:port of rank 0.")
+COORDINATOR = flags.DEFINE_string(
+    "coordinator", "", "Internal: rank 0's jax.distributed coordinator "
+    "(unix:PATH, a socket in the run's private folder).")
 
 
 def _finite_in(lo: float, hi: float, *,

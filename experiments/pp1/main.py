@@ -18,6 +18,7 @@ from dyadic_jax.bridge import keys
 from dyadic_jax.bridge import rank_links
 from dyadic_jax.bridge import ranks
 from experiments import cli
+from experiments import interrupt
 from experiments import pipeline_config
 from experiments.pp1 import drills
 from experiments.pp1 import flags
@@ -38,12 +39,22 @@ def main(argv: list[str]) -> int | None:
   if flags.RANK.value:
     follow()
     return None
-  with tempfile.TemporaryDirectory(prefix="pp1-") as tmp:
+  with tempfile.TemporaryDirectory(prefix="pp1-", dir=_run_parent()) as tmp:
     try:
       return lead(tmp)
     except supervisor.ChildFailed as e:
       sys.stderr.write(f"{cli.program()}: {e}\n")
       return 1
+
+
+def _run_parent() -> str | None:
+  """Where the run's folder goes: the temporary directory, or /tmp when a
+  multi-rank run's unix sockets would not fit under it (a sockaddr_un
+  holds 107 bytes of path)."""
+  multi = flags.verifier_ranks() > 1 or flags.config().worker_ranks > 1
+  longest = len(os.path.join(tempfile.gettempdir(), "pp1-12345678",
+                             "worker-coordinator99.sock").encode())
+  return "/tmp" if multi and longest > supervisor.MAX_SOCKET_PATH else None
 
 
 def follow() -> None:
@@ -109,6 +120,13 @@ def lead(tmp: str) -> int:
   workers: list[supervisor.WorkerGroup] = []
   followers: list[supervisor.Watch] = []
   proxy, joined = None, False
+
+  def interrupted() -> None:
+    # SIGTERM or Ctrl-C (experiments/interrupt.py): no child, no folder (it
+    # holds the throwaway secret keys) is left behind.
+    supervisor.STOPPING.set()
+    supervisor.cleanup(workers, tmp, followers)
+  interrupt.on_interrupt(interrupted)
   try:
     with watch.phase("start-up"):
       if not multiprocess and "force_host_platform_device_count" not in (
@@ -117,19 +135,20 @@ def lead(tmp: str) -> int:
                                    " --xla_force_host_platform_device_count="
                                    f"{flags.DEVICES.value}").strip()
       # The worker starts (and compiles) while this process does the same.
-      on_death = lambda: supervisor.cleanup(workers, tmp)
+      on_death = lambda: supervisor.cleanup(workers, tmp, followers)
       workers.append(supervisor.WorkerGroup(config, tmp, on_death, [
           supervisor.link_address(tmp, s)
           for s in range(config.worker_ranks)]))
-      coordinator = f"127.0.0.1:{supervisor.free_port()}"
+      coordinator = (supervisor.coordinator_address(tmp, "coordinator")
+                     if multiprocess else "")
       shard_links = list(workers[0].addresses)
       fault_link = flags.FAULT_LINK.value
       if flags.FAULTS.value > 0 and fault_link:
         # Between verifier rank s and worker rank s (both start later).
         proxy = drills.proxy(shard_links[fault_link])
         shard_links[fault_link] = proxy.address
-      followers = supervisor.start_followers(config, tmp, coordinator,
-                                             shard_links, on_death)
+      followers.extend(supervisor.start_followers(
+          config, tmp, coordinator, shard_links, on_death))
       if multiprocess:
         stopwatch.say(f"start-up: {count} verifier ranks joining "
                       "(jax.distributed, gloo)")
@@ -156,6 +175,8 @@ def lead(tmp: str) -> int:
       if flags.FAULTS.value > 0 and not fault_link:
         proxy = drills.proxy(address)
         address = proxy.address
+      if drill is not None:
+        drill.proxy = proxy if not fault_link else None
       verifier.address = address
       verifier.open()
       stopwatch.say(f"worker start-up: session open with the worker at "

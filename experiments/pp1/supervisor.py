@@ -6,11 +6,11 @@ No JAX here: the leader starts its children while it starts JAX itself.
 """
 
 import contextlib
+import itertools
 import json
 import os
 import select
 import shutil
-import socket
 import subprocess
 import sys
 import threading
@@ -24,16 +24,33 @@ from experiments.pp1 import flags
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__))))
 READY_TIMEOUT_S = 600   # worker start-up: JAX import and one compile
+_GROUPS = itertools.count()   # worker groups started (a restart: one more)
 
 
 class ChildFailed(Exception):
   """A child process failed; the message carries its own error text."""
 
 
-def free_port() -> int:
-  with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-    s.bind(("127.0.0.1", 0))
-    return s.getsockname()[1]
+# A unix socket's path must fit a sockaddr_un (108 bytes, its NUL included).
+MAX_SOCKET_PATH = 107
+
+
+def socket_path(tmp: str, name: str) -> str:
+  """`name`'s path in the run's folder, for a unix socket (ValueError if it
+  is too long for one: `main` makes the folder short enough)."""
+  path = os.path.join(tmp, name)
+  if len(path.encode()) > MAX_SOCKET_PATH:
+    raise ValueError(f"{path}: too long for a unix socket")
+  return path
+
+
+def coordinator_address(tmp: str, name: str) -> str:
+  """A jax.distributed coordinator of the run: a unix socket in its 0700
+  folder, so that only this user reaches it (docs/security.md, "The ranks'
+  fabric"). Its service has no authentication: any process that connects
+  as an existing task aborts every rank. No port, so nothing on a command
+  line names one, and nothing can be squatted between a pick and a bind."""
+  return "unix:" + socket_path(tmp, f"{name}.sock")
 
 
 def child_env(devices: int | None = None) -> dict[str, str]:
@@ -63,10 +80,22 @@ def tail(path: str, lines: int = 6) -> str:
 
 
 def link_address(tmp: str, rank: int) -> str:
-  """Where worker rank `rank` binds: a free port (rank 0: any) or a path."""
+  """Where worker rank `rank` binds. The session's link (rank 0): tcp port 0
+  (the worker binds a free port and says which in its READY line) or a
+  path. A rank link (rank s >= 1): always an ipc socket in the run's 0700
+  folder: the follower rank must know it before the worker binds it, and
+  a port picked for it could be taken in between (before: a squatter that
+  bound it first failed the run)."""
+  if rank:
+    return "ipc://" + socket_path(tmp, f"pp1-worker{rank}.sock")
   if flags.TRANSPORT.value == "ipc":
-    return f"ipc://{tmp}/pp1-worker{rank or ''}.sock"
-  return f"tcp://127.0.0.1:{free_port() if rank else 0}"
+    return f"ipc://{tmp}/pp1-worker.sock"   # too long: the worker says so
+  return "tcp://127.0.0.1:0"
+
+
+# Set when the run is being stopped on purpose (a signal): from then on a
+# child's death is expected, not an error to report.
+STOPPING = threading.Event()
 
 
 class Watch:
@@ -94,7 +123,7 @@ def watch(proc: typing.Any, log: str, name: str,
   def run() -> None:
     while watching.on and proc.poll() is None:
       time.sleep(0.2)
-    if watching.on and proc.returncode:
+    if watching.on and proc.returncode and not STOPPING.is_set():
       sys.stderr.write(f"\n{cli.program()}: the {name} exited with status "
                        f"{proc.returncode}:\n{tail(log)}\n")
       sys.stderr.flush()
@@ -121,8 +150,10 @@ class Worker:
       self.proc: typing.Any = subprocess.Popen(
           [sys.executable, "-m", "experiments.bridge_worker",
            f"--address={address}", *ranked, *config.to_flags()], cwd=ROOT,
-          env=env,
-          stdout=subprocess.PIPE, stderr=log, text=True)
+          env=env, stdout=subprocess.PIPE, stderr=log, text=True,
+          # A terminal's Ctrl-C reaches this process alone, which stops
+          # its children itself (`interrupt`): no child reports a crash.
+          start_new_session=True)
     self.address: str | None = None
     # A worker that dies while this process compiles ends the run at once.
     self.watch = watch(self.proc, self.log, f"worker rank {rank}" if ranked
@@ -175,8 +206,9 @@ class WorkerGroup:
   def __init__(self, config: pipeline_config.PipelineConfig, tmp: str,
                on_death: typing.Callable[[], None],
                addresses: typing.Sequence[str]):
-    coordinator = (f"127.0.0.1:{free_port()}" if config.worker_ranks > 1
-                   else "")
+    # A coordinator of its own per start (a restarted group's is new).
+    coordinator = (coordinator_address(tmp, f"worker-coordinator{next(_GROUPS)}")
+                   if config.worker_ranks > 1 else "")
     self.addresses = list(addresses)
     self.ranks = [Worker(config, tmp, on_death, a, s, coordinator)
                   for s, a in enumerate(self.addresses)]
@@ -219,7 +251,7 @@ def start_followers(config: pipeline_config.PipelineConfig, tmp: str,
            f"--stats_out={tmp}/rank{rank}.json"] + [
                a for a in sys.argv[1:] if not a.startswith("--rank")],
           cwd=ROOT, env=child_env(), stdout=out,
-          stderr=subprocess.STDOUT)
+          stderr=subprocess.STDOUT, start_new_session=True)
     # A follower that dies would leave the rendezvous waiting.
     followers.append(watch(proc, log, f"verifier rank {rank}", on_death))
   return followers
@@ -235,10 +267,16 @@ def wait_followers(followers: typing.Sequence[Watch]) -> None:
       follower.proc.kill()
 
 
-def cleanup(workers: typing.Sequence[WorkerGroup], tmp: str) -> None:
-  """Last-resort cleanup before an abrupt exit: no orphan, no /tmp litter."""
+def cleanup(workers: typing.Sequence[WorkerGroup], tmp: str,
+            followers: typing.Sequence[Watch] = ()) -> None:
+  """Last-resort cleanup before an abrupt exit: no orphan, no /tmp litter
+  (the run's folder holds its throwaway secret keys)."""
   for group in workers:
     group.kill()
+  for follower in followers:
+    if follower.proc.poll() is None:
+      follower.proc.kill()
+      follower.proc.wait()
   shutil.rmtree(tmp, ignore_errors=True)
 
 
