@@ -32,9 +32,15 @@ reports CONNECT_RETRIED right after DISCONNECTED); after a protocol error
 (a peer that sent a part over ZMQ_MAXMSGSIZE) or a failed handshake it
 gives the connection up for good and reports nothing more. Such an
 endpoint is `lost` (`broken`), and its driver replaces the socket instead
-of waiting on it (`Verifier`, `rank_links`).
+of waiting on it (`Verifier`, `rank_links`). A failed handshake is lost at
+once; a disconnection is lost once RETRY_NOTICE_MS pass without a
+reconnection reported, noticed by a later look, never waited for: a
+check never blocks (before, each one waited up to a second for a retry
+libzmq never scheduled: a peer that sent a NULL greeting and hung up
+made every round of an outage cost a second).
 """
 
+import math
 import threading
 import time
 import typing
@@ -56,9 +62,10 @@ HWM = 8                      # messages queued per peer and direction
 HELLO_MESSAGE = 4096         # the verifier's bound before its session opens
 # What ends a connection for good, or says the peer is not ours: after
 # these libzmq may never reconnect the session (a protocol error ends it).
-LOST_EVENTS = (zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
-               | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
-               | zmq.EVENT_HANDSHAKE_FAILED_AUTH)
+HANDSHAKE_FAILED = (zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+                    | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+                    | zmq.EVENT_HANDSHAKE_FAILED_AUTH)
+LOST_EVENTS = zmq.EVENT_DISCONNECTED | HANDSHAKE_FAILED
 # libzmq reports a scheduled reconnection in the same call that reports
 # the disconnection: this long without one, it gave the connection up.
 RETRY_NOTICE_MS = 1000
@@ -131,6 +138,9 @@ class Endpoint:
     # A connecting endpoint's socket monitor (LOST_EVENTS only).
     self._monitor: zmq.Socket | None = None
     self.lost = False
+    # A disconnection seen, no reconnection reported yet: lost if none is
+    # by then (time.monotonic()).
+    self._retry_by: float | None = None
     if not routed:
       self._monitor = socket.get_monitor_socket(
           LOST_EVENTS | zmq.EVENT_CONNECT_RETRIED)
@@ -197,26 +207,29 @@ class Endpoint:
     return cls(socket, address, False, counters)
 
   def broken(self) -> bool:
-    """True once libzmq gave the connection up (a disconnection or a failed
-    handshake that no reconnection follows): the socket must be replaced.
-    Reads the pending monitor events."""
+    """True once libzmq gave the connection up (a failed handshake, or a
+    disconnection that no reconnection followed within RETRY_NOTICE_MS):
+    the socket must be replaced. Reads the pending monitor events; never
+    waits."""
     monitor = self._monitor
     while monitor is not None and not self.lost and monitor.poll(0):
-      event = zmq_monitor.recv_monitor_message(monitor, zmq.DONTWAIT)
-      if int(event["event"]) & LOST_EVENTS and self._gave_up(monitor):
-        self.lost = True
-        self._event("link_lost")
+      event = int(zmq_monitor.recv_monitor_message(
+          monitor, zmq.DONTWAIT)["event"])
+      if event & HANDSHAKE_FAILED:
+        self._lose()
+      elif event == zmq.EVENT_DISCONNECTED:
+        self._retry_by = time.monotonic() + RETRY_NOTICE_MS / 1000
+      elif event == zmq.EVENT_CONNECT_RETRIED:
+        self._retry_by = None
+    if (not self.lost and self._retry_by is not None
+        and time.monotonic() >= self._retry_by):
+      self._lose()
     return self.lost
 
-  @staticmethod
-  def _gave_up(monitor: zmq.Socket) -> bool:
-    """After a lost connection: False once libzmq reports its reconnection
-    scheduled, True if it does not within RETRY_NOTICE_MS."""
-    while monitor.poll(RETRY_NOTICE_MS):
-      event = zmq_monitor.recv_monitor_message(monitor, zmq.DONTWAIT)
-      if int(event["event"]) == zmq.EVENT_CONNECT_RETRIED:
-        return False
-    return True
+  def _lose(self) -> None:
+    self.lost = True
+    self._retry_by = None
+    self._event("link_lost")
 
   def _event(self, name: str) -> None:
     if self.counters is not None:
@@ -273,10 +286,13 @@ class Endpoint:
     poller.register(self._monitor, zmq.POLLIN)
     end = time.monotonic() + max(0.0, timeout_s)
     while not self.broken():
-      ready = dict(poller.poll(max(0, int((end - time.monotonic()) * 1000))))
+      # A pending disconnection is decided at its notice's end, if sooner.
+      until = end if self._retry_by is None else min(end, self._retry_by)
+      ready = dict(poller.poll(max(0, math.ceil(
+          (until - time.monotonic()) * 1000))))
       if self.socket in ready:
         return True
-      if self._monitor not in ready:
+      if self._monitor not in ready and time.monotonic() >= end:
         return False            # the time is up
     return False
 

@@ -470,3 +470,60 @@ def test_the_worker_endpoint_needs_no_monitor():
   finally:
     endpoint.close()
   assert np is not None
+
+
+def _null_greeter(listener, stop):
+  """A raw-ZMTP peer on `listener` that answers each connection with a
+  ZMTP 3.0 greeting of the NULL mechanism and hangs up."""
+  greeting = (b"\xff" + bytes(8) + b"\x7f" + bytes([3, 0])
+              + b"NULL".ljust(20, b"\x00") + b"\x00" + bytes(31))
+  listener.settimeout(0.05)
+  while not stop.is_set():
+    try:
+      conn, _ = listener.accept()
+    except OSError:
+      continue
+    try:
+      conn.sendall(greeting)
+    except OSError:
+      pass
+    conn.close()
+
+
+def test_a_failed_handshake_is_lost_at_once_and_no_look_waits(
+    key_set, monkeypatch):
+  """A NULL greeting to the verifier's CURVE socket, then a hang-up (a
+  squatter during an outage): the endpoint is lost at once, and no look
+  at its monitor waits. Before: each look waited RETRY_NOTICE_MS for a
+  reconnection libzmq never schedules, about 1 s of every fallback round
+  while the worker was down. Counted: the monitor's polls with a wait."""
+  vcurve = key_set[1].curve
+  listener = socket.socket()
+  listener.bind(("127.0.0.1", 0))
+  listener.listen()
+  stop = threading.Event()
+  greeter = threading.Thread(target=_null_greeter, args=(listener, stop),
+                             daemon=True)
+  greeter.start()
+  waits = []
+  poll = zmq.Socket.poll
+
+  def counted(sock, timeout=None, flags=zmq.POLLIN):
+    if sock is getattr(endpoint, "_monitor", None) and timeout != 0:
+      waits.append(timeout)
+    return poll(sock, timeout, flags)
+  endpoint = transport.Endpoint.connect(
+      f"tcp://127.0.0.1:{listener.getsockname()[1]}",
+      max_message=transport.HELLO_MESSAGE, curve=vcurve)
+  monkeypatch.setattr(zmq.Socket, "poll", counted)
+  try:
+    # recv wakes on the monitor's events; bounded by the guard, not timed.
+    assert endpoint.recv(GUARD_S) is None
+    assert endpoint.lost
+    assert waits == []
+  finally:
+    endpoint.close()
+    stop.set()
+    greeter.join(GUARD_S)
+    listener.close()
+
