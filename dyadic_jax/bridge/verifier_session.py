@@ -494,8 +494,8 @@ class VerifierSession:
                            f"late RESET ({code.name})")
       return []
     self.counters.reject(code, "worker RESET")
-    if code == Code.UNKNOWN_SESSION:
-      self.close()                # the worker restarted: HELLO again
+    if code in (Code.UNKNOWN_SESSION, Code.SESSION_EXHAUSTED):
+      self.close()    # the worker restarted, or ended the session: HELLO again
     for i in np.flatnonzero(~ex.answered):
       ex.answered[i], ex.codes[i] = True, code
     return self._progress(now)

@@ -584,6 +584,8 @@ class WorkerSession:
   def _packed_steps(self, fresh: list[tuple[codec.Frame, _View]],
                     session: _Session, sends: list[Send]) -> WorkerAnswer:
     """A PACKED answer of the fresh STEPs: one record each, in order."""
+    if session.keys.send.spent:
+      return self._end_spent(fresh[0][0], session, sends)
     statuses = [self._fresh_view(f, view) for f, view in fresh]
     depth = next((f.body.depth for (f, _), s in zip(fresh, statuses)
                   if not s), 0)
@@ -614,6 +616,19 @@ class WorkerSession:
                             body.anchor, body.context_version, int(status)))
       self.counters.event("proposals")
     return WorkerAnswer(sends, proposals, slot, tuple(entries), packed)
+
+  def _end_spent(self, step: codec.Frame, session: _Session,
+                 sends: list[Send]) -> WorkerAnswer:
+    """The session's sealer is at its counter's end (GMAC: one more frame
+    would repeat a nonce): the session ends here, counted, and the STEP is
+    refused (SESSION_EXHAUSTED), so the verifier closes its side and opens
+    a new session (a new HELLO, new keys). Nothing is drawn."""
+    self.counters.reject(Code.SESSION_EXHAUSTED,
+                         f"session {session.id}: its key sealed 2^32 - 1 "
+                         "frames")
+    self.established = None
+    return WorkerAnswer(sends + [Send(self._refusal(
+        Code.SESSION_EXHAUSTED, step.raw, step.header))], [])
 
   def _finish_packed(self, answer: WorkerAnswer,
                      failed: dict[int, int]) -> list[Send]:

@@ -56,6 +56,7 @@ import blake3
 import crc32c
 
 from dyadic_jax.wire import layouts
+from dyadic_jax.wire.refusals import Code, ProtocolError
 
 SECRET_BYTES = 32
 _CONTEXT = "dyadic-jax bridge wire v3 {}"
@@ -73,6 +74,20 @@ class Tagger:
     """Called by `seal` before `tag`: writes what the tag's input needs
     from the sealer (nothing, but for GMAC's frame counter)."""
     del frame
+
+  @property
+  def spent(self) -> bool:
+    """True when this sealer can seal no more frames (GMAC's counter's
+    end): its session must end before it seals again."""
+    return False
+
+
+class SealsExhausted(ProtocolError):
+  """A sealer asked for one frame past its counter's end (SESSION_EXHAUSTED)."""
+
+  def __init__(self) -> None:
+    super().__init__(Code.SESSION_EXHAUSTED, "2^32 - 1 frames sealed with one "
+                     "key; the session must end (a new HELLO, new keys)")
 
 
 class Crc32cTag(Tagger):
@@ -125,10 +140,13 @@ class GmacTag(Tagger):
     self._aead = aead.AESGCM(bytes(key))
     self._sealed = 0
 
+  @property
+  def spent(self) -> bool:
+    return self._sealed >= 0xFFFFFFFF
+
   def prepare(self, frame: memoryview) -> None:
-    if self._sealed >= 0xFFFFFFFF:
-      raise RuntimeError("GmacTag: 2^32 - 1 frames sealed with one key; the "
-                         "session must end (a new HELLO, new keys)")
+    if self.spent:       # the nonce would repeat under this key
+      raise SealsExhausted()
     self._sealed += 1
     frame[_COUNTER] = self._sealed.to_bytes(4, "little")
 
@@ -154,6 +172,10 @@ class ByKind(Tagger):
 
   def prepare(self, frame: memoryview) -> None:
     self._of(frame).prepare(frame)
+
+  @property
+  def spent(self) -> bool:
+    return self._other.spent or self._packed.spent
 
   def tag(self, frame: layouts.Buffer) -> bytes:
     view = memoryview(frame).cast("B")

@@ -50,6 +50,7 @@ class Code(enum.IntEnum):
   SAMPLING_MISMATCH = 29     # a token is not what the PROPOSAL key draws
   BAD_STATUS = 30            # a status or reason value this side does not know
   PROPOSER_FAILED = 31       # the worker's proposer refused the STEP
+  SESSION_EXHAUSTED = 32     # the session's key sealed 2^32 - 1 GMAC frames
 
   @classmethod
   def parse(cls, value: typing.SupportsInt | str) -> "Code | None":

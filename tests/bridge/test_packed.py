@@ -377,10 +377,44 @@ def test_the_gmac_sealer_stops_before_its_counter_wraps():
   frame = bytearray(layouts.HEADER_BYTES)
   frame[6:8] = int(Kind.PACKED).to_bytes(2, "little")
   w.send._packed._sealed = 0xFFFFFFFE
+  assert not w.send.spent
   auth.seal(frame, w.send)
   assert _counter(frame) == 0xFFFFFFFF
-  with pytest.raises(RuntimeError, match="2\\^32 - 1 frames"):
+  assert w.send.spent
+  with pytest.raises(auth.SealsExhausted, match="2\\^32 - 1 frames") as e:
     auth.seal(frame, w.send)
+  assert e.value.code == Code.SESSION_EXHAUSTED
+
+
+def test_the_counters_end_ends_the_session_with_a_counted_refusal():
+  """The worker's sealer sealed 2^32 - 1 frames: the next STEP is refused
+  (SESSION_EXHAUSTED, counted on both sides, nothing drawn), the verifier
+  closes its session and the next HELLO opens a new one with new keys, in
+  which the rounds go on. Before: the sealer's RuntimeError escaped
+  `WorkerSession.finish` and the worker process exited."""
+  drawn = []
+
+  def draw(props):
+    drawn.extend(props)
+    return _draw(props)
+  pair = _pair(GMAC, proposer=draw)
+  pair.run_round(RIDS, 2, draws=None)    # the session is established
+  old = pair.worker.established
+  old.keys.send._packed._sealed = 0xFFFFFFFE
+  plan = pair.run_round(RIDS, 2, draws=None)     # the last frame it seals
+  assert list(plan.codes) == [0, 0]
+  drawn.clear()
+  plan = pair.run_round(RIDS, 2, draws=None)
+  assert not drawn
+  assert list(plan.codes) == [Code.SESSION_EXHAUSTED] * 2
+  assert pair.worker.counters.errors(Code.SESSION_EXHAUSTED) == 1
+  assert pair.verifier.counters.errors(Code.SESSION_EXHAUSTED) == 1
+  assert pair.worker.established is None and not pair.verifier.is_open
+  assert pair.open()
+  plan = pair.run_round(RIDS, 2, draws=None)
+  assert list(plan.codes) == [0, 0]
+  new = pair.worker.established
+  assert new is not None and new is not old and not new.keys.send.spent
 
 
 def test_gmac_is_not_offered_where_a_packed_frame_could_pass_2_gib():
