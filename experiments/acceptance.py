@@ -103,7 +103,7 @@ cli.check(["ks", "vocab"], lambda ks, vocab: cli.int_list(ks, 1, vocab),
           "--ks must be integers in [1, --vocab]")
 cli.check_output_path("json_out")
 cli.check_output_path("plot_out")
-cli.parse_flags_early(__name__)
+cli.parse_flags_early(__name__, extra="experiments")
 
 # pylint: disable=g-import-not-at-top,g-bad-import-order,wrong-import-position
 import jax

@@ -79,7 +79,7 @@ cli.check("model", cli.is_checkpoint, "--model is a shipped pair's name "
           "(stdlib) or a checkpoint directory holding config.json")
 cli.check_output_path("json_out")
 cli.check_output_path("plot_out")
-cli.parse_flags_early(__name__)
+cli.parse_flags_early(__name__, extra="experiments")
 
 # pylint: disable=g-import-not-at-top
 import numpy as np

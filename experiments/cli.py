@@ -142,13 +142,32 @@ def _parse(argv: list[str]) -> list[str]:
   return rest
 
 
-def parse_flags_early(module_name: str) -> None:
+def parse_flags_early(module_name: str, *, extra: str | None = None
+                      ) -> None:
   """Parses sys.argv now if `module_name` is "__main__" (see the docstring).
 
-  Every flag the program uses must be defined before this call.
+  Every flag the program uses must be defined before this call. extra:
+  the optional dependencies (`dyadic_jax.extras`) the program needs; one
+  line naming it, exit 2, when it is not installed.
   """
   if module_name == "__main__":
     _parse(sys.argv)
+    if extra is not None and (problem := extra_problem(extra)):
+      sys.stderr.write(f"{problem}\n")
+      sys.stderr.flush()
+      sys.exit(2)
+
+
+def extra_problem(extra: str, user: str | None = None) -> str | None:
+  """None when extra `extra` is installed, else the one line that says
+  which to install, naming `user` (default: the program): a flag
+  validator's message, or parse_flags_early's."""
+  from dyadic_jax import extras  # pylint: disable=g-import-not-at-top
+  try:
+    extras.require(extra, user or program())
+  except extras.MissingExtra as e:
+    return str(e)
+  return None
 
 
 def run(main: typing.Callable[[list[str]], typing.Any]) -> None:

@@ -171,6 +171,8 @@ cli.check(["model", *TOY_FLAGS], lambda model, **_: model == "toy" or not any(
     flags.FLAGS[name].present for name in TOY_FLAGS),
           "--closeness, --model_seed and --backbone are the toy pair's "
           "(--model=toy)")
+cli.check_problem("model", lambda model: None if model == "toy" else (
+    cli.extra_problem("models", f"--model={model}")))
 cli.check(["model", "worker_ranks"], lambda model, worker_ranks: (
     model == "toy" or worker_ranks == 1),
           "--model runs its draft on one worker rank (--worker_ranks=1)")

@@ -129,7 +129,8 @@ from experiments.pp1 import flags
 # --depth, --keys_dir ...), not only under --helpfull.
 absl_flags.adopt_module_key_flags(flags)
 absl_flags.adopt_module_key_flags(pipeline_config)
-cli.parse_flags_early(__name__)    # a bad flag exits here, before JAX
+# A bad flag, or a missing extra, exits here, before JAX.
+cli.parse_flags_early(__name__, extra="experiments")
 
 # pylint: disable-next=g-import-not-at-top,wrong-import-position
 from experiments.pp1 import main as pp1_main

@@ -69,7 +69,7 @@ cli.check("closeness", lambda c: 0.0 <= c <= 1.0,
           "--closeness must be a number in [0, 1]")
 cli.check("alpha", cli.in_open_unit, "--alpha must be in (0, 1)")
 cli.check_output_path("json_out")
-cli.parse_flags_early(__name__)
+cli.parse_flags_early(__name__, extra="experiments")
 
 # pylint: disable=g-import-not-at-top,g-bad-import-order,wrong-import-position
 import jax
