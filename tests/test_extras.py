@@ -3,9 +3,9 @@
 * pyproject.toml's extras are `extras.EXTRAS` and `extras.INCLUDES`, and
   the core dependencies are the library's (nothing an extra brings).
 * Without any extra installed, `import dyadic_jax; dyadic_jax.verify_batch`
-  and the README's bridge example (a worker and a verifier over loopback
-  with toy models) run: a fresh interpreter in which every extra's module
-  is absent (`sys.modules[name] = None`, which `import` and
+  and the guide's bridge example (docs/guide.md: a worker and a verifier
+  over loopback with toy models) run: a fresh interpreter in which every
+  extra's module is absent (`sys.modules[name] = None`, which `import` and
   `importlib.util.find_spec` both read as not installed).
 * Each entry point that needs an extra, started without it, exits 2 with
   one line naming the extra; the library's loaders raise `MissingExtra`.
@@ -87,9 +87,9 @@ def test_core_verifies_without_extras():
   assert "verified" in run.stdout
 
 
-def test_readme_bridge_example_without_extras(tmp_path):
-  readme = (_ROOT / "README.md").read_text()
-  blocks = [b for b in re.findall(r"```python\n(.*?)```", readme, re.S)
+def test_guide_bridge_example_without_extras(tmp_path):
+  guide = (_ROOT / "docs" / "guide.md").read_text()
+  blocks = [b for b in re.findall(r"```python\n(.*?)```", guide, re.S)
             if "worker.serve" in b]
   assert len(blocks) == 1
   run = _without(_ALL_OPTIONAL, blocks[0], cwd=tmp_path)

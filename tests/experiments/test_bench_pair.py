@@ -4,7 +4,7 @@ No test asserts on time: one small run (2 prompts, dense and sparse k=16,
 the bridge leg included; --runslow: about a minute, mostly compiles, and
 the default tier's generate and pipeline tests already decode the trained
 pair in one process and over the bridge) checks that the record holds
-every figure the README's tables come from, that they are consistent with
+every figure docs/benchmarks.md's tables come from, that they are consistent with
 each other, and that the rows a chunked verify pass computes equal the
 rows of a one-token-at-a-time decode within the float tolerance
 docs/numerics.md states.
