@@ -7,8 +7,10 @@
 * ```sh blocks are not run (their commands take minutes to hours); they
   are checked: every `python -m experiments.X --flag ...` names only flags
   that module defines (against its --helpfull, which exits before JAX
-  starts), and every other program of the project's own (`python -m
-  tests.X`, `python tests/fuzz_wire.py`) exists.
+  starts), every `python -m pytest` names only options pytest's --help
+  lists (conftest.py's included) and paths that exist, and every other
+  program of the project's own (`python -m tests.X`, `python
+  tests/fuzz_wire.py`) exists.
 * The table of docs/guide.md's "The flags that matter" names only flags of
   the program its row names.
 * Every relative link ([text](path#anchor), images too) resolves: the file
@@ -199,6 +201,23 @@ def test_docs_programs_exist():
     for script in re.findall(r"python3? ((?:\.\./)*[\w/]+\.py)\b", line):
       assert (_ROOT / re.sub(r"^(\.\./)+", "", script)).is_file(), (
           f"{block.where}: python {script}: no such file")
+
+
+def test_docs_pytest_commands_use_real_options():
+  """`python -m pytest ...`: its long options and the paths it names."""
+  commands = [(b, line.split("python -m pytest", 1)[1])
+              for b, line in _sh_lines() if "python -m pytest" in line]
+  assert len(commands) >= 2            # the test command, GPU qualification
+  run = subprocess.run([sys.executable, "-m", "pytest", "--help"], cwd=_ROOT,
+                       env=_fresh_env(), capture_output=True, text=True,
+                       timeout=300)
+  assert run.returncode == 0, run.stderr
+  for block, args in commands:
+    for name in re.findall(r"(?:^|\s)--([\w-]+)", args):
+      assert re.search(rf"^\s+--{name}\b", run.stdout, re.M), (
+          f"{block.where}: python -m pytest --{name}: no such option")
+    for path in re.findall(r"(?:^|\s)(tests/\S*)", args):
+      assert (_ROOT / path).exists(), f"{block.where}: {path}: no such path"
 
 
 def test_the_flags_table_names_real_flags():
