@@ -204,6 +204,20 @@ def test_sessions_import_without_jax_or_zmq():
   assert run.stdout.strip() == "[]", run.stdout
 
 
+def test_round_engine_and_generate_import_without_zmq():
+  """The round's numeric half (`bridge.engine`) and the generation a user
+  calls (`bridge.generate`, its `Local` link) load no ZeroMQ: the driver
+  comes in with a `Bridged` link's `Verifier`, never with them."""
+  code = ("import sys\nimport dyadic_jax.bridge.engine\n"
+          "import dyadic_jax.bridge.generate\n"
+          "print('zmq' in sys.modules)\n")
+  run = subprocess.run([sys.executable, "-c", code], cwd=_ROOT,
+                       capture_output=True, text=True, timeout=300,
+                       env={"PYTHONPATH": str(_ROOT), "PATH": ""})
+  assert run.returncode == 0, run.stderr
+  assert run.stdout.strip() == "False", run.stdout
+
+
 def test_the_checker_sees_violations():
   """The harness is not vacuous: lazy and relative imports count too."""
   lazy = "def f():\n  from dyadic_jax.bridge import worker\n"
