@@ -222,8 +222,7 @@ class Engine:
     return out
 
   def run(self, chains: typing.Sequence[Chain], codes: np.ndarray,
-          rows: qformats.Rows, counts: Counts
-          ) -> list[Outcome]:
+          rows: qformats.Rows, counts: Counts) -> list[Outcome]:
     """The Outcome of every row (see the module docstring)."""
     outcomes: list[Outcome | None] = [None] * len(chains)
     discarded = [i for i in range(len(chains)) if codes[i]]
