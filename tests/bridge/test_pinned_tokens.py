@@ -143,6 +143,12 @@ def test_every_mode_commits_the_recorded_tokens():
   assert got["follower_rank"] == got["bridged_sparse_fallbacks"]
 
 
+def dumps(tokens):
+  """The fixture's text: one line per mode."""
+  return "{\n" + ",\n".join(f" {json.dumps(k)}: {json.dumps(v)}"
+                             for k, v in sorted(tokens.items())) + "\n}\n"
+
+
 if __name__ == "__main__":
-  FIXTURE.write_text(json.dumps(run_modes(), indent=1) + "\n")
+  FIXTURE.write_text(dumps(run_modes()))
   print(f"wrote {FIXTURE}")
