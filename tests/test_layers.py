@@ -9,7 +9,8 @@ library layer imports `dyadic_jax.testing` or `experiments`; and
 dependency, such as zmq, costs nothing to the others). Two more
 boundaries: no module reads an underscore name of a first-party module of
 another package (`from m import _x`, `m._x`: make it public or move it;
-tests may), and the protocol sessions import without JAX or ZeroMQ.
+tests may), and the protocol sessions import without JAX or ZeroMQ (the
+round engine and `generate` without ZeroMQ).
 """
 
 import ast
@@ -190,18 +191,32 @@ _SESSIONS = ("dyadic_jax.bridge.verifier_session",
              "dyadic_jax.bridge.shard_link")
 
 
-def test_sessions_import_without_jax_or_zmq():
-  """A fresh interpreter imports the sessions (the wire with them) and has
-  loaded neither JAX nor ZeroMQ: the drivers and the q formats' kernels
-  bring those in on first use."""
-  code = ("import sys\n" + "".join(f"import {m}\n" for m in _SESSIONS)
-          + "print(sorted(m for m in ('jax', 'jaxlib', 'zmq') "
+def _loaded(modules, watched):
+  """Which of `watched` a fresh interpreter holds after importing
+  `modules` (sorted)."""
+  code = ("import sys\n" + "".join(f"import {m}\n" for m in modules)
+          + f"print(sorted(m for m in {tuple(watched)!r} "
           "if m in sys.modules))\n")
   run = subprocess.run([sys.executable, "-c", code], cwd=_ROOT,
                        capture_output=True, text=True, timeout=300,
                        env={"PYTHONPATH": str(_ROOT), "PATH": ""})
   assert run.returncode == 0, run.stderr
-  assert run.stdout.strip() == "[]", run.stdout
+  return run.stdout.strip()
+
+
+def test_sessions_import_without_jax_or_zmq():
+  """A fresh interpreter imports the sessions (the wire with them) and has
+  loaded neither JAX nor ZeroMQ: the drivers and the q formats' kernels
+  bring those in on first use."""
+  assert _loaded(_SESSIONS, ("jax", "jaxlib", "zmq")) == "[]"
+
+
+def test_round_engine_and_generate_import_without_zmq():
+  """The round's numeric half (`bridge.engine`) and the generation a user
+  calls (`bridge.generate`, its `Local` link) load no ZeroMQ: the driver
+  comes in with a `Bridged` link's `Verifier`, never with them."""
+  assert _loaded(("dyadic_jax.bridge.engine", "dyadic_jax.bridge.generate"),
+                 ("zmq",)) == "[]"
 
 
 def test_the_checker_sees_violations():

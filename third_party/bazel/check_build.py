@@ -167,6 +167,8 @@ EXTRA_DATA = {"test_docs": _DOCS + ["docs/bench_pair.png",
                   f"{_CORPUS}/{f}" for f in os.listdir(os.path.join(
                       ROOT, _CORPUS)) if f.endswith(".bin")),
               "wire_test_codec": ["docs/wire.md"],
+              "bridge_test_pinned_tokens": [
+                  "tests/bridge/pinned_tokens.json"],
               # The shipped pair's checkpoint (weights, tokenizer, config).
               "models_test_checkpoint": sorted(
                   f"{_CHECKPOINT}/{f}" for f in (os.listdir(os.path.join(
