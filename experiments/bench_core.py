@@ -12,7 +12,7 @@ after); docs/figures.json, recorded by `python -m experiments.record_figures
 The defaults: V = 129280, 4 requests x depth 5 = 20 rows, --repeats=20
 timed calls per figure, each --ks value a workload of its own.
 
-Workloads, on toy-model logits (dyadic_jax/testing/toy_models.py):
+Workloads, on toy-model logits (dyadic_jax/models/toy_pair.py):
 
   dense     propose_dense on [R*D, V]: draft_weights + allocate_dense +
             sample_counts as one row op (what the worker runs; asserted
@@ -120,7 +120,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import dyadic_jax as dj
-from dyadic_jax.testing import toy_models
+from dyadic_jax.models import toy_pair
 # pylint: enable=g-import-not-at-top,g-bad-import-order
 
 _M = dj.M
@@ -312,7 +312,7 @@ def make_round(toy, *, requests, depth, seed):
   prev = jnp.arange(requests, dtype=jnp.int32) * 7919 % vocab
   prevs, tokens = [], []
   for i in range(depth):
-    w, _ = dj.draft_weights(toy_models.draft_logits(toy, prev))
+    w, _ = dj.draft_weights(toy_pair.draft_logits(toy, prev))
     counts, _ = dj.allocate_dense(w)
     u = dj.draw24(jax.vmap(dj.draw_key, in_axes=(0, 0, None))(
         keys, anchors + i, dj.Domain.PROPOSAL))
@@ -342,15 +342,15 @@ def round_inputs(vocab, *, requests, depth, seed):
   draws, target f32[R, D+1, V] rows for x_0 and the drafted chain,
   chain int32[R, D], keys [R], anchors int[R]).
   """
-  toy = toy_models.make_toy(toy_models.ToyConfig(vocab=vocab))
+  toy = toy_pair.make_toy(toy_pair.ToyConfig(vocab=vocab))
   prev, chain, keys, anchors = make_round(
       toy, requests=requests, depth=depth, seed=seed)
-  logits = toy_models.draft_logits(toy, prev.reshape(-1))
+  logits = toy_pair.draft_logits(toy, prev.reshape(-1))
   row_keys = jax.vmap(jax.vmap(dj.draw_key, in_axes=(None, 0, None)),
                       in_axes=(0, 0, None))(
                           keys, anchors[:, None] + jnp.arange(depth),
                           dj.Domain.PROPOSAL).reshape(-1)
-  target = toy_models.target_logits(
+  target = toy_pair.target_logits(
       toy, jnp.concatenate([prev[:, :1], chain], 1))
   return logits, dj.draw24(row_keys), target, chain, keys, anchors
 

@@ -30,9 +30,8 @@ of progress on stderr. `check_problem` registers a validator whose message
 says what is wrong with the value (a keys folder, a port); --help and
 --helpfull exit 0.
 
-Constants of `dyadic_jax` that flag bounds need are mirrored here, because
-importing `dyadic_jax` starts JAX (tests/experiments/test_acceptance_fleet.py holds them
-equal).
+The constants flag bounds need come from `dyadic_jax.constants`, which
+imports nothing.
 """
 
 import fractions
@@ -46,10 +45,10 @@ import typing
 from absl import app
 from absl import flags
 
+from dyadic_jax.constants import DEFAULT_VOCAB, MAX_VOCAB
+
 FLAGS = flags.FLAGS
 
-DEFAULT_VOCAB = 129280      # dyadic_jax.DEFAULT_VOCAB
-MAX_VOCAB = 1 << 18         # dyadic_jax.MAX_VOCAB
 
 _parsed_argv: list[str] | None = None
 
@@ -250,7 +249,7 @@ def check_output_path(name: str) -> None:
 def define_target_processor() -> tuple[flags.FlagHolder[float],
                                        flags.FlagHolder[int]]:
   """Defines --repetition_penalty and --grammar_modulus, the toy target's
-  logits processor (dyadic_jax.testing.toy_models), with their checks."""
+  logits processor (dyadic_jax.models.toy_pair), with their checks."""
   penalty = flags.DEFINE_float(
       "repetition_penalty", 1.3, "Target processor: repetition penalty in "
       "[1, 100] on tokens already in the context (1: off).")

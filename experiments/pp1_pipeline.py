@@ -14,7 +14,7 @@ What runs (docs/architecture.md, "One round"; one round per step of the
 progress bar):
 
 * the draft worker, `experiments.bridge_worker`, as a subprocess on
-  loopback: the DSpark-style toy draft of dyadic_jax/testing/toy_models.py
+  loopback: the DSpark-style toy draft of dyadic_jax/models/toy_pair.py
   (parallel backbone + Markov head) drawing dyadic q rows (sparse top-k or
   dense) with its PROPOSAL keys;
 * the host bridge (dyadic_jax.bridge): HELLO negotiation, STEP, REPLY rows,

@@ -2,15 +2,17 @@
 
 Reads every first-party module's imports with `ast` (function-level imports
 included, so a lazy import cannot hide an edge) and checks each against the
-layer table: the core imports only the core; the wire only itself and the
-core; the bridge never `sharding`; `sharding` only itself and the core; no
+layer table: the core imports only the core; the models (`dyadic_jax.models`:
+the protocols, the toy and trained pairs) only themselves and the core; the
+wire only itself and the core; the bridge never `sharding`; `sharding` only itself and the core; no
 library layer imports `dyadic_jax.testing` or `experiments`; and
 `dyadic_jax.testing/__init__.py` imports nothing (a tool with an optional
 dependency, such as zmq, costs nothing to the others). Two more
 boundaries: no module reads an underscore name of a first-party module of
 another package (`from m import _x`, `m._x`: make it public or move it;
-tests may), and the protocol sessions import without JAX or ZeroMQ (the
-round engine and `generate` without ZeroMQ).
+tests may), the protocol sessions import without JAX or ZeroMQ (the
+round engine and `generate` without ZeroMQ), and the model protocols
+without JAX.
 """
 
 import ast
@@ -26,12 +28,13 @@ _ROOT = pathlib.Path(__file__).resolve().parent.parent
 # Layer -> the layers it may import (itself included).
 _ALLOWED = {
     "core": {"core"},
+    "models": {"models", "core"},
     "wire": {"wire", "core"},
-    "bridge": {"bridge", "wire", "core"},
+    "bridge": {"bridge", "wire", "models", "core"},
     "sharding": {"sharding", "core"},
-    "testing": {"testing", "bridge", "wire", "sharding", "core"},
-    "experiments": {"experiments", "testing", "bridge", "wire", "sharding",
-                    "core"},
+    "testing": {"testing", "bridge", "wire", "models", "sharding", "core"},
+    "experiments": {"experiments", "testing", "bridge", "wire", "models",
+                    "sharding", "core"},
 }
 
 
@@ -40,7 +43,7 @@ def _layer(module):
   parts = module.split(".")
   if parts[0] == "dyadic_jax":
     sub = parts[1] if len(parts) > 1 else ""
-    return sub if sub in ("wire", "bridge", "testing") else "core"
+    return sub if sub in ("wire", "bridge", "testing", "models") else "core"
   if parts[0] in ("sharding", "experiments"):
     return parts[0]
   return None
@@ -219,8 +222,21 @@ def test_round_engine_and_generate_import_without_zmq():
                  ("zmq",)) == "[]"
 
 
+def test_model_protocols_import_without_jax():
+  """The models layer's protocols (`dyadic_jax.models`: TargetModel,
+  DraftModel, their handles and adapters) load no JAX: a model can be
+  read and implemented before anything starts."""
+  assert _loaded(("dyadic_jax.models",), ("jax", "jaxlib")) == "[]"
+
+
 def test_the_checker_sees_violations():
   """The harness is not vacuous: lazy and relative imports count too."""
+  assert _violations("from dyadic_jax.models import pair\n",
+                     "dyadic_jax.weights") == [
+                         "dyadic_jax.models", "dyadic_jax.models.pair"]
+  assert _violations("from dyadic_jax.bridge import hello\n",
+                     "dyadic_jax.models.toy_pair") == [
+                         "dyadic_jax.bridge", "dyadic_jax.bridge.hello"]
   lazy = "def f():\n  from dyadic_jax.bridge import worker\n"
   assert _violations(lazy, "dyadic_jax.weights") == [
       "dyadic_jax.bridge", "dyadic_jax.bridge.worker"]

@@ -8,7 +8,7 @@ import pytest
 
 from dyadic_jax import bridge
 from dyadic_jax.bridge import generate
-from dyadic_jax.testing import toy_models
+from dyadic_jax.models import toy_pair
 from dyadic_jax.wire.layouts import Representation
 import sharding
 from tests import bridge_harness as h
@@ -20,7 +20,7 @@ PROMPTS = [[1, 2, 3], [4], [5, 6], [7], [8, 9, 10]]
 
 @functools.lru_cache(maxsize=None)
 def _pair():
-  return toy_models.make_models(toy_models.ModelConfig(vocab=V, max_depth=4))
+  return toy_pair.make_models(toy_pair.ModelConfig(vocab=V, max_depth=4))
 
 
 def _caps(representation):

@@ -21,7 +21,7 @@ import numpy as np
 
 from dyadic_jax import bridge
 from dyadic_jax.bridge import generate, verifier_session
-from dyadic_jax.testing import toy_models
+from dyadic_jax.models import toy_pair
 from dyadic_jax.wire.layouts import Mode, Representation
 from dyadic_jax.wire.refusals import Code
 from tests import bridge_harness as h
@@ -34,7 +34,7 @@ RUN = dict(max_new_tokens=8, seed=3)
 
 @functools.lru_cache(maxsize=None)
 def _pair():
-  return toy_models.make_models(toy_models.ModelConfig(vocab=V, max_depth=3))
+  return toy_pair.make_models(toy_pair.ModelConfig(vocab=V, max_depth=3))
 
 
 def _caps(representation, mode=Mode.SAMPLED):

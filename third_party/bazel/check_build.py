@@ -115,7 +115,7 @@ SHARD_COUNTS = {"sharding_test_ops": 4, "core_test_allocation": 2, "core_test_ro
 # test_multiprocess starts tests/multiprocess_worker.py as a subprocess;
 # test_cli runs every experiment as a subprocess.
 EXTRA_DEPS = {"test_docs": ["dyadic_jax", "sharding", "dyadic_jax_bridge",
-                            "dyadic_jax_testing_toy_models",
+                            "dyadic_jax_models_toy_pair",
                             "dyadic_jax_models_pair"] + [
                                 f"experiments_{m}" for m in (
                                     "pp1_pipeline", "bridge_worker",
