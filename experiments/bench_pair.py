@@ -389,10 +389,10 @@ def regime(entry: dict) -> str:
   r, even = entry["pass_ratio"], entry["break_even_pass_ratio"]
   kind = ("close to one step, as a weight-bound step is" if r < 1.5 else
           "well above one step, as a lean engine's on a CPU")
-  verdict = "pays" if r < even else "cannot pay"
-  return (f"a pass over D+1 rows costs {r:.2f} steps, {kind}; at this "
-          f"acceptance speculation {verdict} while that ratio is below "
-          f"{even:.2f}")
+  verdict = ("pays: r is below" if r < even
+             else "cannot pay: r is not below")
+  return (f"a pass over D+1 rows costs r = {r:.2f} steps, {kind}; at this "
+          f"acceptance speculation {verdict} the break-even {even:.2f}")
 
 
 def print_tables(record: dict) -> None:
