@@ -150,7 +150,7 @@ cli.check("weight_decay", lambda x: 0.0 <= x < 1.0,
           "--weight_decay must be in [0, 1)")
 cli.check(["warmup", "steps"], lambda warmup, steps: warmup < steps,
           "--warmup must be < --steps")
-cli.parse_flags_early(__name__)
+cli.parse_flags_early(__name__, extra="train")
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
 import jax

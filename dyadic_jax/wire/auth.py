@@ -56,9 +56,9 @@ import blake3
 import crc32c
 
 from dyadic_jax.wire import layouts
+from dyadic_jax.wire.key_sizes import SECRET_BYTES
 from dyadic_jax.wire.refusals import Code, ProtocolError
 
-SECRET_BYTES = 32
 _CONTEXT = "dyadic-jax bridge wire v3 {}"
 _TAG_END = layouts.TAG_OFFSET + layouts.TAG_BYTES
 

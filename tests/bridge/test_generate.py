@@ -8,7 +8,7 @@ import pytest
 
 from dyadic_jax import bridge
 from dyadic_jax.bridge import generate
-from dyadic_jax.testing import toy_models
+from dyadic_jax.models import toy_pair
 from dyadic_jax.wire.layouts import Representation
 import sharding
 from tests import bridge_harness as h
@@ -20,7 +20,7 @@ PROMPTS = [[1, 2, 3], [4], [5, 6], [7], [8, 9, 10]]
 
 @functools.lru_cache(maxsize=None)
 def _pair():
-  return toy_models.make_models(toy_models.ModelConfig(vocab=V, max_depth=4))
+  return toy_pair.make_models(toy_pair.ModelConfig(vocab=V, max_depth=4))
 
 
 def _caps(representation):
@@ -115,10 +115,10 @@ def test_bad_input_is_refused():
 def test_round_keys_are_the_schedules_keys():
   import jax  # pylint: disable=g-import-not-at-top
   from dyadic_jax import rng  # pylint: disable=g-import-not-at-top
-  from dyadic_jax.bridge import audit  # pylint: disable=g-import-not-at-top
+  from dyadic_jax.bridge import engine  # pylint: disable=g-import-not-at-top
   seeds, gens, rounds = ([0, 5, 2**64 - 1, 123456789012345],
                          [0, 3, 2**32 - 1, 7], [1, 2, 3, 2**32 - 1])
-  for got, s, g, r in zip(audit.round_keys(seeds, gens, rounds), seeds,
+  for got, s, g, r in zip(engine.round_keys(seeds, gens, rounds), seeds,
                           gens, rounds):
     np.testing.assert_array_equal(jax.random.key_data(got),
                                   jax.random.key_data(rng.round_key(s, g, r)))
