@@ -60,7 +60,13 @@ class _Run:
 
   def finish(self) -> tuple[int, str]:
     """(status, the rest of stderr) once the program ended."""
-    _, rest = self.proc.communicate(timeout=_LIMIT_S)
+    try:
+      _, rest = self.proc.communicate(timeout=_LIMIT_S)
+    except subprocess.TimeoutExpired:
+      self.proc.kill()      # its children die with it (PDEATHSIG)
+      _, rest = self.proc.communicate()
+      raise AssertionError(f"still running after {_LIMIT_S} s:\n"
+                           + "".join(self.lines) + rest) from None
     return self.proc.returncode, "".join(self.lines) + rest
 
   def folder(self) -> pathlib.Path:
