@@ -33,14 +33,15 @@ reports CONNECT_RETRIED right after DISCONNECTED); after a protocol error
 gives the connection up for good and reports nothing more. Such an
 endpoint is `lost` (`broken`), and its driver replaces the socket instead
 of waiting on it (`Verifier`, `rank_links`). A failed handshake is lost at
-once; a disconnection is lost once RETRY_NOTICE_MS pass without a
-reconnection reported, noticed by a later look, never waited for: a
-check never blocks (before, each one waited up to a second for a retry
-libzmq never scheduled: a peer that sent a NULL greeting and hung up
-made every round of an outage cost a second).
+once, with no wait (before, each one waited RETRY_NOTICE_MS for a retry
+libzmq never schedules after it: a peer that sent a NULL greeting and hung
+up made every round of an outage cost a second). A disconnection still
+waits for its retry notice, which libzmq sends in the same call unless it
+gave up (a protocol error): once per connection lost, after which the
+socket is replaced, and deciding it in this look keeps the heal within a
+round however short the rounds.
 """
 
-import math
 import threading
 import time
 import typing
@@ -138,9 +139,6 @@ class Endpoint:
     # A connecting endpoint's socket monitor (LOST_EVENTS only).
     self._monitor: zmq.Socket | None = None
     self.lost = False
-    # A disconnection seen, no reconnection reported yet: lost if none is
-    # by then (time.monotonic()).
-    self._retry_by: float | None = None
     if not routed:
       self._monitor = socket.get_monitor_socket(
           LOST_EVENTS | zmq.EVENT_CONNECT_RETRIED)
@@ -208,28 +206,31 @@ class Endpoint:
 
   def broken(self) -> bool:
     """True once libzmq gave the connection up (a failed handshake, or a
-    disconnection that no reconnection followed within RETRY_NOTICE_MS):
-    the socket must be replaced. Reads the pending monitor events; never
-    waits."""
+    disconnection that no reconnection follows): the socket must be
+    replaced. Reads the pending monitor events."""
     monitor = self._monitor
     while monitor is not None and not self.lost and monitor.poll(0):
       event = int(zmq_monitor.recv_monitor_message(
           monitor, zmq.DONTWAIT)["event"])
-      if event & HANDSHAKE_FAILED:
-        self._lose()
-      elif event == zmq.EVENT_DISCONNECTED:
-        self._retry_by = time.monotonic() + RETRY_NOTICE_MS / 1000
-      elif event == zmq.EVENT_CONNECT_RETRIED:
-        self._retry_by = None
-    if (not self.lost and self._retry_by is not None
-        and time.monotonic() >= self._retry_by):
-      self._lose()
+      if event & HANDSHAKE_FAILED or (
+          event == zmq.EVENT_DISCONNECTED and self._gave_up(monitor)):
+        self.lost = True
+        self._event("link_lost")
     return self.lost
 
-  def _lose(self) -> None:
-    self.lost = True
-    self._retry_by = None
-    self._event("link_lost")
+  @staticmethod
+  def _gave_up(monitor: zmq.Socket) -> bool:
+    """After a disconnection: False once libzmq reports its reconnection
+    scheduled, True at a failed handshake or if none comes within
+    RETRY_NOTICE_MS (libzmq gave up: a protocol error)."""
+    while monitor.poll(RETRY_NOTICE_MS):
+      event = int(zmq_monitor.recv_monitor_message(
+          monitor, zmq.DONTWAIT)["event"])
+      if event == zmq.EVENT_CONNECT_RETRIED:
+        return False
+      if event & HANDSHAKE_FAILED:
+        return True
+    return True
 
   def _event(self, name: str) -> None:
     if self.counters is not None:
@@ -286,13 +287,10 @@ class Endpoint:
     poller.register(self._monitor, zmq.POLLIN)
     end = time.monotonic() + max(0.0, timeout_s)
     while not self.broken():
-      # A pending disconnection is decided at its notice's end, if sooner.
-      until = end if self._retry_by is None else min(end, self._retry_by)
-      ready = dict(poller.poll(max(0, math.ceil(
-          (until - time.monotonic()) * 1000))))
+      ready = dict(poller.poll(max(0, int((end - time.monotonic()) * 1000))))
       if self.socket in ready:
         return True
-      if self._monitor not in ready and time.monotonic() >= end:
+      if self._monitor not in ready:
         return False            # the time is up
     return False
 
