@@ -170,8 +170,18 @@ def extra_problem(extra: str, user: str | None = None) -> str | None:
 
 
 def run(main: typing.Callable[[list[str]], typing.Any]) -> None:
-  """`absl.app.run(main)` with one-line flag errors and a single parse."""
-  app.run(main, flags_parser=_parse)
+  """`absl.app.run(main)` with one-line flag errors and a single parse; a
+  SIGTERM or SIGINT unwinds `main` (its cleanups run), ends its children
+  and prints one line (experiments/interrupt.py)."""
+  # pylint: disable-next=g-import-not-at-top (interrupt imports cli)
+  from experiments import interrupt
+  interrupt.unwind()
+  try:
+    app.run(main, flags_parser=_parse)
+  except interrupt.Stopped as stopped:
+    # A child that has not ended by now (it ignored SIGTERM) is killed.
+    interrupt.signal_children(signal.SIGKILL)
+    interrupt.stop(stopped.signum)
 
 
 # -- validators ---------------------------------------------------------------

@@ -25,6 +25,14 @@ the signal once it runs (until then the signal stays pending, not lost).
 `as_exit` is for a program whose main loop wakes often and has a way out
 of its own (the worker: it prints its counters on the way): both signals
 unblocked, each a SystemExit(0) in the main thread.
+
+`unwind` is what every other entry point gets (`cli.run` calls it): the
+signal is sent on to this process's children and raised in the main
+thread as `Stopped`, so its `finally` and `with` blocks remove what they
+made (temporary folders, keys, workers); `cli.run` then kills any child
+still there, prints the one line and exits 128 + the signal. Before, a
+SIGTERM killed bench_pair at once and left its worker running and its
+folder of keys behind; Ctrl-C printed a traceback.
 """
 
 import os
@@ -39,7 +47,16 @@ SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 _lock = threading.Lock()
 _cleanups: list[typing.Callable[[], None]] = []
-_installed = False
+_installed = False        # a mode chosen: install, as_exit or unwind
+
+
+class Stopped(BaseException):
+  """SIGTERM or SIGINT, raised in the main thread by `unwind`'s handler (a
+  BaseException: no `except Exception` takes it for an error)."""
+
+  def __init__(self, signum: int):
+    super().__init__(signal.Signals(signum).name)
+    self.signum = signum
 
 
 def install() -> None:
@@ -56,9 +73,57 @@ def install() -> None:
 def as_exit() -> None:
   """SIGINT and SIGTERM unblocked (a parent's mask is inherited), each a
   SystemExit(0) in the main thread: a quiet end, no traceback."""
+  global _installed
+  _installed = True
   for signum in SIGNALS:
     signal.signal(signum, lambda *_: sys.exit(0))
   signal.pthread_sigmask(signal.SIG_UNBLOCK, SIGNALS)
+
+
+def unwind() -> None:
+  """Unless a mode is chosen: SIGINT and SIGTERM unblocked, each sent on to
+  the children and raised as `Stopped` in the main thread (above); a
+  second one while it unwinds is ignored, so the cleanups finish."""
+  global _installed
+  if _installed:
+    return
+  _installed = True
+
+  def handler(signum, frame):
+    del frame
+    for s in SIGNALS:
+      signal.signal(s, signal.SIG_IGN)
+    signal_children(signal.SIGTERM)
+    raise Stopped(signum)
+  for signum in SIGNALS:
+    signal.signal(signum, handler)
+  signal.pthread_sigmask(signal.SIG_UNBLOCK, SIGNALS)
+
+
+def children() -> list[int]:
+  """The pids of this process's live children (from /proc)."""
+  me, found = os.getpid(), []
+  for entry in os.listdir("/proc"):
+    if not entry.isdigit():
+      continue
+    try:
+      with open(f"/proc/{entry}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+      continue
+    if int(fields[1]) == me and fields[0] != "Z":
+      found.append(int(entry))
+  return found
+
+
+def signal_children(signum: int) -> None:
+  """Sends `signum` to every child (each handles it: ends, removes what it
+  made); one already gone is skipped."""
+  for pid in children():
+    try:
+      os.kill(pid, signum)
+    except OSError:
+      pass
 
 
 def on_interrupt(cleanup: typing.Callable[[], None]
