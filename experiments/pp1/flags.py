@@ -75,7 +75,9 @@ TIMEOUT_MAX = flags.DEFINE_float(
     "exchange, seconds, in (0, 3600] (at least --timeout: the larger of the "
     "two is used): the longest a lost exchange can cost.")
 TRANSPORT = flags.DEFINE_enum(
-    "transport", "tcp", ["tcp", "ipc"], "Loopback TCP or an ipc socket.")
+    "transport", "tcp", ["tcp", "ipc"], "The session link: loopback TCP (the "
+    "worker binds port 0) or an ipc socket. Rank links are always ipc "
+    "sockets in the run's private folder.")
 CHECK = flags.DEFINE_bool(
     "check_distribution", False, "Run the distribution check instead of "
     "open-ended generation.")
