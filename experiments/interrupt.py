@@ -66,6 +66,10 @@ def install() -> None:
   if _installed:
     return
   _installed = True
+  # A thread started before this call (numpy's BLAS pool, if something
+  # imported it) can still take the signal: then the main thread stops.
+  for signum in SIGNALS:
+    signal.signal(signum, lambda signum, _: stop(signum))
   signal.pthread_sigmask(signal.SIG_BLOCK, SIGNALS)
   threading.Thread(target=_wait, name="interrupt", daemon=True).start()
 

@@ -121,10 +121,18 @@ from absl import flags as absl_flags
 
 from experiments import cli
 from experiments import interrupt
+
+if __name__ == "__main__":
+  # Before any thread starts (numpy's BLAS pool when the flags import the
+  # library, JAX's, the extras' check): every thread inherits the mask.
+  interrupt.install()
+
+# pylint: disable=g-import-not-at-top,wrong-import-position
 from experiments import pipeline_config
-# First: the wall clock starts when stopwatch is imported.
+# The wall clock starts when stopwatch is imported (its first import).
 from experiments.pp1 import stopwatch  # pylint: disable=unused-import
 from experiments.pp1 import flags
+# pylint: enable=g-import-not-at-top,wrong-import-position
 
 # --help lists the pipeline's flags and the session flags (--q, --k,
 # --depth, --keys_dir ...), not only under --helpfull.
@@ -132,8 +140,6 @@ absl_flags.adopt_module_key_flags(flags)
 absl_flags.adopt_module_key_flags(pipeline_config)
 # A bad flag, or a missing extra, exits here, before JAX.
 cli.parse_flags_early(__name__, extra="experiments")
-if __name__ == "__main__":
-  interrupt.install()     # before JAX: its threads inherit the signal mask
 
 # pylint: disable-next=g-import-not-at-top,wrong-import-position
 from experiments.pp1 import main as pp1_main

@@ -8,6 +8,7 @@ import functools
 import json
 import logging
 import os
+import signal
 import sys
 import tempfile
 import time
@@ -126,6 +127,8 @@ def lead(tmp: str) -> int:
     # holds the throwaway secret keys) is left behind.
     supervisor.STOPPING.set()
     supervisor.cleanup(workers, tmp, followers)
+    # One still being started (not in `workers` yet) goes too.
+    interrupt.signal_children(signal.SIGKILL)
   interrupt.on_interrupt(interrupted)
   try:
     with watch.phase("start-up"):
