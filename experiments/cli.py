@@ -39,6 +39,7 @@ import importlib.util
 import os
 import pathlib
 import re
+import signal
 import sys
 import typing
 
