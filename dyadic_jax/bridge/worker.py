@@ -166,9 +166,10 @@ def serve_forever(caps: hello.Capabilities,
                            curve=curve, counters=worker.counters)
   worker.warmup()
   logging.info("worker listening on %s", endpoint.address)
-  if ready:
-    ready(endpoint.address)
   try:
+    # Inside: a signal the moment READY is out still reports the counters.
+    if ready:
+      ready(endpoint.address)
     worker.serve(endpoint)
   except (SystemExit, KeyboardInterrupt):
     pass
