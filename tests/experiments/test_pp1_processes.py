@@ -261,3 +261,26 @@ def test_another_process_cannot_abort_the_ranks(tmp_path):
                    timeout=120, check=False)
   status, stderr = run.finish()
   assert status == 0, stderr[-3000:]
+
+
+@pytest.mark.slow
+@pytest.mark.multidevice
+def test_a_rank_that_dies_in_the_rounds_ends_the_run(tmp_path):
+  """Verifier rank 1 killed in the rounds of a TP-2 run: the run ends at
+  once (its collectives would wait for the dead rank forever) with one
+  line naming the rank and the last lines of its output; no child, no
+  folder left. A hang fails at _LIMIT_S."""
+  run = _Run(tmp_path, "--vocab=1024", "--tokens=100000", "--timeout=30",
+             "--verifier_ranks=2")
+  run.wait_for("; rounds")
+  children = _descendants(run.proc.pid)
+  rank1 = [pid for pid, line in children.items()
+           if "--rank=1" in line and "pp1_pipeline" in line]
+  assert len(rank1) == 1, children
+  os.kill(rank1[0], signal.SIGKILL)
+  status, stderr = run.finish()
+  assert status == 1, stderr[-3000:]
+  assert "pp1_pipeline: the verifier rank 1 exited with status -9:" in (
+      stderr), stderr[-3000:]
+  assert not os.listdir(run.tmpdir), os.listdir(run.tmpdir)
+  assert not [pid for pid in children if _alive(pid)], children
