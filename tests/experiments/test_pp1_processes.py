@@ -150,18 +150,23 @@ def test_no_rank_is_told_a_port(tmp_path):
   run = _Run(tmp_path, "--vocab=1024", "--tokens=4", "--q=dense",
              "--worker_ranks=2", "--verifier_ranks=2")
   folder = run.folder()
-  children = _wait_children(run, 3)
   assert stat.S_IMODE(folder.stat().st_mode) == 0o700
   assert folder.stat().st_uid == os.getuid()
-  coordinators = set()
-  for line in children.values():
-    for arg in line.split():
-      flag, _, value = arg.partition("=")
-      if flag in ("--address", "--shard_address", "--coordinator"):
-        assert value in ("", "tcp://127.0.0.1:0") or value.startswith(
-            ("ipc://" + str(folder) + "/", "unix:" + str(folder) + "/")), arg
-      if flag == "--coordinator":
-        coordinators.add(value)
+  coordinators: set[str] = set()
+  # Until both sides' ranks are up (the worker's coordinator, the
+  # verifier's): a loaded machine starts them one by one.
+  while len(coordinators) < 2:
+    children = _wait_children(run, 3)
+    for line in children.values():
+      for arg in line.split():
+        flag, _, value = arg.partition("=")
+        if flag in ("--address", "--shard_address", "--coordinator"):
+          assert value in ("", "tcp://127.0.0.1:0") or value.startswith(
+              ("ipc://" + str(folder) + "/", "unix:" + str(folder) + "/")), arg
+        if flag == "--coordinator":
+          coordinators.add(value)
+    assert run.proc.poll() is None, run.finish()
+    threading.Event().wait(0.05)
   assert len(coordinators) == 2, children     # the worker's, the verifier's
   run.proc.send_signal(signal.SIGTERM)
   _stopped_cleanly(run, children, signal.SIGTERM, *run.finish())
