@@ -141,9 +141,8 @@ for _role in _ROLES:
             "an even quotient (the head width)")
 cli.check("corpus_root", lambda root: root is None or os.path.isdir(root),
           "--corpus_root must be a directory")
-cli.check("init_from", lambda d: d is None or cli.is_checkpoint(d),
-          "--init_from must be a checkpoint directory holding config.json "
-          "(or a shipped pair's name)")
+cli.check_checkpoint("init_from", "--init_from must be a checkpoint "
+                     "directory (or a shipped pair's name)")
 cli.check("lr", lambda x: 0.0 < x < 1.0, "--lr must be in (0, 1)")
 cli.check("draft_lr", lambda x: 0.0 < x < 1.0, "--draft_lr must be in (0, 1)")
 cli.check("weight_decay", lambda x: 0.0 <= x < 1.0,
