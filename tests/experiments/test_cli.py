@@ -153,6 +153,13 @@ _BAD = [
     ("train_pair", ["--time_budget_s=-1"], "time_budget_s"),
     ("train_pair", ["--init_from=/nonexistent/pair"], "init_from"),
     ("train_pair", ["--corpus_root=/nonexistent/dir"], "corpus_root"),
+    # Issue 40: found only after training (the pair lost), or a checkpoint
+    # replaced without a word.
+    ("train_pair", ["--output_dir=README.md"], "output_dir"),
+    ("train_pair", ["--output_dir=README.md/pair"], "output_dir"),
+    ("train_pair", ["--output_dir=dyadic_jax/models/checkpoints/stdlib"],
+     "force"),
+    ("train_pair", ["--warmup=20", "--steps=20"], "warmup"),
     ("bench_pair", ["--model=/nonexistent/pair"], "model"),
 ]
 
