@@ -15,7 +15,7 @@ verified rounds. A smaller preset (its runtime is not recorded):
     python -m experiments.acceptance --vocab=4096 --contexts=64 \
         --empirical_rounds=16
 
-The toy pair of dyadic_jax/testing/toy_models.py (processed bigram target,
+The toy pair of dyadic_jax/models/toy_pair.py (processed bigram target,
 DSpark-style draft). A context is a random committed token x_0 (uniform,
 --seed); its rows are
 
@@ -103,7 +103,7 @@ cli.check(["ks", "vocab"], lambda ks, vocab: cli.int_list(ks, 1, vocab),
           "--ks must be integers in [1, --vocab]")
 cli.check_output_path("json_out")
 cli.check_output_path("plot_out")
-cli.parse_flags_early(__name__)
+cli.parse_flags_early(__name__, extra="experiments")
 
 # pylint: disable=g-import-not-at-top,g-bad-import-order,wrong-import-position
 import jax
@@ -111,7 +111,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import dyadic_jax as dj
-from dyadic_jax.testing import toy_models
+from dyadic_jax.models import toy_pair
 # pylint: enable=g-import-not-at-top,g-bad-import-order,wrong-import-position
 
 _ANCHOR = 1  # x_0 sits at position 0; x_1 is decided at position 1
@@ -160,7 +160,7 @@ def row_figures(p: np.ndarray, w: np.ndarray,
   return np.minimum(p, q).sum(-1), 0.5 * np.abs(w - q).sum(-1)
 
 
-def exact_table(target: toy_models.ToyTarget,
+def exact_table(target: toy_pair.ToyTarget,
                 draft_rows: typing.Callable[[jax.Array], jax.Array],
                 prevs: np.ndarray, variants: list[str], chunk: int
                 ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
@@ -182,7 +182,7 @@ def exact_table(target: toy_models.ToyTarget,
           {v: np.concatenate(t) for v, t in tv.items()})
 
 
-def verified_rounds(target: toy_models.ToyTarget,
+def verified_rounds(target: toy_pair.ToyTarget,
                     head: typing.Callable[[jax.Array], jax.Array],
                     backbone: typing.Callable[[jax.Array], jax.Array],
                     prevs: np.ndarray, variant: str, *, depth: int,
@@ -265,11 +265,11 @@ def run_closeness(closeness: float, variants: list[str], prevs: np.ndarray,
                   *, depth: int, seed: int, empirical: int,
                   chunk: int) -> dict[str, typing.Any]:
   """All figures of one closeness value (prints its table)."""
-  config = toy_models.ModelConfig(
+  config = toy_pair.ModelConfig(
       vocab=_VOCAB.value, seed=_MODEL_SEED.value, closeness=closeness,
       repetition_penalty=_PENALTY.value, grammar_modulus=_GRAMMAR.value,
       max_depth=max(depth, 1))
-  target, draft = toy_models.make_models(config)
+  target, draft = toy_pair.make_models(config)
   draft_rows = jax.jit(jax.vmap(
       lambda x: draft.head(x) + draft.backbone(x, _ANCHOR, 1)[0]))
   t0 = time.perf_counter()

@@ -232,7 +232,7 @@ def interleaved(stages, repeats, warmup=_WARMUP, prime=False):
 
 
 def proposals(rng, caps, depth, requests):
-  """One Proposal of q rows per request, in the session's q format
+  """One proposal (`qformats.Rows`) of q rows per request, in the session's q format
   (`QFormat.put`): positive counts on a random support of the row width
   (all of the vocabulary for dense rows). Its tokens are a round's
   (`Rounds`), zero here."""
@@ -248,8 +248,7 @@ def proposals(rng, caps, depth, requests):
     rows = fmt.staging(1, depth, w)
     rows = qformats.Rows(*(None if a is None else a[0] for a in rows))
     fmt.put(rows, ids, counts)
-    out.append(proposer_lib.Proposal(np.zeros(depth, np.int32), rows.values,
-                                     rows.ids, rows.n))
+    out.append(rows._replace(tokens=np.zeros(depth, np.int32)))
   return out
 
 
@@ -290,7 +289,7 @@ class Rounds:
     return round_id - 1
 
   def proposal(self, seed, round_id):
-    """Request `seed`'s Proposal in round `round_id`."""
+    """Request `seed`'s proposal in round `round_id`."""
     p = self.props[int(seed)]
     return p._replace(tokens=self.tokens[int(seed)][self._round(round_id)])
 

@@ -12,7 +12,7 @@ after); docs/figures.json, recorded by `python -m experiments.record_figures
 The defaults: V = 129280, 4 requests x depth 5 = 20 rows, --repeats=20
 timed calls per figure, each --ks value a workload of its own.
 
-Workloads, on toy-model logits (dyadic_jax/testing/toy_models.py):
+Workloads, on toy-model logits (dyadic_jax/models/toy_pair.py):
 
   dense     propose_dense on [R*D, V]: draft_weights + allocate_dense +
             sample_counts as one row op (what the worker runs; asserted
@@ -56,16 +56,14 @@ import json
 import logging
 import os
 import re
-import shutil
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 
 from absl import flags
 
 from experiments import cli
+from experiments import hf_interpreter
 
 _VOCAB = flags.DEFINE_integer(
     "vocab", cli.DEFAULT_VOCAB, f"Vocabulary size V, 1..{cli.MAX_VOCAB}.")
@@ -88,15 +86,7 @@ _SEED = flags.DEFINE_integer(
     "use their own).")
 _JSON_OUT = flags.DEFINE_string(
     "json_out", None, "Optional path for a JSON record of every figure.")
-_HF = flags.DEFINE_boolean(
-    "hf", True, "Time the HF transformers peer (needs --hf_python to import "
-    "torch and transformers; skipped with a note otherwise).")
-_HF_PYTHON = flags.DEFINE_string(
-    "hf_python", sys.executable, "Interpreter for experiments/hf_peer.py, "
-    "e.g. a separate venv with `pip install torch==2.13.0 transformers` "
-    "(the CPU wheel).")
-_HF_THREADS = flags.DEFINE_integer(
-    "hf_threads", 2, "torch threads of the HF peer, 1..256.")
+_HF = hf_interpreter.define_flags("hf_peer.py")
 _EXP_ACCURACY = flags.DEFINE_boolean(
     "exp_accuracy", False, "Only measure the float32 exp of the target rows "
     "(dyadic_jax.fastexp) against float64 exp over every float32 argument "
@@ -111,12 +101,6 @@ def _ks_ok(ks, verify_k, vocab):
   return bool(ks) and all(1 <= k <= vocab for k in values)
 
 
-def _runnable(path):
-  """The interpreter a path names (a file or a name on $PATH), or None."""
-  found = shutil.which(path)
-  return found if found and os.access(found, os.X_OK) else None
-
-
 cli.check("vocab", lambda v: 1 <= v <= cli.MAX_VOCAB,
           f"--vocab must be in [1, {cli.MAX_VOCAB}]")
 cli.check("requests", lambda v: 1 <= v <= 64, "--requests must be in [1, 64]")
@@ -124,16 +108,10 @@ cli.check("depth", lambda v: 1 <= v <= 64, "--depth must be in [1, 64]")
 cli.check("repeats", lambda v: 1 <= v <= 1000,
           "--repeats must be in [1, 1000]")
 cli.check("seed", lambda v: 0 <= v < 1 << 64, "--seed must be in [0, 2^64)")
-cli.check("hf_threads", lambda v: 1 <= v <= 256,
-          "--hf_threads must be in [1, 256]")
 cli.check(["ks", "verify_k", "vocab"], _ks_ok,
           "--ks (a non-empty list of integers) and --verify_k must be in "
           "[1, --vocab]")
 cli.check_output_path("json_out")
-cli.check_problem(["hf_python", "hf"], lambda hf_python, hf: None if (
-    not hf or _runnable(hf_python)) else (
-        f"--hf_python={hf_python} is not an executable interpreter (--nohf "
-        "skips the HF peer)"))
 cli.parse_flags_early(__name__)   # a bad flag exits here, before JAX
 
 # pylint: disable=g-import-not-at-top,g-bad-import-order
@@ -142,7 +120,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import dyadic_jax as dj
-from dyadic_jax.testing import toy_models
+from dyadic_jax.models import toy_pair
 # pylint: enable=g-import-not-at-top,g-bad-import-order
 
 _M = dj.M
@@ -334,7 +312,7 @@ def make_round(toy, *, requests, depth, seed):
   prev = jnp.arange(requests, dtype=jnp.int32) * 7919 % vocab
   prevs, tokens = [], []
   for i in range(depth):
-    w, _ = dj.draft_weights(toy_models.draft_logits(toy, prev))
+    w, _ = dj.draft_weights(toy_pair.draft_logits(toy, prev))
     counts, _ = dj.allocate_dense(w)
     u = dj.draw24(jax.vmap(dj.draw_key, in_axes=(0, 0, None))(
         keys, anchors + i, dj.Domain.PROPOSAL))
@@ -364,15 +342,15 @@ def round_inputs(vocab, *, requests, depth, seed):
   draws, target f32[R, D+1, V] rows for x_0 and the drafted chain,
   chain int32[R, D], keys [R], anchors int[R]).
   """
-  toy = toy_models.make_toy(toy_models.ToyConfig(vocab=vocab))
+  toy = toy_pair.make_toy(toy_pair.ToyConfig(vocab=vocab))
   prev, chain, keys, anchors = make_round(
       toy, requests=requests, depth=depth, seed=seed)
-  logits = toy_models.draft_logits(toy, prev.reshape(-1))
+  logits = toy_pair.draft_logits(toy, prev.reshape(-1))
   row_keys = jax.vmap(jax.vmap(dj.draw_key, in_axes=(None, 0, None)),
                       in_axes=(0, 0, None))(
                           keys, anchors[:, None] + jnp.arange(depth),
                           dj.Domain.PROPOSAL).reshape(-1)
-  target = toy_models.target_logits(
+  target = toy_pair.target_logits(
       toy, jnp.concatenate([prev[:, :1], chain], 1))
   return logits, dj.draw24(row_keys), target, chain, keys, anchors
 
@@ -410,38 +388,15 @@ def exp_accuracy():
   return worst, at, time.perf_counter() - start
 
 
-def _hf_missing(python):
-  """Why `python` cannot run the HF peer (None: it can)."""
-  probe = subprocess.run(
-      [python, "-c", "import torch, transformers; print('hf peer ok')"],
-      capture_output=True, text=True, check=False)
-  if not probe.returncode and "hf peer ok" in probe.stdout:
-    return None
-  return (f"{python} cannot import torch and transformers (a venv with "
-          "`pip install torch==2.13.0 transformers`, then "
-          "--hf_python=<its python>)")
-
-
 def hf_peer_round(target, draft, chain, repeats):
   """(the HF peer's JSON record, or None; a note) for one round."""
-  python = _HF_PYTHON.value
-  missing = _hf_missing(python)
-  if missing:
-    return None, f"HF peer skipped: {missing}"
-  peer = os.path.join(os.path.dirname(os.path.abspath(__file__)),
-                      "hf_peer.py")
   with tempfile.TemporaryDirectory() as tmp:
     inputs = os.path.join(tmp, "round.npz")
     np.savez(inputs, target=np.asarray(target, np.float32),
              draft=np.asarray(draft, np.float32), chain=np.asarray(chain))
-    run = subprocess.run([python, peer, inputs, str(repeats),
-                          str(_HF_THREADS.value)], capture_output=True,
-                         text=True, check=False, timeout=600)
-  if run.returncode:
-    return None, f"HF peer failed: {run.stderr.strip().splitlines()[-1:]}"
-  record = json.loads(run.stdout.strip().splitlines()[-1])
-  return record, (f"HF peer: transformers {record['transformers']}, torch "
-                  f"{record['torch']}, {record['threads']} threads")
+    return hf_interpreter.run(_HF.python.value, "hf_peer.py", inputs,
+                              str(repeats), str(_HF.threads.value),
+                              timeout=600)
 
 
 # ---------------------------------------------------------------------------
@@ -452,11 +407,8 @@ def main(argv):
   # absl shows INFO records; JAX's backend probe logs "Unable to initialize
   # backend 'tpu'" at INFO on every machine without a TPU.
   logging.getLogger("jax._src.xla_bridge").setLevel(logging.WARNING)
-  if (_HF.value and flags.FLAGS["hf_python"].present
-      and not _EXP_ACCURACY.value and (missing := _hf_missing(
-          _HF_PYTHON.value))):
-    # Asked for by name: say so now, not after the whole benchmark.
-    cli.usage_error(f"--hf_python={_HF_PYTHON.value}: {missing}")
+  if not _EXP_ACCURACY.value:
+    hf_interpreter.check_named(_HF)
   vocab, requests, depth = _VOCAB.value, _REQUESTS.value, _DEPTH.value
   ks = [int(k) for k in _KS.value]
   repeats = _REPEATS.value
@@ -645,7 +597,7 @@ def main(argv):
 
   # The HF transformers peer on the same round (a subprocess).
   hf, hf_note = None, "HF peer not requested (--nohf)"
-  if _HF.value:
+  if _HF.hf.value:
     hf, hf_note = hf_peer_round(
         target, np.asarray(logits).reshape(requests, depth, vocab), chain,
         repeats)

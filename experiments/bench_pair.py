@@ -27,6 +27,23 @@ temperature 1:
    alpha, the draft's cost per token relative to the target's c, and the
    depth D:  (1 - alpha^(D+1)) / ((1 - alpha) (c D + 1)).
 
+3. **The peer.** The same weights in Hugging Face transformers
+   (`ArceeForCausalLM`, exported by experiments/export_hf.py) on the same
+   prompts and lengths, under --hf_python (experiments/hf_interpreter.py;
+   skipped with a note where it has no torch): plain `generate` at batch 1
+   and batch 4, and assisted generation with the draft at depth D
+   (experiments/hf_decode.py). Every run, ours and the peer's, is reported
+   in tokens per wall second and per CPU second (the process's, all its
+   threads; over the bridge the worker's CPU too), measured in this run.
+4. **The regime.** A speculative round costs one verify pass over D + 1
+   rows where target-only decoding pays one step per token; the ratio r of
+   the two (measured: the speculative run's target seconds per round over
+   target-only's per token) decides whether speculation can pay: the
+   model's speedup is E / (c D + r) with E = (1 - alpha^(D+1)) / (1 -
+   alpha) tokens per round, so it breaks even at r = E - c D. A
+   weight-bound step (a GPU, or weights far beyond the caches) has r near
+   1; a lean engine on a CPU has r well above 1, and the table says so.
+
 Same prompts, same seeds and the same batch (--requests) in every run.
 """
 
@@ -41,6 +58,7 @@ import time
 from absl import flags
 
 from experiments import cli
+from experiments import hf_interpreter
 
 _MODEL = flags.DEFINE_string(
     "model", "stdlib", "The trained pair: a shipped one's name "
@@ -77,9 +95,10 @@ cli.check("formats", lambda formats: bool(formats) and all(
           "(positive integers)")
 cli.check_checkpoint("model", "--model is a shipped pair's name (stdlib) "
                      "or a checkpoint directory")
+_HF = hf_interpreter.define_flags("hf_decode.py")
 cli.check_output_path("json_out")
 cli.check_output_path("plot_out")
-cli.parse_flags_early(__name__)
+cli.parse_flags_early(__name__, extra="experiments")
 
 # pylint: disable=g-import-not-at-top
 import numpy as np
@@ -88,6 +107,7 @@ import dyadic_jax as dj
 from dyadic_jax import bridge
 from dyadic_jax.bridge import generate
 from dyadic_jax.bridge import keys as keys_lib
+from dyadic_jax.models import hf_layout
 from dyadic_jax.models import pair as pair_lib
 from dyadic_jax.wire.layouts import Representation
 from experiments import corpus
@@ -170,18 +190,41 @@ def row_agreement(target, prompts, continuations, rows: int = 33) -> dict:
           "max_abs_logit_difference": max_abs, "max_tv": max_tv}
 
 
-def predicted_speedup(alpha: float, c: float, depth: int) -> float:
-  """The standard cost model's speedup over target-only decoding."""
+def tokens_per_round(alpha: float, depth: int) -> float:
+  """E: the expected tokens a round commits at per-position acceptance
+  alpha (accepted drafts plus the correction or bonus)."""
   if alpha >= 1.0:
-    return (depth + 1) / (c * depth + 1)
-  return (1 - alpha ** (depth + 1)) / ((1 - alpha) * (c * depth + 1))
+    return depth + 1.0
+  return (1 - alpha ** (depth + 1)) / (1 - alpha)
 
 
-def run_record(out: generate.Result) -> dict:
+def predicted_speedup(alpha: float, c: float, depth: int,
+                      pass_ratio: float = 1.0) -> float:
+  """The cost model's speedup over target-only decoding: E / (c D + r),
+  r the verify pass's cost over one target step (1: the textbook model)."""
+  return tokens_per_round(alpha, depth) / (c * depth + pass_ratio)
+
+
+def run_record(out: generate.Result, cpu_s: float) -> dict:
   return {"tokens": out.new_tokens, "rounds": out.rounds,
           "tokens_per_second": out.tokens_per_second,
+          "cpu_s": cpu_s, "tokens_per_cpu_second": out.new_tokens / cpu_s,
           "mean_accepted": float(out.accepted.mean()) if out.accepted.size
           else 0.0, "seconds": out.seconds}
+
+
+def timed(fn, *args, **kwargs) -> tuple[generate.Result, float]:
+  """fn's result and the CPU seconds this process spent in it."""
+  start = time.process_time()
+  out = fn(*args, **kwargs)
+  return out, time.process_time() - start
+
+
+def child_cpu_s(pid: int) -> float:
+  """CPU seconds (user + system) process `pid` has used so far (Linux)."""
+  with open(f"/proc/{pid}/stat") as f:
+    fields = f.read().rsplit(")", 1)[1].split()
+  return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def warm(link, prompts) -> None:
@@ -221,24 +264,45 @@ def over_bridge(name: str, pair: pair_lib.Pair, prompts) -> dict:
       verifier.open()
       link = generate.Bridged(verifier)
       warm(link, prompts)
-      out = generate.generate(link, prompts, max_new_tokens=_NEW_TOKENS.value,
-                              seed=_SEED.value)
+      worker_cpu = child_cpu_s(proc.pid)
+      out, cpu_s = timed(generate.generate, link, prompts,
+                         max_new_tokens=_NEW_TOKENS.value, seed=_SEED.value)
+      worker_cpu = child_cpu_s(proc.pid) - worker_cpu
       fallbacks = verifier.counters.events("fallbacks")
     finally:
       verifier.close()
       proc.terminate()
       proc.wait(30)
-  return dict(run_record(out), format=name, fallbacks=fallbacks)
+  # Both processes' CPU: the verifier's (this one) and the worker's.
+  return dict(run_record(out, cpu_s + worker_cpu), format=name,
+              fallbacks=fallbacks, worker_cpu_s=worker_cpu)
+
+
+def peer(pair_dir, prompts) -> dict:
+  """The transformers peer's legs on the same prompts (hf_decode.py), or
+  {"note": why not}."""
+  with tempfile.TemporaryDirectory(prefix="bench_pair-hf-") as tmp:
+    folders = hf_layout.export_pair(pair_dir, tmp)
+    job = os.path.join(tmp, "job.json")
+    with open(job, "w") as f:
+      json.dump({"target": str(folders["target"]),
+                 "draft": str(folders["draft"]),
+                 "prompts": [[int(t) for t in p] for p in prompts],
+                 "new_tokens": _NEW_TOKENS.value, "depth": _DEPTH.value,
+                 "threads": _HF.threads.value, "seed": _SEED.value}, f)
+    record, note = hf_interpreter.run(_HF.python.value, "hf_decode.py", job)
+  return {"note": note, **(record or {})}
 
 
 def main(argv):
   del argv
   # JAX's backend probe logs "Unable to initialize backend 'tpu'" at INFO.
   logging.getLogger("jax._src.xla_bridge").setLevel(logging.WARNING)
+  hf_interpreter.check_named(_HF)
   cli.progress(f"loading the {_MODEL.value} pair and {_PROMPTS.value} "
                "held-out prompts")
-  pair = pair_lib.load_dir(cli.model_dir(_MODEL.value),
-                          max_depth=_DEPTH.value)
+  pair_dir = cli.model_dir(_MODEL.value)
+  pair = pair_lib.load_dir(pair_dir, max_depth=_DEPTH.value)
   vocab, depth = pair.target.vocab, _DEPTH.value
   need = _PROMPT_TOKENS.value + _NEW_TOKENS.value + depth + 1
   if need > pair.target.max_len:
@@ -253,7 +317,7 @@ def main(argv):
 
   cli.progress("target-only decoding (the baseline)")
   generate.target_only(pair.target, prompts[:1], max_new_tokens=2)  # warm
-  base = generate.target_only(pair.target, prompts, **kw)
+  base, base_cpu = timed(generate.target_only, pair.target, prompts, **kw)
   target_s_per_token = base.seconds["target"] / base.new_tokens
   cli.progress("rows: one chunked verify pass vs one token per call")
   rows = row_agreement(pair.target, prompts[:8], base.tokens[:8])
@@ -262,27 +326,36 @@ def main(argv):
             "prompts": _PROMPTS.value, "prompt_tokens": _PROMPT_TOKENS.value,
             "new_tokens": _NEW_TOKENS.value, "depth": depth,
             "requests": _REQUESTS.value, "seed": _SEED.value,
-            "date": time.strftime("%Y-%m-%d"),
-            "target_only": run_record(base), "rows": rows, "formats": {}}
+            "date": time.strftime("%Y-%m-%d"), "nproc": os.cpu_count(),
+            "target_only": run_record(base, base_cpu), "rows": rows,
+            "formats": {}}
   for name in _FORMATS.value:
     cli.progress(f"speculative decoding, q {name} (one process)")
     caps = caps_of(name, vocab)
     link = generate.Local(pair.draft, pair.target, caps)
     warm(link, prompts)          # the same link: its programs compiled
     screen = link.observe = Screen(depth, vocab)
-    out = generate.generate(link, prompts, **kw)
+    out, cpu_s = timed(generate.generate, link, prompts, **kw)
     drafted = depth * len(out.accepted)       # request-rounds x D
     c = (out.seconds["draft"] / max(drafted, 1)) / target_s_per_token
-    entry = dict(run_record(out), **screen.record(), draft_cost_ratio=c)
+    # The verify pass's cost over one target step: target seconds per
+    # request-round here over target-only's per token.
+    r = (out.seconds["target"] / max(len(out.accepted), 1)
+         ) / target_s_per_token
+    entry = dict(run_record(out, cpu_s), **screen.record(),
+                 draft_cost_ratio=c, pass_ratio=r)
     entry["speedup"] = out.tokens_per_second / base.tokens_per_second
     entry["predicted_speedup"] = predicted_speedup(entry["expected"], c,
-                                                   depth)
+                                                   depth, r)
+    entry["break_even_pass_ratio"] = (
+        tokens_per_round(entry["expected"], depth) - c * depth)
     record["formats"][name] = entry
     print(f"  q {name:>6}: acceptance {entry['acceptance']:.3f} (exact "
           f"{entry['expected']:.3f}), accepted/round "
           f"{entry['mean_accepted']:.2f}, {entry['tokens_per_second']:.1f} "
           f"tok/s = {entry['speedup']:.2f}x target-only (model "
-          f"{entry['predicted_speedup']:.2f}x)", flush=True)
+          f"{entry['predicted_speedup']:.2f}x at pass/step {r:.2f})",
+          flush=True)
   best = max(record["formats"],
              key=lambda n: record["formats"][n]["tokens_per_second"])
   record["best_format"] = best
@@ -292,6 +365,9 @@ def main(argv):
     bridged["speedup"] = (bridged["tokens_per_second"]
                           / base.tokens_per_second)
     record["bridge"] = bridged
+  if _HF.hf.value:
+    cli.progress("the transformers peer on the same weights and prompts")
+    record["peer"] = peer(pair_dir, prompts)
   print_tables(record)
   if _JSON_OUT.value:
     with open(_JSON_OUT.value, "w") as f:
@@ -300,6 +376,23 @@ def main(argv):
   if _PLOT_OUT.value:
     plot(record, _PLOT_OUT.value)
     print(f"wrote {_PLOT_OUT.value}")
+
+
+_PEER_LEGS = (("target_b1", "target-only, batch 1"),
+              ("target_b4", "target-only, batched generate, batch 4"),
+              ("assisted_b1", "assisted generation, batch 1"))
+
+
+def regime(entry: dict) -> str:
+  """In words: whether a verify pass costs about one step, and so whether
+  speculation can pay at this acceptance."""
+  r, even = entry["pass_ratio"], entry["break_even_pass_ratio"]
+  kind = ("close to one step, as a weight-bound step is" if r < 1.5 else
+          "well above one step, as a lean engine's on a CPU")
+  verdict = ("pays: r is below" if r < even
+             else "cannot pay: r is not below")
+  return (f"a pass over D+1 rows costs r = {r:.2f} steps, {kind}; at this "
+          f"acceptance speculation {verdict} the break-even {even:.2f}")
 
 
 def print_tables(record: dict) -> None:
@@ -320,25 +413,41 @@ def print_tables(record: dict) -> None:
         f"difference| {r['max_abs_logit_difference']:.2e}, max TV "
         f"{r['max_tv']:.2e}")
   base = record["target_only"]
-  print("\nspeed (tokens/s; seconds split draft / target / verify / "
-        "exchange / host)")
-  print("| run | tokens/s | speedup | model | split (s) |")
-  print("|---|---:|---:|---:|---|")
+  print(f"\nspeed, {record['requests']} requests per batch (tokens per "
+        "second of wall and of CPU; seconds split draft / target / verify "
+        "/ exchange / host)")
+  print("| run | tokens/s | tokens/CPU-s | speedup | model | split (s) |")
+  print("|---|---:|---:|---:|---:|---|")
 
   def split(s):
     return " / ".join(f"{s[p]:.1f}" for p in generate.PARTS)
 
-  print(f"| target-only | {base['tokens_per_second']:.1f} | 1.00 | | "
+  print(f"| dyadic-jax target-only | {base['tokens_per_second']:.1f} | "
+        f"{base['tokens_per_cpu_second']:.1f} | 1.00 | | "
         f"{split(base['seconds'])} |")
   for name, e in record["formats"].items():
-    print(f"| one process, q {name} | {e['tokens_per_second']:.1f} | "
-          f"{e['speedup']:.2f} | {e['predicted_speedup']:.2f} "
-          f"(alpha {e['expected']:.2f}, c {e['draft_cost_ratio']:.3f}) | "
-          f"{split(e['seconds'])} |")
+    print(f"| dyadic-jax one process, q {name} | "
+          f"{e['tokens_per_second']:.1f} | {e['tokens_per_cpu_second']:.1f} "
+          f"| {e['speedup']:.2f} | {e['predicted_speedup']:.2f} "
+          f"(alpha {e['expected']:.2f}, c {e['draft_cost_ratio']:.3f}, r "
+          f"{e['pass_ratio']:.2f}) | {split(e['seconds'])} |")
   if "bridge" in record:
     b = record["bridge"]
-    print(f"| bridge, q {b['format']} | {b['tokens_per_second']:.1f} | "
-          f"{b['speedup']:.2f} | | {split(b['seconds'])} |")
+    print(f"| dyadic-jax bridge, q {b['format']} | "
+          f"{b['tokens_per_second']:.1f} | {b['tokens_per_cpu_second']:.1f} "
+          f"| {b['speedup']:.2f} | | {split(b['seconds'])} |")
+  p = record.get("peer", {})
+  for key, label in _PEER_LEGS:
+    if key in p:
+      leg = p[key]
+      print(f"| transformers {label} | {leg['tokens_per_second']:.1f} | "
+            f"{leg['tokens_per_cpu_second']:.1f} | "
+            f"{leg['tokens_per_second'] / base['tokens_per_second']:.2f} | "
+            "| |")
+  if p:
+    print(p["note"])
+  best = record["formats"][record["best_format"]]
+  print(f"regime (q {record['best_format']}): {regime(best)}")
 
 
 def plot(record: dict, path: str) -> None:

@@ -60,7 +60,7 @@ _PLOT_OUT = flags.DEFINE_string("plot_out", "bench_rank_links.png",
 cli.check("link_gbps", lambda g: 0 < g < 1e6, "--link_gbps must be > 0")
 cli.check_output_path("json_out")
 cli.check_output_path("plot_out")
-cli.parse_flags_early(__name__)
+cli.parse_flags_early(__name__, extra="experiments")
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _MODES = {"one link": ["--verifier_ranks=2"],

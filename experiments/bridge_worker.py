@@ -10,7 +10,7 @@ one line `READY <address>` on stdout, and serves HELLO, STEP, COMMIT and
 RESET until it is stopped (SIGTERM/SIGINT); on the way out it prints one
 line `STATS <json>` (its counters: proposals, commits, refusals by code,
 `propose_us` = time spent drawing proposals). The draft is the DSpark-style
-toy draft of dyadic_jax/testing/toy_models.py (parallel backbone + Markov
+toy draft of dyadic_jax/models/toy_pair.py (parallel backbone + Markov
 head), or with --model=stdlib the trained transformer draft, which keeps a
 KV cache per request and learns each request's prefix from the verifier's
 CONTEXT frames (docs/wire.md); the verifier must announce the same capabilities (vocab, depth,
@@ -178,7 +178,7 @@ def main(argv: list[str]) -> None:
   from dyadic_jax import bridge, rowops
   from dyadic_jax.bridge import rank_links
   from dyadic_jax.bridge import ranks as bridge_ranks
-  from dyadic_jax.testing import toy_models
+  from dyadic_jax.models import toy_pair
   import sharding
   # pylint: enable=g-import-not-at-top
   # JAX's backend probe logs "Unable to initialize backend 'tpu'" at INFO.
@@ -195,7 +195,7 @@ def main(argv: list[str]) -> None:
     executor = sharding.executor(sharding.vocab_mesh(ranks))
   draft: typing.Any
   if config.model == "toy":
-    _, toy = toy_models.make_models(config.model_config())
+    _, toy = toy_pair.make_models(config.model_config())
     draft = toy.markov(config.backbone)
   else:
     from dyadic_jax.models import pair  # pylint: disable=g-import-not-at-top

@@ -30,9 +30,8 @@ of progress on stderr. `check_problem` registers a validator whose message
 says what is wrong with the value (a keys folder, a port); --help and
 --helpfull exit 0.
 
-Constants of `dyadic_jax` that flag bounds need are mirrored here, because
-importing `dyadic_jax` starts JAX (tests/experiments/test_acceptance_fleet.py holds them
-equal).
+The constants flag bounds need come from `dyadic_jax.constants`, which
+imports nothing.
 """
 
 import fractions
@@ -49,10 +48,10 @@ import typing
 from absl import app
 from absl import flags
 
+from dyadic_jax.constants import DEFAULT_VOCAB, MAX_VOCAB
+
 FLAGS = flags.FLAGS
 
-DEFAULT_VOCAB = 129280      # dyadic_jax.DEFAULT_VOCAB
-MAX_VOCAB = 1 << 18         # dyadic_jax.MAX_VOCAB
 
 _parsed_argv: list[str] | None = None
 
@@ -145,13 +144,32 @@ def _parse(argv: list[str]) -> list[str]:
   return rest
 
 
-def parse_flags_early(module_name: str) -> None:
+def parse_flags_early(module_name: str, *, extra: str | None = None
+                      ) -> None:
   """Parses sys.argv now if `module_name` is "__main__" (see the docstring).
 
-  Every flag the program uses must be defined before this call.
+  Every flag the program uses must be defined before this call. extra:
+  the optional dependencies (`dyadic_jax.extras`) the program needs; one
+  line naming it, exit 2, when it is not installed.
   """
   if module_name == "__main__":
     _parse(sys.argv)
+    if extra is not None and (problem := extra_problem(extra)):
+      sys.stderr.write(f"{problem}\n")
+      sys.stderr.flush()
+      sys.exit(2)
+
+
+def extra_problem(extra: str, user: str | None = None) -> str | None:
+  """None when extra `extra` is installed, else the one line that says
+  which to install, naming `user` (default: the program): a flag
+  validator's message, or parse_flags_early's."""
+  from dyadic_jax import extras  # pylint: disable=g-import-not-at-top
+  try:
+    extras.require(extra, user or program())
+  except extras.MissingExtra as e:
+    return str(e)
+  return None
 
 
 def run(main: typing.Callable[[list[str]], typing.Any]) -> None:
@@ -203,11 +221,6 @@ def _shipped(model: str) -> pathlib.Path | None:
       "models") / "checkpoints" / model
   return directory if "/" not in model and (
       directory / "config.json").is_file() else None
-
-
-def is_checkpoint(model: str) -> bool:
-  """Whether `model_dir(model)` holds a checkpoint's config.json."""
-  return (model_dir(model) / "config.json").is_file()
 
 
 # The checkpoint layout of dyadic_jax.models.checkpoint, mirrored (that
@@ -386,7 +399,7 @@ def check_output_path(name: str) -> None:
 def define_target_processor() -> tuple[flags.FlagHolder[float],
                                        flags.FlagHolder[int]]:
   """Defines --repetition_penalty and --grammar_modulus, the toy target's
-  logits processor (dyadic_jax.testing.toy_models), with their checks."""
+  logits processor (dyadic_jax.models.toy_pair), with their checks."""
   penalty = flags.DEFINE_float(
       "repetition_penalty", 1.3, "Target processor: repetition penalty in "
       "[1, 100] on tokens already in the context (1: off).")

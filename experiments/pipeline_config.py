@@ -28,11 +28,15 @@ import typing
 
 from absl import flags
 
+from dyadic_jax.wire import key_sizes
+from dyadic_jax.wire import qformats
+from dyadic_jax.wire.key_sizes import (CURVE_KEY_CHARS, MIN_DISTINCT_BYTES,
+                                       SECRET_BYTES)
 from experiments import cli
 
 if typing.TYPE_CHECKING:
   from dyadic_jax import bridge
-  from dyadic_jax.testing import toy_models
+  from dyadic_jax.models import toy_pair
 
 MAX_DEPTH = 32        # drafted positions per round (the toy's backbone is
                       # [depth, 16, V] floats: 8 MB per position at V=129280)
@@ -43,25 +47,18 @@ MAX_MODEL_SEED = (1 << 31) - 2    # jax.random.key(seed + 1) in int32
 
 class QChoice(typing.NamedTuple):
   """What the flags' checks need of a q format (`dyadic_jax.wire.qformats`:
-  `uses_support`, `shardable`, `sampled`), before JAX starts."""
+  `uses_support`, `shardable`, `sampled`)."""
   uses_support: bool     # --k is its row width
   shardable: bool        # rank links may split its rows (--worker_ranks)
   sampled: bool          # its rows carry q (else the greedy mode)
 
 
-# The q formats by --q name, mirrored from `qformats.BY_NAME` (importing
-# dyadic_jax starts JAX; tests/experiments/test_cli.py holds them equal).
-Q_FORMATS = {"sparse": QChoice(True, False, True),
-             "dense": QChoice(False, True, True),
-             "greedy": QChoice(False, False, False)}
+# The q formats by --q name, read from the library (importing the q
+# formats starts no JAX: tests/test_layers.py).
+Q_FORMATS = {name: QChoice(f.uses_support, f.shardable, f.sampled)
+             for name, f in qformats.BY_NAME.items()}
 Q_CHOICES = tuple(Q_FORMATS)
-# dyadic_jax.bridge.keys.SECRET, MIN_DISTINCT_BYTES, CURVE_KEY_CHARS and
-# dyadic_jax.wire.auth.SECRET_BYTES, mirrored: importing them starts JAX
-# (tests/experiments/test_cli.py holds them equal).
-KEYS_SECRET = "secret.key"
-SECRET_BYTES = 32
-MIN_DISTINCT_BYTES = 16
-CURVE_KEY_CHARS = 40
+KEYS_SECRET = key_sizes.SECRET_FILE
 
 VOCAB = flags.DEFINE_integer(
     "vocab", None, f"Vocabulary size V in [2, {cli.MAX_VOCAB}] (default "
@@ -180,6 +177,8 @@ cli.check(["model", *TOY_FLAGS], lambda model, **_: model == "toy" or not any(
     flags.FLAGS[name].present for name in TOY_FLAGS),
           "--closeness, --model_seed and --backbone are the toy pair's "
           "(--model=toy)")
+cli.check_problem("model", lambda model: None if model == "toy" else (
+    cli.extra_problem("models", f"--model={model}")))
 cli.check(["model", "worker_ranks"], lambda model, worker_ranks: (
     model == "toy" or worker_ranks == 1),
           "--model runs its draft on one worker rank (--worker_ranks=1)")
@@ -255,14 +254,11 @@ def keys_dir_problem(path: str | None, encrypt: bool,
         text = f.read().strip()
     except OSError as e:
       return f"--keys_dir={path}: cannot read {name}: {e.strerror}"
-    if len(text) != CURVE_KEY_CHARS or not set(text) <= _Z85:
+    if len(text) != CURVE_KEY_CHARS or not set(text) <= key_sizes.Z85:
       return (f"--keys_dir={path}: {name} is not a CURVE key "
               f"({CURVE_KEY_CHARS} z85 characters; {made} --force)")
   return None
 
-
-_Z85 = set("0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
-           ".-:+=^!/*?&<>()[]{}@%$#")
 
 
 def check_keys_dir(roles: typing.Sequence[str]) -> None:
@@ -372,10 +368,10 @@ class PipelineConfig:
     return loaded.secret, loaded.curve
 
   def model_config(self, **target_knobs: typing.Any
-                   ) -> "toy_models.ModelConfig":
+                   ) -> "toy_pair.ModelConfig":
     """The toy pair's ModelConfig; `target_knobs`: the target's processors."""
-    from dyadic_jax.testing import toy_models  # pylint: disable=g-import-not-at-top
-    return toy_models.ModelConfig(
+    from dyadic_jax.models import toy_pair  # pylint: disable=g-import-not-at-top
+    return toy_pair.ModelConfig(
         vocab=self.vocab, seed=self.model_seed, closeness=self.closeness,
         max_depth=self.depth, **target_knobs)
 

@@ -14,7 +14,7 @@ What runs (docs/architecture.md, "One round"; one round per step of the
 progress bar):
 
 * the draft worker, `experiments.bridge_worker`, as a subprocess on
-  loopback: the DSpark-style toy draft of dyadic_jax/testing/toy_models.py
+  loopback: the DSpark-style toy draft of dyadic_jax/models/toy_pair.py
   (parallel backbone + Markov head) drawing dyadic q rows (sparse top-k or
   dense) with its PROPOSAL keys;
 * the host bridge (dyadic_jax.bridge): HELLO negotiation, STEP, REPLY rows,
@@ -129,7 +129,8 @@ from experiments.pp1 import flags
 # --depth, --keys_dir ...), not only under --helpfull.
 absl_flags.adopt_module_key_flags(flags)
 absl_flags.adopt_module_key_flags(pipeline_config)
-cli.parse_flags_early(__name__)    # a bad flag exits here, before JAX
+# A bad flag, or a missing extra, exits here, before JAX.
+cli.parse_flags_early(__name__, extra="experiments")
 
 # pylint: disable-next=g-import-not-at-top,wrong-import-position
 from experiments.pp1 import main as pp1_main

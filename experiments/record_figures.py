@@ -88,7 +88,7 @@ cli.check("plot_out", lambda path: cli.writable_path(_in_root(path)),
 cli.check(["record", "write_readme"], lambda record, write_readme: (
     record or write_readme), "--norecord records nothing: it needs "
           "--write_readme (render the docs from the JSON as it is)")
-cli.parse_flags_early(__name__)
+cli.parse_flags_early(__name__, extra="experiments")
 
 
 def _memcpy_ms() -> float:

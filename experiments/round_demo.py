@@ -69,7 +69,7 @@ cli.check("closeness", lambda c: 0.0 <= c <= 1.0,
           "--closeness must be a number in [0, 1]")
 cli.check("alpha", cli.in_open_unit, "--alpha must be in (0, 1)")
 cli.check_output_path("json_out")
-cli.parse_flags_early(__name__)
+cli.parse_flags_early(__name__, extra="experiments")
 
 # pylint: disable=g-import-not-at-top,g-bad-import-order,wrong-import-position
 import jax
@@ -78,14 +78,14 @@ import numpy as np
 
 import dyadic_jax as dj
 from dyadic_jax.testing import stats
-from dyadic_jax.testing import toy_models
+from dyadic_jax.models import toy_pair
 # pylint: enable=g-import-not-at-top,g-bad-import-order,wrong-import-position
 
 _TOP = 10          # histogram bins: the top target tokens, then "other"
 _CHECK_BATCH = 50  # rounds per vmapped chunk: bounds the [B, 2, V] buffers
 
 
-def propose(toy: toy_models.ToyModel, key: jax.Array, prefix_token: int, *,
+def propose(toy: toy_pair.ToyModel, key: jax.Array, prefix_token: int, *,
             depth: int, k: int, anchor: int
             ) -> tuple[jax.Array, jax.Array, dj.SparseQ, jax.Array]:
   """Draws x_1..x_D from sparse dyadic draft rows (worker side).
@@ -97,7 +97,7 @@ def propose(toy: toy_models.ToyModel, key: jax.Array, prefix_token: int, *,
   tokens, slots, ids, counts, n, status = [], [], [], [], [], []
   for i in range(depth):
     # Row i depends on the token drawn just before it: the Markov dependency.
-    logits = toy_models.draft_logits(toy, prev)
+    logits = toy_pair.draft_logits(toy, prev)
     w, w_status = dj.draft_weights(logits)
     row_ids, row_counts, row_n, a_status = dj.allocate_sparse(w, k)
     u = dj.draw24(dj.draw_key(key, anchor + i, dj.Domain.PROPOSAL))
@@ -113,14 +113,14 @@ def propose(toy: toy_models.ToyModel, key: jax.Array, prefix_token: int, *,
   return jnp.stack(tokens), jnp.stack(slots), q, jnp.stack(status)
 
 
-def chain_target_logits(toy: toy_models.ToyModel, prefix_token: int,
+def chain_target_logits(toy: toy_pair.ToyModel, prefix_token: int,
                         tokens: jax.Array) -> jax.Array:
   """Target logits f32[D+1, V] for the positions of x_1..x_D and the bonus."""
   prev = jnp.concatenate([jnp.asarray([prefix_token], jnp.int32), tokens])
-  return toy_models.target_logits(toy, prev)
+  return toy_pair.target_logits(toy, prev)
 
 
-def first_emitted(toy: toy_models.ToyModel, prefix_token: int,
+def first_emitted(toy: toy_pair.ToyModel, prefix_token: int,
                   q_row: tuple[jax.Array, jax.Array, jax.Array],
                   key: jax.Array, *, anchor: int) -> jax.Array:
   """First emitted token of a D = 1 round (the drafted one if accepted)."""
@@ -141,12 +141,12 @@ def histogram(tokens: jax.typing.ArrayLike,
   return np.array(hits + [tokens.size - sum(hits)], np.int64)
 
 
-def run_check(toy: toy_models.ToyModel, prefix_token: int, *, k: int,
+def run_check(toy: toy_pair.ToyModel, prefix_token: int, *, k: int,
               seed: int, anchor: int, samples: int,
               alpha: float) -> dict[str, typing.Any]:
   """Speculative first token vs target-only sampling; prints a table."""
-  t0 = toy_models.target_logits(toy, prefix_token)
-  w, _ = dj.draft_weights(toy_models.draft_logits(toy, prefix_token))
+  t0 = toy_pair.target_logits(toy, prefix_token)
+  w, _ = dj.draft_weights(toy_pair.draft_logits(toy, prefix_token))
   ids, counts, n, status = dj.allocate_sparse(w, k)
   dj.raise_for_status("allocate_sparse", status)
 
@@ -206,9 +206,9 @@ def main(argv: list[str]) -> int:
   # absl shows INFO records; JAX's backend probe logs "Unable to initialize
   # backend 'tpu'" at INFO on every machine without a TPU.
   logging.getLogger("jax._src.xla_bridge").setLevel(logging.WARNING)
-  config = toy_models.ToyConfig(vocab=_VOCAB.value,
+  config = toy_pair.ToyConfig(vocab=_VOCAB.value,
                                 closeness=_CLOSENESS.value)
-  toy = toy_models.make_toy(config)
+  toy = toy_pair.make_toy(config)
   prefix, depth, k = _PREFIX_TOKEN.value, _DEPTH.value, _K.value
   anchor = 1  # x_0 sits at position 0; x_1 is decided at position 1
   key = dj.round_key(_SEED.value, 0, 0)

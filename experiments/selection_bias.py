@@ -99,7 +99,7 @@ cli.check("ci_level", cli.in_open_unit, "--ci_level must be in (0, 1)")
 cli.check("alpha", cli.in_open_unit, "--alpha must be in (0, 1)")
 cli.check_output_path("json_out")
 cli.check_output_path("plot_out")
-cli.parse_flags_early(__name__)
+cli.parse_flags_early(__name__, extra="experiments")
 
 # pylint: disable=g-import-not-at-top,g-bad-import-order,wrong-import-position
 import jax

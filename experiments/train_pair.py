@@ -179,7 +179,7 @@ def _output_problem(output_dir: str, force: bool,
 
 
 cli.check_problem(["output_dir", "force", "init_from"], _output_problem)
-cli.parse_flags_early(__name__)
+cli.parse_flags_early(__name__, extra="train")
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
 import jax

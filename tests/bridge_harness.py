@@ -22,7 +22,7 @@ from dyadic_jax import bridge
 from dyadic_jax.bridge.effects import Send
 from dyadic_jax.wire import auth, codec, layouts
 from dyadic_jax.wire.layouts import FIXED_BYTES, Kind, Representation
-from dyadic_jax.testing import toy_models
+from dyadic_jax.models import toy_pair
 from tests import wire_edits
 
 V = 16
@@ -33,7 +33,7 @@ _TOYS = {}
 
 def toy(vocab=V):
   if vocab not in _TOYS:
-    _TOYS[vocab] = toy_models.make_toy(toy_models.ToyConfig(
+    _TOYS[vocab] = toy_pair.make_toy(toy_pair.ToyConfig(
         vocab=vocab, closeness=0.7))
   return _TOYS[vocab]
 
@@ -53,7 +53,7 @@ def caps(representation=Representation.SPARSE, **kw):
 def target_fn_for(model):
   def target_fn(prefix, draft):
     prev = np.concatenate([prefix[-1:], draft]).astype(np.int32)
-    return np.asarray(toy_models.target_logits(model, prev))
+    return np.asarray(toy_pair.target_logits(model, prev))
   return target_fn
 
 
@@ -62,7 +62,7 @@ def proposer_for(c):
   """One compiled proposer per Capabilities (they are frozen, hashable)."""
   model = toy(c.vocab)
   return bridge.draft_proposer(
-      lambda prev: toy_models.draft_logits(model, prev), c)
+      lambda prev: toy_pair.draft_logits(model, prev), c)
 
 
 class Tampering(bridge.Worker):

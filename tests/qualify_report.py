@@ -4,8 +4,8 @@ The qualification is every test marked `qualify`: the oracle, row-mode and
 sharded identity tests beside the modules they check, and
 tests/system/test_qualify.py (the checks no other test makes: no bridge,
 64-bit arithmetic, the division, platform facts, the benchmark). A GPU
-machine runs it as one command (COMMAND below; README, "Row modes and GPU
-qualification"):
+machine runs it as one command (COMMAND below; docs/guide.md, "Row modes
+and GPU qualification"):
 
     python -m pytest -m qualify --runslow -n 0 -q \\
         --qualify-report=qualify.json \\

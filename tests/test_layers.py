@@ -2,14 +2,17 @@
 
 Reads every first-party module's imports with `ast` (function-level imports
 included, so a lazy import cannot hide an edge) and checks each against the
-layer table: the core imports only the core; the wire only itself and the
-core; the bridge never `sharding`; `sharding` only itself and the core; no
+layer table: the core imports only the core; the models (`dyadic_jax.models`:
+the protocols, the toy and trained pairs) only themselves and the core; the
+wire only itself and the core; the bridge never `sharding`; `sharding` only itself and the core; no
 library layer imports `dyadic_jax.testing` or `experiments`; and
 `dyadic_jax.testing/__init__.py` imports nothing (a tool with an optional
 dependency, such as zmq, costs nothing to the others). Two more
 boundaries: no module reads an underscore name of a first-party module of
 another package (`from m import _x`, `m._x`: make it public or move it;
-tests may), and the protocol sessions import without JAX or ZeroMQ.
+tests may), the protocol sessions import without JAX or ZeroMQ (the
+round engine and `generate` without ZeroMQ), and the model protocols
+without JAX.
 """
 
 import ast
@@ -25,12 +28,13 @@ _ROOT = pathlib.Path(__file__).resolve().parent.parent
 # Layer -> the layers it may import (itself included).
 _ALLOWED = {
     "core": {"core"},
+    "models": {"models", "core"},
     "wire": {"wire", "core"},
-    "bridge": {"bridge", "wire", "core"},
+    "bridge": {"bridge", "wire", "models", "core"},
     "sharding": {"sharding", "core"},
-    "testing": {"testing", "bridge", "wire", "sharding", "core"},
-    "experiments": {"experiments", "testing", "bridge", "wire", "sharding",
-                    "core"},
+    "testing": {"testing", "bridge", "wire", "models", "sharding", "core"},
+    "experiments": {"experiments", "testing", "bridge", "wire", "models",
+                    "sharding", "core"},
 }
 
 
@@ -39,7 +43,7 @@ def _layer(module):
   parts = module.split(".")
   if parts[0] == "dyadic_jax":
     sub = parts[1] if len(parts) > 1 else ""
-    return sub if sub in ("wire", "bridge", "testing") else "core"
+    return sub if sub in ("wire", "bridge", "testing", "models") else "core"
   if parts[0] in ("sharding", "experiments"):
     return parts[0]
   return None
@@ -190,22 +194,49 @@ _SESSIONS = ("dyadic_jax.bridge.verifier_session",
              "dyadic_jax.bridge.shard_link")
 
 
-def test_sessions_import_without_jax_or_zmq():
-  """A fresh interpreter imports the sessions (the wire with them) and has
-  loaded neither JAX nor ZeroMQ: the drivers and the q formats' kernels
-  bring those in on first use."""
-  code = ("import sys\n" + "".join(f"import {m}\n" for m in _SESSIONS)
-          + "print(sorted(m for m in ('jax', 'jaxlib', 'zmq') "
+def _loaded(modules, watched):
+  """Which of `watched` a fresh interpreter holds after importing
+  `modules` (sorted)."""
+  code = ("import sys\n" + "".join(f"import {m}\n" for m in modules)
+          + f"print(sorted(m for m in {tuple(watched)!r} "
           "if m in sys.modules))\n")
   run = subprocess.run([sys.executable, "-c", code], cwd=_ROOT,
                        capture_output=True, text=True, timeout=300,
                        env={"PYTHONPATH": str(_ROOT), "PATH": ""})
   assert run.returncode == 0, run.stderr
-  assert run.stdout.strip() == "[]", run.stdout
+  return run.stdout.strip()
+
+
+def test_sessions_import_without_jax_or_zmq():
+  """A fresh interpreter imports the sessions (the wire with them) and has
+  loaded neither JAX nor ZeroMQ: the drivers and the q formats' kernels
+  bring those in on first use."""
+  assert _loaded(_SESSIONS, ("jax", "jaxlib", "zmq")) == "[]"
+
+
+def test_round_engine_and_generate_import_without_zmq():
+  """The round's numeric half (`bridge.engine`) and the generation a user
+  calls (`bridge.generate`, its `Local` link) load no ZeroMQ: the driver
+  comes in with a `Bridged` link's `Verifier`, never with them."""
+  assert _loaded(("dyadic_jax.bridge.engine", "dyadic_jax.bridge.generate"),
+                 ("zmq",)) == "[]"
+
+
+def test_model_protocols_import_without_jax():
+  """The models layer's protocols (`dyadic_jax.models`: TargetModel,
+  DraftModel, their handles and adapters) load no JAX: a model can be
+  read and implemented before anything starts."""
+  assert _loaded(("dyadic_jax.models",), ("jax", "jaxlib")) == "[]"
 
 
 def test_the_checker_sees_violations():
   """The harness is not vacuous: lazy and relative imports count too."""
+  assert _violations("from dyadic_jax.models import pair\n",
+                     "dyadic_jax.weights") == [
+                         "dyadic_jax.models", "dyadic_jax.models.pair"]
+  assert _violations("from dyadic_jax.bridge import hello\n",
+                     "dyadic_jax.models.toy_pair") == [
+                         "dyadic_jax.bridge", "dyadic_jax.bridge.hello"]
   lazy = "def f():\n  from dyadic_jax.bridge import worker\n"
   assert _violations(lazy, "dyadic_jax.weights") == [
       "dyadic_jax.bridge", "dyadic_jax.bridge.worker"]

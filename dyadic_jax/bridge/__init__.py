@@ -2,7 +2,10 @@
 
 A sans-I/O protocol core (`WorkerSession`, `VerifierSession`: pure state
 machines, messages and time in, messages and typed effects out), thin
-ZeroMQ drivers around them (`Worker`, `Verifier`), capabilities and HELLO
+ZeroMQ drivers around them (`Worker`, `Verifier`), the verifier's round
+engine, which the one-process `generate.Local` runs too (`engine`: target
+rows, verification, the target-only fallback; no socket), capabilities
+and HELLO
 negotiation, staging slots, the sampling audit, key files (`keys`, also the command
 `python -m dyadic_jax.bridge.keys DIR`), the plan broadcast of a
 multi-rank verifier (`ranks`) and the rank-to-rank q links of a
@@ -26,11 +29,12 @@ if typing.TYPE_CHECKING:
   from dyadic_jax.bridge.counters import Counters
   from dyadic_jax.bridge.deadline import AdaptiveDeadline
   from dyadic_jax.bridge.effects import Plan, Propose, Send, Stage, Verify
+  from dyadic_jax.bridge.engine import Outcome
   from dyadic_jax.bridge.hello import Capabilities
-  from dyadic_jax.bridge.proposer import Proposal, draft_proposer
+  from dyadic_jax.bridge.proposer import draft_proposer
   from dyadic_jax.bridge.transport import Curve, Endpoint
-  from dyadic_jax.bridge.verifier import (Outcome, PlanSharer, RoundHook,
-                                          Validator, Verifier)
+  from dyadic_jax.bridge.verifier import (PlanSharer, RoundHook, Validator,
+                                          Verifier)
   from dyadic_jax.bridge.verifier_session import (Request, RoundResult,
                                                   VerifierSession)
   from dyadic_jax.bridge.worker import DrawHook, Worker, serve_forever
@@ -41,11 +45,12 @@ _WHERE = {
     "Counters": "counters", "AdaptiveDeadline": "deadline",
     **dict.fromkeys(("Plan", "Propose", "Send", "Stage", "Verify"),
                     "effects"),
+    "Outcome": "engine",
     "Capabilities": "hello",
-    **dict.fromkeys(("Proposal", "draft_proposer"), "proposer"),
+    "draft_proposer": "proposer",
     **dict.fromkeys(("Curve", "Endpoint"), "transport"),
-    **dict.fromkeys(("Outcome", "PlanSharer", "RoundHook", "Validator",
-                     "Verifier"), "verifier"),
+    **dict.fromkeys(("PlanSharer", "RoundHook", "Validator", "Verifier"),
+                    "verifier"),
     **dict.fromkeys(("Request", "RoundResult", "VerifierSession"),
                     "verifier_session"),
     **dict.fromkeys(("DrawHook", "Worker", "serve_forever"), "worker"),
@@ -66,8 +71,8 @@ def __getattr__(name: str) -> typing.Any:
 
 __all__ = [
     "AdaptiveDeadline", "Capabilities", "Counters", "Curve", "DrawHook",
-    "Endpoint", "Outcome", "Plan", "PlanSharer", "Propose", "Proposal",
-    "Request", "RoundHook", "RoundResult", "Send", "Stage", "Validator",
-    "Verifier", "VerifierSession", "Verify", "Worker", "WorkerSession",
-    "draft_proposer", "serve_forever",
+    "Endpoint", "Outcome", "Plan", "PlanSharer", "Propose", "Request",
+    "RoundHook", "RoundResult", "Send", "Stage", "Validator", "Verifier",
+    "VerifierSession", "Verify", "Worker", "WorkerSession", "draft_proposer",
+    "serve_forever",
 ]

@@ -1,8 +1,8 @@
 """The PROPOSAL draws of a round: what the sampling audit checks tokens by.
 
 The worker leader draws x_i from its q row i with the 24-bit draw of the
-PROPOSAL key of (seed, generation, round, anchor + i) (`proposal_draw`,
-the same function the proposer calls: the core's `rng.proposal_draw`). The
+PROPOSAL key of (seed, generation, round, anchor + i) (the core's
+`rng.proposal_draw` of `rng.round_key`, as the proposer calls them). The
 verifier knows all four, so it recomputes the draws (`proposal_draws`, one
 jitted call per round, made while the worker is drafting: the core's
 `rng.proposal_draws` of the requests' round keys) and the q format's audit
@@ -23,35 +23,11 @@ from numpy.typing import ArrayLike
 from dyadic_jax import rng
 
 
-# The 24-bit draw of position `position` in a round of key `key`.
-proposal_draw = rng.proposal_draw
-
-
-def round_key(seed: jax.typing.ArrayLike, generation: jax.typing.ArrayLike,
-              round_id: jax.typing.ArrayLike) -> jax.Array:
-  """The proposer's round key (seed as the int64 view of a uint64)."""
-  return rng.round_key(seed, generation, round_id)
-
-
 @functools.partial(jax.jit, static_argnums=4)
 def _draws(seeds: jax.Array, generations: jax.Array, rounds: jax.Array,
            anchors: jax.Array, depth: int) -> jax.Array:
-  keys = jax.vmap(round_key)(seeds, generations, rounds)
+  keys = jax.vmap(rng.round_key)(seeds, generations, rounds)
   return rng.proposal_draws(keys, depth, anchors)
-
-
-_round_keys = jax.jit(jax.vmap(round_key))
-
-
-def round_keys(seeds: ArrayLike, generations: ArrayLike,
-               rounds: ArrayLike) -> jax.Array:
-  """Typed round keys [R] of R requests in one dispatch: the same keys as
-  `rng.round_key(seed, generation, round)` of each (seeds uint64[R],
-  generations and rounds in the uint32 range)."""
-  with jax.enable_x64(True):
-    return _round_keys(np.asarray(seeds, np.uint64).view(np.int64),
-                       np.asarray(generations, np.uint32),
-                       np.asarray(rounds, np.uint32))
 
 
 def proposal_draws(seeds: ArrayLike, generations: ArrayLike,

@@ -79,15 +79,6 @@ class Plan(typing.NamedTuple):
   counts: Counts         # int32[R, D, w] validated q, or None
   stop: np.ndarray       # int32[]: 1 tells follower ranks to return
 
-  def take(self, index: np.ndarray) -> qformats.Rows:
-    """The rows of plan requests `index` (an int array): what
-    `QFormat.to_q` reads with their counts."""
-    rows = self.rows
-    return qformats.Rows(
-        rows.tokens[index], rows.n[index],
-        None if rows.ids is None else rows.ids[index],
-        None if rows.values is None else rows.values[index])
-
 
 class Stage(typing.NamedTuple):
   """Validate the staged rows of an exchange, then call

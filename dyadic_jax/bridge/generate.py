@@ -6,17 +6,19 @@
 
 A *link* runs rounds of a batch of requests. `Local` runs the worker's
 proposer (`draft_proposer`, the draft's handles) and the verifier's side
-(the target's handles, `verify_batch`) in this process, with no wire: a
-proposal's q goes to verification as the exact counts it was drawn from.
-`Bridged` runs them through a `Verifier` connected to a worker
-(`python -m experiments.bridge_worker --model=...`), q on the wire,
-validated and audited. Both use the bridge's key schedule (generation 0,
+(the round engine, `engine.Engine`: the target's handles, `verify_batch`)
+in this process, with no wire: a proposal's q goes to verification as the
+exact counts it was drawn from. `Bridged` runs them through a `Verifier`
+connected to a worker (`python -m experiments.bridge_worker
+--model=...`), q on the wire, validated and audited, and the same engine
+behind it; this module imports the ZeroMQ driver only to name its type. Both use the bridge's key schedule (generation 0,
 rounds 1, 2, ...; PROPOSAL and verification keys of (seed, generation,
 round)), so for the same seeds and models they commit the same tokens,
 and so does a vocabulary mesh (`verify_fn` of `sharding`).
 
 `target_only` is the baseline: one token per target call, drawn by the
-target-only sampler with the TARGET_ONLY key of each position.
+target-only sampler with the TARGET_ONLY key of each position (the
+engine's fallback keys).
 
 Both check every argument before the first round (a TypeError or
 ValueError naming it and its range), the context included: a target with
@@ -30,20 +32,21 @@ the draft's steps, the target's verify pass, verification, and the rest
 """
 
 import collections
-import functools
 import time
 import typing
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
-from dyadic_jax import models, rng, rowops, verification
+from dyadic_jax import models, rowops, verification
 from dyadic_jax.constants import M
-from dyadic_jax.bridge import audit, hello, proposer as proposer_lib
-from dyadic_jax.bridge import verifier as verifier_lib
+from dyadic_jax.bridge import engine as engine_lib
+from dyadic_jax.bridge import hello, proposer as proposer_lib
 from dyadic_jax.errors import raise_for_status
 from dyadic_jax.wire import qformats
+
+if typing.TYPE_CHECKING:   # the ZeroMQ driver, for its type only
+  from dyadic_jax.bridge import verifier as verifier_lib
 
 _U64 = (1 << 64) - 1
 # One round's cost split (seconds), as `Result.seconds` and `Link.seconds`.
@@ -137,7 +140,7 @@ class Local:
 
   def __init__(self, draft: models.DraftModel,
                target: models.TargetModel, caps: hello.Capabilities, *,
-               verify_fn: verifier_lib.VerifyFn = verification.verify_batch,
+               verify_fn: engine_lib.VerifyFn = verification.verify_batch,
                executor: rowops.Executor = rowops.LOCAL,
                observe: typing.Callable[..., None] | None = None) -> None:
     """observe: called after each round with (rids, proposals, target rows,
@@ -148,11 +151,9 @@ class Local:
     self.caps = caps
     self.propose = proposer_lib.draft_proposer(draft, caps,
                                                executor=executor)
-    self.target = target
-    self.verify_fn = verify_fn
+    self.engine = engine_lib.Engine(caps, target, verify_fn=verify_fn)
     self.observe = observe
     self.requests: dict[int, _Request] = {}
-    self.states: dict[int, models.State] = {}
     self.seconds: collections.defaultdict[str, float] = (
         collections.defaultdict(float))
     self._clock = _Clock(self.seconds)
@@ -160,7 +161,7 @@ class Local:
   @property
   def max_len(self) -> int | None:
     """The target's context (None: it declares none)."""
-    return getattr(self.target, "max_len", None)
+    return getattr(self.engine.target, "max_len", None)
 
   def add(self, rid: int, prompt: typing.Sequence[int], seed: int) -> None:
     if rid in self.requests or not len(prompt):
@@ -169,15 +170,7 @@ class Local:
 
   def remove(self, rid: int) -> None:
     self.requests.pop(rid)
-    self.states.pop(rid, None)
-
-  def _target_rows(self, rid: int, draft: np.ndarray) -> jax.Array:
-    state = self.states.pop(rid, None)
-    if state is None:
-      state = self.target.init_state()
-    rows, self.states[rid] = self.target.logits(
-        state, np.asarray(self.requests[rid].tokens, np.int32), draft)
-    return rows
+    self.engine.drop(rid)
 
   def round(self, rids: typing.Sequence[int], depth: int
             ) -> list[Committed]:
@@ -190,15 +183,14 @@ class Local:
         proposals.append(self.propose(
             req.seed, 0, req.round, len(req.tokens), req.tokens[-1], depth,
             request=rid, context=np.asarray(req.tokens, np.int32)))
+    # Generation 0 throughout: nothing is lost without a wire.
+    chains = [engine_lib.Chain(rid, req.tokens, req.seed, 0, req.round)
+              for rid, req in zip(rids, reqs)]
     with clock("target"):
-      logits = _block([self._target_rows(rid, p.tokens)
-                       for rid, p in zip(rids, proposals)])
+      logits = _block(self.engine.target_rows(
+          chains, [p.tokens for p in proposals]))
     with clock("verify"):
-      if self.caps.greedy:
-        outcomes = [verifier_lib.greedy_verify(x, p.tokens)
-                    for x, p in zip(logits, proposals)]
-      else:
-        outcomes = self._verify(reqs, proposals, logits)
+      outcomes = self._verify(chains, proposals, logits)
     if self.observe is not None:
       with clock("observe"):      # not the round's: left out of the wall
         self.observe(rids, proposals, logits, outcomes)
@@ -211,37 +203,29 @@ class Local:
         out.append(Committed(rid, committed, accepted))
     return out
 
-  def _verify(self, reqs: list[_Request],
-              proposals: list[proposer_lib.Proposal],
+  def _verify(self, chains: list[engine_lib.Chain],
+              proposals: list[qformats.Rows],
               logits: list[jax.Array]) -> list[tuple[int, int]]:
-    """One `verify_fn` call, padded to max_requests rows (one shape)."""
-    fmt = self.caps.format
-    pad = self.caps.max_requests - len(reqs)
-    rows = proposals + [proposals[0]] * pad
-    # The drawn q rows are exact multiples of 1 / M: their counts.
-    counts = np.stack([np.rint(np.asarray(p.values, np.float64) * M)
-                       for p in rows]).astype(np.int32)
-    ids = None if rows[0].ids is None else np.stack(
-        [np.asarray(p.ids) for p in rows])
-    draft = np.stack([p.tokens for p in rows])
-    q = fmt.to_q(counts, qformats.Rows(
-        draft, np.stack([np.asarray(p.n) for p in rows]), ids, None))
-    keys = audit.round_keys([req.seed for req in reqs] + [0] * pad,
-                            [0] * len(rows),
-                            [req.round for req in reqs] + [0] * pad)
-    anchors = np.asarray([len(req.tokens) for req in reqs] + [0] * pad,
-                         np.int64)
-    batch = jnp.stack(logits + [logits[0]] * pad)
-    accepted, tokens, status = (np.asarray(a) for a in _block(
-        self.verify_fn(batch, q, draft, keys, anchors)))
-    raise_for_status("verify_fn", status[:len(reqs)])
-    return [(int(a), int(t)) for a, t in zip(accepted, tokens)][:len(reqs)]
+    """The engine's verification of the drawn rows (a refusal raises)."""
+    rows = qformats.Rows(
+        np.stack([p.tokens for p in proposals]),
+        np.stack([np.asarray(p.n) for p in proposals]),
+        None if proposals[0].ids is None
+        else np.stack([np.asarray(p.ids) for p in proposals]))
+    counts = None
+    if proposals[0].values is not None:
+      # The drawn q rows are exact multiples of 1 / M: their counts.
+      counts = np.stack([np.rint(np.asarray(p.values, np.float64) * M)
+                         for p in proposals]).astype(np.int32)
+    got = self.engine.verify(chains, logits, rows, counts)
+    raise_for_status("verify_fn", got.status)
+    return [(int(a), int(t)) for a, t in zip(got.accepted, got.token)]
 
 
 class Bridged:
   """Rounds through a `bridge.Verifier` connected to a worker."""
 
-  def __init__(self, verifier: verifier_lib.Verifier) -> None:
+  def __init__(self, verifier: "verifier_lib.Verifier") -> None:
     self.verifier = verifier
     self.caps = verifier.caps
     self.seconds: collections.defaultdict[str, float] = (
@@ -250,7 +234,7 @@ class Bridged:
   @property
   def max_len(self) -> int | None:
     """The verifier's target's context (None: it declares none)."""
-    return getattr(self.verifier.target, "max_len", None)
+    return getattr(self.verifier.engine.target, "max_len", None)
 
   def add(self, rid: int, prompt: typing.Sequence[int], seed: int) -> None:
     self.verifier.add_request(rid, prompt, seed)
@@ -448,23 +432,11 @@ def generate(link: Link, prompts: typing.Sequence[typing.Any], *,
                 np.asarray(accepted, np.int32), seconds)
 
 
-@functools.partial(jax.jit, static_argnums=0)
-def _target_only_token(sample_fn: verifier_lib.SampleFn, row: jax.Array,
-                       seed: jax.Array, round_id: jax.Array,
-                       anchor: jax.Array) -> tuple[jax.Array, jax.Array]:
-  """One target-only token: the TARGET_ONLY key of (seed, 0, round_id,
-  anchor) and the draw, in one dispatch (seed: the int64 view of a
-  uint64; traced under 64-bit mode)."""
-  key = rng.draw_key(rng.round_key(seed, 0, round_id), anchor,
-                     rng.Domain.TARGET_ONLY)
-  return sample_fn(row, key)
-
-
 def target_only(target: models.TargetModel,
                 prompts: typing.Sequence[typing.Any], *,
                 max_new_tokens: int, eos: int | None = None,
                 seed: int = 0, tokenizer: typing.Any = None,
-                sample_fn: verifier_lib.SampleFn
+                sample_fn: engine_lib.SampleFn
                 = verification.sample_target) -> Result:
   """The baseline: each new token from one target call on its handle,
   drawn by the target-only sampler (TARGET_ONLY key of the position).
@@ -491,10 +463,10 @@ def target_only(target: models.TargetModel,
         rows, state = _block(target.logits(
             state, np.asarray(tokens, np.int32), empty))
       calls += 1
-      with clock("verify"), jax.enable_x64(True):
-        token, status = _target_only_token(
-            sample_fn, rows[0], np.uint64(rseed).view(np.int64),
-            np.int64(len(new) + 1), np.int64(len(tokens)))
+      with clock("verify"):
+        key = engine_lib.fallback_keys([rseed], [0], [len(new) + 1],
+                                       [len(tokens)])[0]
+        token, status = sample_fn(rows[0], key)
         raise_for_status("sample_fn", np.asarray(status))
       tokens.append(int(token))
       new.append(int(token))

@@ -39,13 +39,11 @@ import typing
 
 from dyadic_jax.bridge import transport
 from dyadic_jax.wire import auth
+from dyadic_jax.wire import key_sizes
+from dyadic_jax.wire.key_sizes import CURVE_KEY_CHARS, MIN_DISTINCT_BYTES
 
-SECRET = "secret.key"
+SECRET = key_sizes.SECRET_FILE
 _CURVE = ("worker", "verifier")
-# 32 random bytes have fewer than 16 distinct values with probability
-# below 1e-12: fewer means the secret was typed or patterned, not drawn.
-MIN_DISTINCT_BYTES = 16
-CURVE_KEY_CHARS = 40      # z85 of a 32-byte key
 
 
 def secret_problem(secret: bytes) -> str | None:
@@ -141,14 +139,12 @@ def load(directory: str | os.PathLike, role: str, *,
 
 def check_curve_key(path: pathlib.Path, text: str) -> str:
   """`text` if it is a CURVE key (40 z85 characters), else ValueError."""
-  if len(text) != CURVE_KEY_CHARS or not set(text) <= _Z85:
+  if len(text) != CURVE_KEY_CHARS or not set(text) <= key_sizes.Z85:
     raise ValueError(f"keys: {path} is not a CURVE key ({CURVE_KEY_CHARS} "
                      "z85 characters)")
   return text
 
 
-_Z85 = set("0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
-           ".-:+=^!/*?&<>()[]{}@%$#")
 
 
 class temporary:  # pylint: disable=invalid-name

@@ -6,9 +6,11 @@ ops: for i = 0..D-1, the draft's logits of the position after x_{i-1}
 the session's q format's row
 (`QFormat.propose`: `propose_sparse` (top-k) or `propose_dense`, i.e.
 `draft_weights`, the allocation, and x_i drawn from the counts with the
-PROPOSAL key of (seed, generation, round, anchor + i) (`audit.
-proposal_draw`, what the verifier's sampling audit recomputes); greedy:
-the argmax). The worker
+PROPOSAL key of (seed, generation, round, anchor + i) (`rng.
+proposal_draw` of `rng.round_key`, what the verifier's sampling audit
+recomputes, `audit.proposal_draws`); greedy: the argmax). A proposal is a
+`qformats.Rows` of host numpy arrays: the record a REPLY's payload, a
+staging slot and a verifier's plan hold too. The worker
 leader is the only owner of these keys; a retry resends the cached bytes
 instead of drawing again. Any callable with the same signature can replace
 it (a model-specific draft, e.g. a parallel backbone with a Markov head).
@@ -33,28 +35,13 @@ import jax.numpy as jnp
 from jax.experimental import multihost_utils
 import numpy as np
 
-from dyadic_jax import models, rowops
-from dyadic_jax.bridge import audit, hello
+from dyadic_jax import models, rng, rowops
+from dyadic_jax.bridge import hello
 from dyadic_jax.bridge.hello import MAX_POSITION
 from dyadic_jax.errors import raise_for_status
 from dyadic_jax.wire import qformats
 
 _U32, _U64 = (1 << 32) - 1, (1 << 64) - 1
-
-
-class Proposal(typing.NamedTuple):
-  """One request's proposal for one round (host numpy arrays).
-
-  tokens: int32[D], x_1..x_D.
-  values: float32[D, n] q rows (dense n = V; sparse: the first n_i entries
-    of row i are meaningful), or None on a greedy session.
-  ids: int32[D, k] ascending global ids of sparse rows (padding -1), or None.
-  n: int32[D] entries per row (V for dense rows, 0 greedy).
-  """
-  tokens: np.ndarray
-  values: np.ndarray | None = None
-  ids: np.ndarray | None = None
-  n: np.ndarray | None = None
 
 
 class Proposer(typing.Protocol):
@@ -65,7 +52,11 @@ class Proposer(typing.Protocol):
                last_token: int, depth: int,
                out: qformats.Rows | None = None, *,
                request: int | None = None,
-               context: np.ndarray | None = None) -> Proposal:
+               context: np.ndarray | None = None) -> qformats.Rows:
+    """One request's proposal for one round: tokens int32[D] (x_1..x_D),
+    n int32[D] (V dense, the live entries sparse, 0 greedy), ids
+    int32[D, k] of sparse rows (ascending, padding -1) or None, values
+    float32[D, w] q rows or None (greedy)."""
     ...
 
 
@@ -82,11 +73,11 @@ def check_step(caps: hello.Capabilities, seed: int, generation: int,
                      f"depth {depth} out of bounds")
 
 
-def write(out: qformats.Rows, proposal: Proposal) -> None:
-  """Copies a Proposal into the Rows views of a REPLY frame."""
+def write(out: qformats.Rows, proposal: qformats.Rows) -> None:
+  """Copies a proposal into the Rows views of a REPLY frame."""
   depth = len(proposal.tokens)
   out.tokens[:] = proposal.tokens
-  out.n[:] = 0 if proposal.n is None else proposal.n
+  out.n[:] = proposal.n
   if out.values is not None:
     assert proposal.values is not None   # the frame's format carries q
     np.copyto(out.values[:depth], proposal.values)
@@ -115,7 +106,8 @@ def draft_proposer(
     executor: rowops.Executor = rowops.LOCAL,
     max_states: int = 4096) -> Proposer:
   """A proposer `(seed, generation, round_id, anchor, last_token, depth,
-  out=None, *, request=None, context=None) -> Proposal`.
+  out=None, *, request=None, context=None) -> qformats.Rows` (see
+  `Proposer`).
 
   draft: a `dyadic_jax.models.DraftModel` (a per-request handle and a
     traceable step), or a jax-traceable `prev_token int32[] ->
@@ -149,12 +141,12 @@ def draft_proposer(
   def chain(seed: jax.Array, generation: jax.Array, round_id: jax.Array,
             anchor: jax.Array, last_token: jax.Array, depth: int,
             state: models.State) -> tuple[typing.Any, models.State]:
-    key = audit.round_key(seed, generation, round_id)
+    key = rng.round_key(seed, generation, round_id)
     prev = last_token
     out = []
     for i in range(depth):
       logits, state = model.step(state, prev)
-      draw = audit.proposal_draw(key, anchor + i) if fmt.sampled else None
+      draw = rng.proposal_draw(key, anchor + i) if fmt.sampled else None
       prev, *row = fmt.propose(logits, draw, caps.width, executor)
       out.append((prev, *row))
     # (tokens, status, values, ids, n), each stacked over the depth.
@@ -165,7 +157,7 @@ def draft_proposer(
               last_token: int, depth: int,
               out: qformats.Rows | None = None, *,
               request: int | None = None,
-              context: np.ndarray | None = None) -> Proposal:
+              context: np.ndarray | None = None) -> qformats.Rows:
     check_step(caps, int(seed), int(generation), int(round_id), int(anchor),
                int(last_token), int(depth))
     state = states.pop(request, None) if request is not None else None
@@ -187,8 +179,8 @@ def draft_proposer(
         for i, p in enumerate(parts)]
     raise_for_status("draft_proposer", status)
     assert tokens is not None     # every format draws tokens
-    proposal = Proposal(tokens.astype(np.int32), values, ids,
-                        np.asarray(n, np.int32))
+    proposal = qformats.Rows(tokens.astype(np.int32),
+                             np.asarray(n, np.int32), ids, values)
     if out is not None:
       write(out, proposal)
     return proposal

@@ -9,12 +9,12 @@ for:
   the PROPOSAL draws (`audit.proposal_draws`, computed while the worker
   drafts);
 * `Verify`: the plan is shared with the other ranks (the plan sharer), then
-  the requests whose q validated are verified together, one `verify_fn`
-  call per round on their exact q (padded to max_requests rows, so one
-  compiled shape serves every round), and each request whose proposal the
-  plan discarded gets one token from `sample_fn` (the target alone,
-  TARGET_ONLY key); `verify_fn` returning a refusal status makes that
-  request a counted fallback too.
+  run by the round engine (`engine.Engine`, what `generate.Local` runs
+  too): the requests whose q validated are verified together, one
+  `verify_fn` call per round on their exact q, and each request whose
+  proposal the plan discarded gets one token from `sample_fn` (the target
+  alone, TARGET_ONLY key); `verify_fn` returning a refusal status makes
+  that request a counted fallback too.
 
 The link heals itself. When libzmq gives the socket's connection up for
 good (`transport.Endpoint.broken`: a protocol error such as a squatter's
@@ -36,15 +36,13 @@ collective check), a plan sharer (`ranks.PlanBroadcast`, or the rank
 links' leader) and `RoundHook`s (called as each round begins and around
 its exchange: the rank links' announcement, a run's timing).
 
-`verify_fn` is `dyadic_jax.verify_batch` or the sharded
-`sharding.verify_batch` with its mesh bound (the bridge never imports
-`sharding`): (target_logits [B, D+1, V], q [B, D, ...], draft [B, D],
-keys [B], anchors [B]) -> (accepted [B], token [B], status [B]). The
-target is a `dyadic_jax.models.TargetModel` (`target=`), whose handle (a
-KV cache) the verifier keeps per request and drops with the request, or a
-stateless `target_fn(prefix, draft)`: either returns the target logits
-float32[len(draft) + 1, V] after the committed `prefix` and the drafted
-tokens, with the target's processors applied.
+`verify_fn` and `sample_fn` are the engine's (`engine.VerifyFn`,
+`engine.SampleFn`). The target is a `dyadic_jax.models.TargetModel`
+(`target=`), whose handle (a KV cache) the engine keeps per request and
+drops with the request, or a stateless `target_fn(prefix, draft)`:
+either returns the target logits float32[len(draft) + 1, V] after the
+committed `prefix` and the drafted tokens, with the target's processors
+applied.
 """
 
 import contextlib
@@ -57,56 +55,24 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from dyadic_jax import models, rng, verification
+from dyadic_jax import models, verification
 from dyadic_jax.bridge import audit as audit_lib
+from dyadic_jax.bridge import engine as engine_lib
 from dyadic_jax.bridge import hello, transport
 from dyadic_jax.bridge.counters import Counters
 from dyadic_jax.bridge.deadline import AdaptiveDeadline
 from dyadic_jax.bridge.effects import Plan, Send, Stage, Verify
 from dyadic_jax.bridge.verifier_session import (Exchange, Request,
                                                 RoundResult, VerifierSession)
-from dyadic_jax.errors import raise_for_status
 from dyadic_jax.wire import qformats
-from dyadic_jax.wire import status as status_lib
 from dyadic_jax.wire.refusals import Code, ProtocolError
 
 # Rounds between reopening attempts grow to at most this while no worker
 # answers: a worker that is back is heard again within this many rounds.
 MAX_BACKOFF_ROUNDS = 8
 
-__all__ = ["Outcome", "PlanSharer", "Request", "RoundHook", "RoundResult",
-           "Validator", "Verifier", "greedy_verify"]
-
-
-# target_fn(prefix, draft): float32[len(draft) + 1, V] target logits.
-TargetFn = typing.Callable[[np.ndarray, np.ndarray], jax.Array]
-# verify_fn(target_logits, q, draft, keys, anchors) -> (accepted, token,
-# status): `dyadic_jax.verify_batch`, or the sharded one.
-VerifyFn = typing.Callable[
-    [jax.typing.ArrayLike, qformats.Q, jax.typing.ArrayLike, jax.Array,
-     jax.typing.ArrayLike],
-    tuple[jax.Array, jax.Array, jax.Array]]
-# sample_fn(logits, key) -> (token, status): the target alone.
-SampleFn = typing.Callable[[jax.Array, jax.Array],
-                           tuple[jax.Array, jax.Array]]
-
-
-class Outcome(typing.NamedTuple):
-  """What a rank's execution of one plan row committed."""
-  accepted: int
-  token: int
-  code: int = 0       # nonzero: verification refused, a counted fallback
-
-
-def greedy_verify(target_logits: jax.typing.ArrayLike,
-                  draft_tokens: np.ndarray) -> tuple[int, int]:
-  """Greedy point-mass verification: accept while x_i is the target argmax."""
-  best = np.argmax(np.asarray(target_logits), axis=-1)
-  accepted = 0
-  while accepted < len(draft_tokens) and draft_tokens[accepted] == best[
-      accepted]:
-    accepted += 1
-  return accepted, int(best[accepted])
+__all__ = ["PlanSharer", "Request", "RoundHook", "RoundResult", "Validator",
+           "Verifier"]
 
 
 class Validator:
@@ -168,10 +134,11 @@ class Verifier:
 
   def __init__(
       self, caps: hello.Capabilities, address: str | None, *,
-      target_fn: TargetFn | None = None,
+      target_fn: engine_lib.TargetFn | None = None,
       target: models.TargetModel | None = None,
-      secret: bytes | None, verify_fn: VerifyFn = verification.verify_batch,
-      sample_fn: SampleFn = verification.sample_target,
+      secret: bytes | None,
+      verify_fn: engine_lib.VerifyFn = verification.verify_batch,
+      sample_fn: engine_lib.SampleFn = verification.sample_target,
       timeout_s: float = 2.0, counters: Counters | None = None,
       clock: typing.Callable[[], float] = time.monotonic,
       sharer: PlanSharer | None = None,
@@ -199,11 +166,11 @@ class Verifier:
     self.address = address
     if target is not None and target_fn is not None:
       raise ValueError("Verifier: give target= or target_fn=, not both")
-    self.target = target or models.Stateless(
-        target_fn or _no_target, caps.vocab)
-    self._states: dict[int, models.State] = {}   # rid -> target handle
-    self.verify_fn = verify_fn
-    self.sample_fn = sample_fn
+    # The numeric half of every round (target handles per request).
+    self.engine = engine_lib.Engine(
+        caps, target or models.Stateless(target_fn or _no_target,
+                                         caps.vocab),
+        verify_fn=verify_fn, sample_fn=sample_fn)
     self.timeout_s = timeout_s
     self.deadline = deadline
     self.clock = clock
@@ -325,26 +292,7 @@ class Verifier:
     example q) are collectives. The validator's own kernel compiles when a
     session opens, on a staging slot.
     """
-    d, r = self.caps.max_depth, self.caps.max_requests
-    committed = np.asarray(prefix, np.int32)
-    draft = np.zeros(d, np.int32)
-    say("the target's rows of a new request (its prompt and a chain)")
-    logits, state = self.target.logits(self.target.init_state(), committed,
-                                       draft)
-    say("the target's rows of a round and of a fallback")
-    later = np.append(committed, draft[0])     # x_1 rejected, x_1 drawn
-    _, state = self.target.logits(state, later, draft)
-    self.target.logits(state, later, draft[:0])   # the fallback's row
-    key = rng.round_key(0, 0, 0)
-    q = self.validator.example_q(d)
-    if q is not None:
-      say("verification of a full batch")
-      batch = lambda x: jnp.stack([x] * r)
-      jax.block_until_ready(self.verify_fn(
-          batch(logits), q, batch(draft), batch(key),
-          np.full(r, len(committed))))
-    say("the target-only sampler")
-    jax.block_until_ready(self.sample_fn(logits[0], key))
+    self.engine.warmup(prefix, self.validator.example_q, say)
 
   def _warm_validator(self) -> None:
     """Compiles the validator for a full batch at the maximal depth (once),
@@ -378,7 +326,7 @@ class Verifier:
 
   def remove_request(self, rid: int) -> None:
     """Forgets request `rid` on both sides."""
-    self._states.pop(rid, None)
+    self.engine.drop(rid)
     self._send(self.session.remove_request(rid))
 
   def reset(self, rid: int | None = None) -> None:
@@ -493,85 +441,20 @@ class Verifier:
     if self.sharer is not None:
       self.sharer.stop()
 
-  def run(self, plan: Plan) -> list[Outcome]:
-    """The outcome of every plan row: verified on its q, or one token of
-    the target alone where its code discards the proposal."""
-    outcomes: list[typing.Any] = [None] * len(plan.rids)
-    verified = []
+  def run(self, plan: Plan) -> list[engine_lib.Outcome]:
+    """The outcome of every plan row (`engine.Engine.run`): verified on its
+    q, or one token of the target alone where its code discards the
+    proposal."""
+    chains = []
     for i, rid in enumerate(plan.rids):
       rid = int(rid)
       if rid not in self.requests and self.request_factory:
         self.add_request(rid, *self.request_factory(rid))
-      if plan.codes[i]:
-        outcomes[i] = Outcome(0, self._target_only(self.requests[rid],
-                                                   _tag(plan, i)))
-      else:
-        verified.append(i)
-    if verified:
-      for i, out in zip(verified, self._verify(plan, verified)):
-        outcomes[i] = out
-    return outcomes
-
-  def _verify(self, plan: Plan, rows: list[int]) -> list[Outcome]:
-    """Outcomes of the plan rows `rows` (validated q): one `verify_fn` call
-    for all of them, padded to max_requests rows (one compiled shape)."""
-    reqs = [self.requests[int(plan.rids[i])] for i in rows]
-    draft = plan.rows.tokens
-    logits = [self._logits(req, np.array(draft[i]))
-              for req, i in zip(reqs, rows)]
-    if self.caps.greedy:
-      return [Outcome(*greedy_verify(x, np.array(draft[i])))
-              for x, i in zip(logits, rows)]
-    pad = list(rows) + [rows[0]] * (self.caps.max_requests - len(rows))
-    idx = np.asarray(pad)
-    fmt = self.caps.format
-    counts = plan.counts
-    if pad != list(range(len(plan.rids))):
-      assert counts is not None     # sampled rows carry their counts
-      counts = counts[idx]
-    q = fmt.to_q(counts, plan.take(idx))
-    tags = [_tag(plan, i) for i in rows] + [(0, 0)] * (len(pad) - len(rows))
-    keys = audit_lib.round_keys([req.seed for req in reqs]
-                                + [0] * (len(pad) - len(rows)),
-                                [g for g, _ in tags], [n for _, n in tags])
-    anchors = np.asarray([req.anchor for req in reqs]
-                         + [0] * (len(pad) - len(rows)), np.int64)
-    batch = np.stack(logits + [logits[0]] * (len(pad) - len(rows)))
-    accepted, tokens, status = (
-        np.asarray(a) for a in self.verify_fn(batch, q, draft[idx],
-                                              keys, anchors))
-    outcomes = []
-    for j, (req, i) in enumerate(zip(reqs, rows)):
-      if status[j] or tokens[j] < 0:
-        # The verifier refused the row (e.g. NaN target logits): a counted
-        # fallback to the target alone, never a committed -1.
-        code = int(status_lib.codes([int(status[j]) or 1])[0])
-        logging.log_every_n_seconds(logging.WARNING, "verify_fn refused "
-                                    "request %d: status %d", 1.0, req.rid,
-                                    int(status[j]))
-        outcomes.append(Outcome(0, self._target_only(req, _tag(plan, i)),
-                                code))
-      else:
-        outcomes.append(Outcome(int(accepted[j]), int(tokens[j])))
-    return outcomes
-
-  def _target_only(self, req: Request, tag: tuple[int, int]) -> int:
-    """The fallback: one token from the target alone (TARGET_ONLY key)."""
-    logits = self._logits(req, np.zeros(0, np.int32))
-    key = rng.draw_key(rng.round_key(req.seed, tag[0], tag[1]), req.anchor,
-                       rng.Domain.TARGET_ONLY)
-    token, row_status = self.sample_fn(logits[0], key)
-    raise_for_status("sample_fn", row_status)
-    return int(token)
-
-  def _logits(self, req: Request, draft: np.ndarray) -> jax.Array:
-    """The target's rows of `req`'s chain; its handle kept for next time."""
-    state = self._states.pop(req.rid, None)
-    if state is None:
-      state = self.target.init_state()
-    rows, self._states[req.rid] = self.target.logits(
-        state, np.asarray(req.tokens, np.int32), draft)
-    return rows
+      req = self.requests[rid]
+      chains.append(engine_lib.Chain(rid, req.tokens, req.seed,
+                                     int(plan.tags[i, 0]),
+                                     int(plan.tags[i, 1])))
+    return self.engine.run(chains, plan.codes, plan.rows, plan.counts)
 
   def log(self) -> None:
     logging.info("verifier counters: %s", self.counters.snapshot())
@@ -581,7 +464,3 @@ def _no_target(prefix: np.ndarray, draft: np.ndarray) -> jax.Array:
   """The target of a verifier made without one (a probe): never called."""
   raise RuntimeError("this Verifier was made without a target")
 
-
-def _tag(plan: Plan, i: int) -> tuple[int, int]:
-  """(generation, round) of plan row i."""
-  return int(plan.tags[i, 0]), int(plan.tags[i, 1])

@@ -12,8 +12,8 @@ A checkpoint directory holds
 Weights are stored in float16 to halve the file (the shipped pair must stay
 small) and upcast to float32 on load: a loaded weight differs from the saved
 float32 one by at most its float16 rounding, |w| * 2^-11 relative (plus the
-float16 subnormal step 2^-24 near zero). `safetensors` is imported inside
-the functions.
+float16 subnormal step 2^-24 near zero). `safetensors` (the [models]
+extra) is imported inside the functions.
 """
 
 import json
@@ -23,6 +23,7 @@ import typing
 import jax.numpy as jnp
 import numpy as np
 
+from dyadic_jax import extras
 from dyadic_jax.models import transformer
 
 TARGET_FILE = "target.safetensors"
@@ -35,7 +36,7 @@ _PathLike = str | os.PathLike[str]
 
 def save_params(path: _PathLike, params: transformer.Params) -> None:
   """Writes params to a safetensors file, each array as float16."""
-  from safetensors import numpy as st_numpy  # pylint: disable=import-outside-toplevel
+  st_numpy = extras.load("safetensors.numpy", "dyadic_jax.models.checkpoint")
   arrays = {name: np.asarray(value, np.float32).astype(np.float16)
             for name, value in params._asdict().items()}
   # Written by open(), not save_file, so the file gets the umask's mode
@@ -51,7 +52,7 @@ def load_params(path: _PathLike,
   Raises:
     ValueError: a tensor is missing, extra, or of the wrong shape.
   """
-  from safetensors import numpy as st_numpy  # pylint: disable=import-outside-toplevel
+  st_numpy = extras.load("safetensors.numpy", "dyadic_jax.models.checkpoint")
   arrays = st_numpy.load_file(os.fspath(path))
   expected = transformer.init_shapes(config)
   if set(arrays) != set(expected):

@@ -2,9 +2,9 @@
 
 Byte-level means every string round-trips exactly (decode(encode(s)) == s
 for any unicode and whitespace): unknown characters fall back to their
-UTF-8 bytes, which are all in the base alphabet. `tokenizers` is imported
-inside the functions, so importing this module (or the core) costs nothing
-without it.
+UTF-8 bytes, which are all in the base alphabet. `tokenizers` (the [models]
+extra) is imported inside the functions, so importing this module (or the
+core) costs nothing without it.
 
 Token 0 is the special `END_OF_TEXT` ("<|endoftext|>"), used to separate
 documents in training; `encode` never produces it from plain text.
@@ -16,7 +16,13 @@ from collections.abc import Iterable
 
 import numpy as np
 
+from dyadic_jax import extras
+
 END_OF_TEXT = "<|endoftext|>"
+
+
+def _tokenizers() -> typing.Any:
+  return extras.load("tokenizers", "dyadic_jax.models.tokenizer")
 
 
 class Tokenizer:
@@ -67,7 +73,7 @@ def train(texts: Iterable[str], vocab: int) -> Tokenizer:
   """
   if vocab < 258:
     raise ValueError(f"tokenizer.train: vocab must be >= 258, got {vocab}")
-  import tokenizers  # pylint: disable=import-outside-toplevel
+  tokenizers = _tokenizers()
   from tokenizers import decoders, models, pre_tokenizers, trainers  # pylint: disable=import-outside-toplevel
   tok = tokenizers.Tokenizer(models.BPE())
   # add_prefix_space=False: the text's own spaces are kept byte for byte.
@@ -82,7 +88,7 @@ def train(texts: Iterable[str], vocab: int) -> Tokenizer:
 
 def from_json(text: str) -> Tokenizer:
   """A tokenizer from tokenizer.json text."""
-  import tokenizers  # pylint: disable=import-outside-toplevel
+  tokenizers = _tokenizers()
   return Tokenizer(tokenizers.Tokenizer.from_str(text))
 
 

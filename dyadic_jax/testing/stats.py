@@ -1,6 +1,7 @@
 """Chi-square helpers with a stated false-failure rate and power.
 
-Shared by the tests and the experiments (numpy and scipy only, no flags).
+Shared by the tests and the experiments (numpy and scipy, the [experiments]
+extra; no flags).
 
 A statistical test in this suite runs with a fixed key, so its verdict is
 reproducible; ALPHA is the probability that a correct implementation fails
@@ -17,7 +18,10 @@ import typing
 
 import numpy as np
 from numpy.typing import ArrayLike
-import scipy.stats
+
+from dyadic_jax import extras
+
+_scipy_stats = extras.load("scipy.stats", "dyadic_jax.testing.stats")
 
 ALPHA = 1e-7
 POWER = 1 - 1e-4
@@ -32,11 +36,11 @@ def samples_for_tv(tv: float, df: int, alpha: float = ALPHA,
   that the noncentral chi-square with lambda = 4 N tv^2 exceeds the level
   alpha critical value with probability `power`.
   """
-  crit = scipy.stats.chi2.isf(alpha, df)
+  crit = _scipy_stats.chi2.isf(alpha, df)
   lo, hi = 1.0, 1e9
   while hi / lo > 1.001:
     mid = math.sqrt(lo * hi)
-    if scipy.stats.ncx2.sf(crit, df, mid) >= power:
+    if _scipy_stats.ncx2.sf(crit, df, mid) >= power:
       hi = mid
     else:
       lo = mid
@@ -58,7 +62,7 @@ def goodness_of_fit(observed: ArrayLike, probs: ArrayLike | typing.Sequence[
     return math.inf, dof, 0.0
   expected = observed.sum() * probs[live]
   stat = float(np.sum((observed[live] - expected) ** 2 / expected))
-  return stat, dof, float(scipy.stats.chi2.sf(stat, dof))
+  return stat, dof, float(_scipy_stats.chi2.sf(stat, dof))
 
 
 def chi_square(observed_tokens: ArrayLike, expected_probs: ArrayLike
@@ -82,7 +86,7 @@ def two_sample(a: ArrayLike, b: ArrayLike) -> tuple[float, int, float]:
   expected = table.sum(1, keepdims=True) * table.sum(0) / table.sum()
   stat = float(np.sum((table - expected) ** 2 / expected))
   dof = table.shape[1] - 1
-  return stat, dof, float(scipy.stats.chi2.sf(stat, dof))
+  return stat, dof, float(_scipy_stats.chi2.sf(stat, dof))
 
 
 def pool_small(expected_counts: ArrayLike, *hists: ArrayLike,

@@ -56,8 +56,7 @@ import blake3
 import crc32c
 
 from dyadic_jax.wire import layouts
-
-SECRET_BYTES = 32
+from dyadic_jax.wire.key_sizes import SECRET_BYTES
 _CONTEXT = "dyadic-jax bridge wire v3 {}"
 _TAG_END = layouts.TAG_OFFSET + layouts.TAG_BYTES
 

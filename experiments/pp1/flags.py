@@ -323,7 +323,7 @@ def models(config_: pipeline_config.PipelineConfig) -> tuple[typing.Any,
   """(target, draft) of the run: the toy pair with the flags' processors,
   or the trained pair of --model."""
   if config_.model == "toy":
-    from dyadic_jax.testing import toy_models  # pylint: disable=g-import-not-at-top
-    return toy_models.make_models(model_config(config_))
+    from dyadic_jax.models import toy_pair  # pylint: disable=g-import-not-at-top
+    return toy_pair.make_models(model_config(config_))
   loaded = pair()
   return loaded.target, loaded.draft

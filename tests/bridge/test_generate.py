@@ -8,7 +8,7 @@ import pytest
 
 from dyadic_jax import bridge
 from dyadic_jax.bridge import generate
-from dyadic_jax.testing import toy_models
+from dyadic_jax.models import toy_pair
 from dyadic_jax.wire.layouts import Representation
 import sharding
 from tests import bridge_harness as h
@@ -20,7 +20,7 @@ PROMPTS = [[1, 2, 3], [4], [5, 6], [7], [8, 9, 10]]
 
 @functools.lru_cache(maxsize=None)
 def _pair():
-  return toy_models.make_models(toy_models.ModelConfig(vocab=V, max_depth=4))
+  return toy_pair.make_models(toy_pair.ModelConfig(vocab=V, max_depth=4))
 
 
 def _caps(representation):
@@ -211,7 +211,7 @@ def test_a_link_serves_the_next_call_after_an_interrupted_one(where,
     link.round = lambda rids, depth: (stop(), inner(rids, depth))[1]
   with pytest.raises(interrupt):
     generate.generate(link, PROMPTS[:3], max_new_tokens=6, seed=4, **kw)
-  assert not link.requests and not link.states
+  assert not link.requests and not link.engine.states
   if where == "in_round":
     link.round = inner
   again = generate.generate(link, PROMPTS[:3], max_new_tokens=6, seed=4)
@@ -246,13 +246,35 @@ def test_a_bridged_link_serves_the_next_call_after_an_interrupted_one():
   assert verifier.counters.events("fallbacks") == 0
 
 
+class _Bounded:
+  """A target that declares a context (`max_len`), else the toy one."""
+
+  def __init__(self, target, max_len):
+    self._target, self.max_len = target, max_len
+
+  def __getattr__(self, name):
+    return getattr(self._target, name)
+
+
+def test_both_links_report_their_targets_context():
+  """generate reads `link.max_len` through getattr with a default, so a
+  link that lost sight of its target (it moved into the round engine)
+  would skip the context check without a word."""
+  target, draft = _pair()
+  target = _Bounded(target, 16)
+  caps = _caps(Representation.SPARSE)
+  assert generate.Local(draft, target, caps).max_len == 16
+  verifier = bridge.Verifier(caps, None, target=target, secret=None)
+  assert generate.Bridged(verifier).max_len == 16
+
+
 def test_round_keys_are_the_schedules_keys():
   import jax  # pylint: disable=g-import-not-at-top
   from dyadic_jax import rng  # pylint: disable=g-import-not-at-top
-  from dyadic_jax.bridge import audit  # pylint: disable=g-import-not-at-top
+  from dyadic_jax.bridge import engine  # pylint: disable=g-import-not-at-top
   seeds, gens, rounds = ([0, 5, 2**64 - 1, 123456789012345],
                          [0, 3, 2**32 - 1, 7], [1, 2, 3, 2**32 - 1])
-  for got, s, g, r in zip(audit.round_keys(seeds, gens, rounds), seeds,
+  for got, s, g, r in zip(engine.round_keys(seeds, gens, rounds), seeds,
                           gens, rounds):
     np.testing.assert_array_equal(jax.random.key_data(got),
                                   jax.random.key_data(rng.round_key(s, g, r)))

@@ -3,14 +3,17 @@
 No test asserts on time: one small run (2 prompts, dense and sparse k=16,
 the bridge leg included; --runslow: about a minute, mostly compiles, and
 the default tier's generate and pipeline tests already decode the trained
-pair in one process and over the bridge) checks that the record holds
-every figure the README's tables come from, that they are consistent with
+pair in one process and over the bridge; the transformers peer's legs
+too where $DYADIC_JAX_HF_PYTHON names an interpreter with torch and
+transformers, else --nohf) checks that the record holds every figure
+docs/benchmarks.md's tables come from, that they are consistent with
 each other, and that the rows a chunked verify pass computes equal the
 rows of a one-token-at-a-time decode within the float tolerance
 docs/numerics.md states.
 """
 
 import json
+import os
 import subprocess
 import sys
 
@@ -26,7 +29,8 @@ def test_a_small_run(tmp_path):
   run = subprocess.run(
       [sys.executable, "-m", "experiments.bench_pair", "--prompts=2",
        "--new_tokens=12", "--formats=dense,16", f"--json_out={out}",
-       f"--plot_out={plot}"], cwd=_ROOT, env=paths.subprocess_env(),
+       f"--plot_out={plot}", *_peer_flags()], cwd=_ROOT,
+      env=paths.subprocess_env(),
       capture_output=True, text=True, timeout=600)
   assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
   assert plot.stat().st_size > 0
@@ -39,6 +43,12 @@ def test_a_small_run(tmp_path):
       assert 0 <= a <= 1 and 0 <= x <= 1
     assert 0 <= e["expected"] <= 1 and e["draft_cost_ratio"] > 0
     assert e["predicted_speedup"] > 0 and e["speedup"] > 0
+    assert e["pass_ratio"] > 0 and e["tokens_per_cpu_second"] > 0
+    # The model's speedup is 1 exactly at the break-even pass ratio.
+    assert e["break_even_pass_ratio"] == pytest.approx(
+        e["predicted_speedup"] * (e["draft_cost_ratio"] * 5
+                                  + e["pass_ratio"]) - 5
+        * e["draft_cost_ratio"])
     # The split adds up to the wall.
     assert sum(e["seconds"][p] for p in ("draft", "target", "verify",
                                          "exchange", "host")) == (
@@ -52,8 +62,20 @@ def test_a_small_run(tmp_path):
   assert record["bridge"]["fallbacks"] == 0
   rows = record["rows"]
   assert rows["max_abs_logit_difference"] < 1e-3 and rows["max_tv"] < 1e-4
-  for table in ("k screen", "speed", "rows of one chunked verify pass"):
+  for table in ("k screen", "speed", "rows of one chunked verify pass",
+                "regime (q "):
     assert table in run.stdout
+  if os.environ.get("DYADIC_JAX_HF_PYTHON"):
+    for leg in ("target_b1", "target_b4", "assisted_b1"):
+      assert record["peer"][leg]["tokens"] == 2 * 12, leg
+    assert "transformers assisted generation" in run.stdout
+  else:
+    assert "peer" not in record
+
+
+def _peer_flags():
+  python = os.environ.get("DYADIC_JAX_HF_PYTHON")
+  return [f"--hf_python={python}"] if python else ["--nohf"]
 
 
 def test_bad_formats_flag_is_one_line():

@@ -329,7 +329,7 @@ _DEFECTS = ["truncated_weights", "missing_weights", "not_safetensors",
 # main job, the issue's three on the others.
 _TAKERS = [("pp1_pipeline", "model", d) for d in _DEFECTS] + [
     (m, f, d) for m, f in (("bridge_worker", "model"), ("bench_pair", "model"),
-                           ("train_pair", "init_from"))
+                           ("train_pair", "init_from"), ("export_hf", "model"))
     for d in ("truncated_weights", "broken_config", "missing_tokenizer")]
 
 
@@ -345,7 +345,9 @@ def test_a_damaged_checkpoint_is_refused_at_parse_time(tmp_path, module,
   from experiments import cli  # pylint: disable=g-import-not-at-top
   assert cli.checkpoint_problem(str(folder)) is None
   want = _damage(folder, defect)
-  run = _run(module, [f"--{flag}={folder}"])
+  # export_hf's --output_dir is required (a fresh folder, so it passes).
+  extra = [f"--output_dir={tmp_path / 'hf'}"] if module == "export_hf" else []
+  run = _run(module, [f"--{flag}={folder}", *extra])
   _assert_one_line_before_jax(run, module, flag)
   assert re.search(want, run.stderr), run.stderr
   assert str(folder) in run.stderr
@@ -452,24 +454,30 @@ def test_good_flags_pass_the_same_gate():
     assert "DESIGN.md" not in run.stdout, module
 
 
-def test_constants_mirror_the_library():
+def test_flags_read_the_librarys_constants():
+  """No copies: the flags' bounds and key checks are the library's own
+  objects (importing them starts no JAX: tests/test_layers.py), and the
+  q formats the flags offer are every registered one, as it says."""
   # pylint: disable=g-import-not-at-top
   from dyadic_jax.bridge import keys
-  from dyadic_jax.wire import auth, qformats
+  from dyadic_jax.wire import auth, key_sizes, qformats
   from experiments import cli
   from experiments import pipeline_config
   # pylint: enable=g-import-not-at-top
   assert cli.DEFAULT_VOCAB == dj.DEFAULT_VOCAB
   assert cli.MAX_VOCAB == dj.MAX_VOCAB
-  assert pipeline_config.KEYS_SECRET == keys.SECRET
+  assert pipeline_config.KEYS_SECRET == keys.SECRET == key_sizes.SECRET_FILE
   assert pipeline_config.SECRET_BYTES == auth.SECRET_BYTES
   assert pipeline_config.MIN_DISTINCT_BYTES == keys.MIN_DISTINCT_BYTES
   assert pipeline_config.CURVE_KEY_CHARS == keys.CURVE_KEY_CHARS
-  assert pipeline_config._Z85 == keys._Z85  # pylint: disable=protected-access
-  # The q formats the flags offer: every registered one, as it says.
   assert pipeline_config.Q_FORMATS == {
       name: pipeline_config.QChoice(f.uses_support, f.shardable, f.sampled)
       for name, f in qformats.BY_NAME.items()}
+  for path in ("experiments/cli.py", "experiments/pipeline_config.py"):
+    source = open(os.path.join(_ROOT, path)).read()
+    for name in ("DEFAULT_VOCAB", "MAX_VOCAB", "SECRET_BYTES",
+                 "MIN_DISTINCT_BYTES", "CURVE_KEY_CHARS", "_Z85"):
+      assert not re.search(rf"^{name} = ", source, re.M), (path, name)
 
 
 def test_worker_config_round_trips_through_its_flags():

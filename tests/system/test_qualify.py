@@ -291,7 +291,7 @@ def test_command_paths_hold_every_qualify_test():
                for p in qualify_report.PATHS), path
 
 
-def test_readme_gives_the_command():
-  with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
-    readme = " ".join(f.read().replace("\\\n", " ").split())
-  assert qualify_report.COMMAND in readme
+def test_the_guide_gives_the_command():
+  with open(os.path.join(ROOT, "docs", "guide.md"), encoding="utf-8") as f:
+    guide = " ".join(f.read().replace("\\\n", " ").split())
+  assert qualify_report.COMMAND in guide

@@ -83,7 +83,7 @@ import dyadic_jax as dj
 from dyadic_jax import bridge
 from dyadic_jax.bridge import digest as digest_lib
 from dyadic_jax.testing import proxy as proxy_lib
-from dyadic_jax.testing import toy_models
+from dyadic_jax.models import toy_pair
 from dyadic_jax.testing import stats
 from dyadic_jax.wire.layouts import Representation
 from dyadic_jax.wire.refusals import Code
@@ -119,7 +119,7 @@ from tests.paths import ROOT as _ROOT  # pylint: disable=g-import-not-at-top
 
 
 def _toy():
-  return toy_models.make_toy(toy_models.ToyConfig(vocab=V,
+  return toy_pair.make_toy(toy_pair.ToyConfig(vocab=V,
                                                   closeness=CLOSENESS))
 
 
@@ -127,7 +127,7 @@ _TOY = _toy()
 # Target logits of every previous token, float32[V, V]: the target_fn reads
 # rows of this table, so the chi-square's P is computed from the very same
 # float32 rows the verifier samples from.
-TARGET = np.asarray(toy_models.target_logits(_TOY, jnp.arange(V))) * SCALE
+TARGET = np.asarray(toy_pair.target_logits(_TOY, jnp.arange(V))) * SCALE
 
 
 def _target_fn(prefix, draft):
@@ -163,7 +163,7 @@ def _proposer(caps):
   # One proposer (one compile) per capabilities in a process.
   toy = _TOY
   return bridge.draft_proposer(
-      lambda prev: toy_models.draft_logits(toy, prev) * SCALE, caps)
+      lambda prev: toy_pair.draft_logits(toy, prev) * SCALE, caps)
 
 
 # -- the worker (a thread, or this module run as a process) -------------------
@@ -549,7 +549,7 @@ def _mutant_law(shift=MUTANT_SHIFT):
   """float64[V, V]: the mutant's exact law of a token at a drafted position
   after token a (the draft's sparse q rows, verified against q'); with
   shift=None the standard rule's, which must be the target P / T."""
-  draft = np.asarray(toy_models.draft_logits(_TOY, jnp.arange(V))) * SCALE
+  draft = np.asarray(toy_pair.draft_logits(_TOY, jnp.arange(V))) * SCALE
   w, _ = dj.draft_weights(draft)
   ids, counts, n, _ = dj.allocate_sparse(w, K)
   p_fixed, t = (np.asarray(a, np.float64) for a in dj.quantize_target(

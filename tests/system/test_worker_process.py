@@ -48,7 +48,7 @@ def test_worker_process_kill_and_restart(keys_dir):
                              representation=Representation.SPARSE,
                              max_support=4)
   proc, address = _start("tcp://127.0.0.1:0", caps, keys_dir)
-  toy = h.toy_models.make_toy(h.toy_models.ToyConfig(vocab=h.V,
+  toy = h.toy_pair.make_toy(h.toy_pair.ToyConfig(vocab=h.V,
                                                      closeness=0.9))
   verifier = bridge.Verifier(caps, address, target_fn=h.target_fn_for(toy),
                              secret=keys.load_secret(keys_dir),

@@ -109,11 +109,21 @@ SMOKE = ("core_test_qcodec", "core_test_rng", "wire_test_validate",
 SHARD_COUNTS = {"sharding_test_ops": 4, "core_test_allocation": 2, "core_test_row_modes": 2}
 
 # Deps and data that a file's import statements do not show, by target name:
-# test_readme execs the README's code blocks (dyadic_jax and sharding);
+# test_docs execs the code blocks of README.md and docs/*.md (dyadic_jax,
+# sharding, the bridge, the toy and trained models) and runs the experiments
+# its commands name with --helpfull;
 # test_multiprocess starts tests/multiprocess_worker.py as a subprocess;
 # test_cli runs every experiment as a subprocess.
-EXTRA_DEPS = {"test_readme": ["dyadic_jax", "sharding", "dyadic_jax_bridge",
-                              "dyadic_jax_testing_toy_models"],
+EXTRA_DEPS = {"test_docs": ["dyadic_jax", "sharding", "dyadic_jax_bridge",
+                            "dyadic_jax_models_toy_pair",
+                            "dyadic_jax_models_pair"] + [
+                                f"experiments_{m}" for m in (
+                                    "pp1_pipeline", "bridge_worker",
+                                    "acceptance", "selection_bias",
+                                    "bench_core", "bench_sharding",
+                                    "bench_rank_links", "bench_bridge",
+                                    "bench_pair", "train_pair",
+                                    "wire_sizes")],
               "system_test_multiprocess": ["tests_multiprocess_worker"],
               "experiments_test_wire_sizes": ["experiments_wire_sizes"],
               "experiments_test_pp1_pipeline": ["experiments_pp1_pipeline",
@@ -145,12 +155,20 @@ EXTRA_DEPS = {"test_readme": ["dyadic_jax", "sharding", "dyadic_jax_bridge",
               "system_test_fuzz_wire": ["tests_fuzz_wire"]}
 _CORPUS = "tests/fuzz_corpus/wire"
 _CHECKPOINT = "dyadic_jax/models/checkpoints/stdlib"
-EXTRA_DATA = {"test_readme": ["README.md"],
+_DOCS = ["README.md"] + sorted(f"docs/{f}" for f in os.listdir(
+    os.path.join(ROOT, "docs")) if f.endswith(".md"))
+EXTRA_DATA = {"test_docs": _DOCS + ["docs/bench_pair.png",
+                                    "docs/pp1_pipeline.png"],
+              # They read the guide's bridge example and GPU command.
+              "test_extras": ["docs/guide.md"],
+              "system_test_qualify": ["docs/guide.md"],
               "test_figures": ["README.md", "docs/figures.json"],
               "system_test_fuzz_wire": sorted(
                   f"{_CORPUS}/{f}" for f in os.listdir(os.path.join(
                       ROOT, _CORPUS)) if f.endswith(".bin")),
               "wire_test_codec": ["docs/wire.md"],
+              "bridge_test_pinned_tokens": [
+                  "tests/bridge/pinned_tokens.json"],
               # The shipped pair's checkpoint (weights, tokenizer, config).
               "models_test_checkpoint": sorted(
                   f"{_CHECKPOINT}/{f}" for f in (os.listdir(os.path.join(

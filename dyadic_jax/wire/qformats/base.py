@@ -65,12 +65,20 @@ Proposed: typing.TypeAlias = (
 class Rows(typing.NamedTuple):
   """The rows of one request (or a batch: leading axes), as arrays.
 
-  Views into a frame or a staging buffer; writable when that buffer is.
+  One record from the draw to verification: the worker's proposal (the
+  proposer's host arrays), the views of a REPLY frame or a staging
+  buffer (writable when that buffer is), a verifier plan's rows.
   """
   tokens: np.ndarray               # int32[..., D] drafted tokens
   n: np.ndarray                    # int32[..., D] live entries per row
   ids: np.ndarray | None = None    # int32[..., D, w] sparse global ids
   values: np.ndarray | None = None  # float32[..., D, w] q values
+
+  def take(self, index: np.ndarray) -> "Rows":
+    """The rows of batch entries `index` (an int array; a copy)."""
+    return Rows(self.tokens[index], self.n[index],
+                None if self.ids is None else self.ids[index],
+                None if self.values is None else self.values[index])
 
 
 class Verdict(typing.NamedTuple):

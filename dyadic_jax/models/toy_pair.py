@@ -1,4 +1,7 @@
-"""Deterministic toy target and draft models (no downloads, any V).
+"""The toy draft/target pair: deterministic models of any V (no downloads).
+
+Beside `pair` (the trained transformer pair), the other implementation of
+the protocols of `dyadic_jax.models`.
 
 Two layers, both deterministic in their seed:
 
@@ -49,7 +52,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.typing import ArrayLike
 
-from dyadic_jax import models
+from dyadic_jax.models import protocols
 from dyadic_jax.constants import DEFAULT_VOCAB
 
 # Standard deviation of a target logit. At V = 129280 this gives an LM-like
@@ -236,21 +239,21 @@ class ToyDraft:
   def vocab(self) -> int:
     return self.config.vocab
 
-  def markov(self, backbone: bool = True) -> models.Markov:
+  def markov(self, backbone: bool = True) -> protocols.Markov:
     """This draft as a `models.Markov` (with or without its backbone)."""
-    return models.Markov(self.head, self.backbone if backbone else None,
+    return protocols.Markov(self.head, self.backbone if backbone else None,
                          self.config.max_depth, self.vocab)
 
-  def init_state(self) -> models.MarkovState:
+  def init_state(self) -> protocols.MarkovState:
     return self.markov().init_state()
 
-  def catch_up(self, state: models.MarkovState,
+  def catch_up(self, state: protocols.MarkovState,
                context: np.ndarray | None, last_token: int,
-               anchor: int) -> models.MarkovState:
+               anchor: int) -> protocols.MarkovState:
     return self.markov().catch_up(state, context, last_token, anchor)
 
-  def step(self, state: models.MarkovState, token: jax.Array
-           ) -> tuple[jax.Array, models.MarkovState]:
+  def step(self, state: protocols.MarkovState, token: jax.Array
+           ) -> tuple[jax.Array, protocols.MarkovState]:
     return self.markov().step(state, token)
 
   def head(self, prev_token: ArrayLike) -> jax.Array:
