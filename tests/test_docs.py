@@ -20,6 +20,10 @@
   heading that file has.
 * A fence is ```python, ```sh or a bare ``` (output, layouts): a block in
   any other language would be checked by nothing.
+* docs/architecture.md names every module file of dyadic_jax/, sharding/
+  and experiments/ in its package's section, and the verification
+  function the bridge is given is the one its classes default to;
+  docs/benchmarks.md gives bench_core's and bench_sharding's runtime.
 
 A block that is deliberately not run (a GPU-only example, a transcript)
 says so on the line before its fence, with the reason:
@@ -390,3 +394,21 @@ def test_architecture_names_the_bridges_verification_function():
       "\n\n", 1)[0]
   named = re.findall(r"\b(?:dyadic_jax|sharding)\.(verify_\w+)", paragraph)
   assert named and set(named) == defaults, named
+
+
+def test_benchmarks_md_gives_the_long_runs_runtime():
+  """bench_core and bench_sharding print their tables only at the end,
+  minutes in: docs/benchmarks.md says how long each takes, the figure its
+  docstring gives (bench_core's is also a slot of experiments/figures.py)."""
+  import ast  # pylint: disable=g-import-not-at-top
+  text = _read("docs/benchmarks.md")
+  for module in ("bench_core", "bench_sharding"):
+    section = text.split(f"(`experiments.{module}`)", 1)[1].split(
+        "\n## ", 1)[0]
+    doc = ast.get_docstring(ast.parse(_read(f"experiments/{module}.py")))
+    seconds = re.search(r"[Rr]untime[^.;]*?(\d+) s\b", doc or "")
+    assert seconds, f"experiments/{module}.py: no runtime in its docstring"
+    assert re.search(rf"[Rr]untime[^.;]*?\b{seconds.group(1)} s\b",
+                     section), (
+        f"docs/benchmarks.md, {module}'s section: no runtime of "
+        f"{seconds.group(1)} s (its docstring's)")
