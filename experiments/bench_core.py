@@ -9,6 +9,9 @@ average 9.7 before and 6.9 after (memcpy of 10 MB: 0.87 ms before, 1.02 ms
 after); docs/figures.json, recorded by `python -m experiments.record_figures
 --commands=bench_core`.
 
+The tables print at the end; until then each workload's start goes to
+stderr with the seconds so far.
+
 The defaults: V = 129280, 4 requests x depth 5 = 20 rows, --repeats=20
 timed calls per figure, each --ks value a workload of its own.
 
@@ -424,6 +427,12 @@ def main(argv):
         f"({rows} rows) repeats={repeats} backend={jax.default_backend()} "
         f"devices={jax.device_count()}")
 
+  def step(what):
+    # The tables print at the end (the defaults take minutes): say where
+    # the run is, on stderr, as it goes.
+    cli.progress(f"{what} ({time.perf_counter() - wall_start:.0f} s so far)")
+
+  step("the round's inputs (toy logits and target rows)")
   logits, u, target, chain, keys, anchors = round_inputs(
       vocab, requests=requests, depth=depth, seed=_SEED.value)
   logits_np, u_np = np.asarray(logits), np.asarray(u).astype(np.int64)
@@ -459,6 +468,8 @@ def main(argv):
                       "logits_bytes": logits_np.nbytes}
 
   # (1) Dense proposal rows.
+  step("dense proposal rows: checked against numpy, then timed")
+
   def dense_lib():
     return dj.propose_dense(logits, u)
 
@@ -504,6 +515,8 @@ def main(argv):
 
   # (2) Sparse proposal rows.
   for k in ks:
+    step(f"sparse k={k} proposal rows: checked against numpy, then timed")
+
     def sparse_lib(k=k):
       return dj.propose_sparse(logits, u, k)
 
@@ -569,6 +582,7 @@ def main(argv):
        lambda: np_verify(dense_q_np, chain_np), (target, dense_q)),
       (f"verify sparse k={vk}", sparse_q, s_tokens,
        lambda: np_verify_sparse(s_tokens_np), (target,))):
+    step(f"{name}: checked against numpy, then timed")
     lib_out = verify(target, q, tokens, keys, anchors)
     assert all(np.array_equal(a, b) for a, b in zip(
         lib_out, vmapped(target, q, tokens, keys, anchors))), name
@@ -598,12 +612,15 @@ def main(argv):
   # The HF transformers peer on the same round (a subprocess).
   hf, hf_note = None, "HF peer not requested (--nohf)"
   if _HF.hf.value:
+    step("the HF transformers peer's round (a subprocess; skipped with a "
+         "note when --hf_python lacks torch or transformers)")
     hf, hf_note = hf_peer_round(
         target, np.asarray(logits).reshape(requests, depth, vocab), chain,
         repeats)
   figures["hf"] = {"note": hf_note, **(hf or {})}
 
   # HLO of the dense proposal path, compiled as one program.
+  step("the HLO of the dense and sparse paths (sorts over V)")
   with jax.enable_x64(True):
     def dense_program(x, draw):
       w, _ = dj.draft_weights(x)

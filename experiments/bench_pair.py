@@ -93,8 +93,8 @@ cli.check("formats", lambda formats: bool(formats) and all(
     f == "dense" or (f.isdigit() and int(f) >= 1) for f in formats),
           "--formats: a comma-separated list of dense and sparse k values "
           "(positive integers)")
-cli.check("model", cli.is_checkpoint, "--model is a shipped pair's name "
-          "(stdlib) or a checkpoint directory holding config.json")
+cli.check_checkpoint("model", "--model is a shipped pair's name (stdlib) "
+                     "or a checkpoint directory")
 _HF = hf_interpreter.define_flags("hf_decode.py")
 cli.check_output_path("json_out")
 cli.check_output_path("plot_out")

@@ -6,7 +6,9 @@ Expected runtime: about 2 minutes (130 s measured) on a 2-core CPU with the
 defaults (V = 129280, 4 requests x depth 5 = 20 rows, --shards=1,2,4,8,
 --repeats=3, which this module sets as its default); much of it is XLA
 compilation (every op once per shard count, for the timed 20-row programs and
-again for the one-row programs whose collectives are reported).
+again for the one-row programs whose collectives are reported). The tables
+print at the end; until then each stage's start (the unsharded ops, then
+each shard count) goes to stderr with the seconds so far.
 
 The module asks XLA for 8 emulated CPU devices (XLA_FLAGS
 --xla_force_host_platform_device_count=8) before JAX is imported. On two
@@ -322,6 +324,12 @@ def main(argv: list[str]) -> None:
         "times show collective and per-shard overhead on this machine, not "
         "GPU scaling. Collective byte counts do carry over.")
 
+  def step(what):
+    # The tables print at the end (the defaults take minutes, mostly XLA
+    # compiles): say where the run is, on stderr, as it goes.
+    cli.progress(f"{what} ({time.perf_counter() - wall_start:.0f} s so far)")
+
+  step("the round's inputs (bench_core's)")
   data = round_data(vocab, requests, depth, flag.seed, verify_k)
   logits, u, target = data["logits"], data["u"], data["target"]
   results, stages, floors, collectives = [], [], [], []
@@ -367,6 +375,7 @@ def main(argv: list[str]) -> None:
       (f"verify sparse k={verify_k}", data["sparse_q"], data["sparse_tokens"],
        memcpy_vsparse))
 
+  step("the unsharded ops on one device: compiled, then timed")
   single = {"dense": dense_single()}
   floor_1 = median(lambda: read_all(logits))
   record("dense", 0, median(dense_single), 0, floor_1, memcpy_prop)
@@ -395,6 +404,8 @@ def main(argv: list[str]) -> None:
 
   # ---- Sharded.
   for n in shards:
+    step(f"{n} shard{'s' if n > 1 else ''}: every op compiled, checked "
+         "against the unsharded one bit for bit, then timed")
     mesh = sharding.vocab_mesh(n)
     p_logits = sharding.place(logits, mesh, fill=-jnp.inf)
     p_target = sharding.place(target, mesh, fill=-jnp.inf)
@@ -451,6 +462,8 @@ def main(argv: list[str]) -> None:
       floor_s = median(lambda a=floor_args: read_all(*a))
       record(name, n, seconds, single_paired, floor_s, memcpy_s)
 
+    step(f"{n} shard{'s' if n > 1 else ''}: the one-row programs' "
+         "collectives")
     for name, text, bound, expect in collective_programs(
         data, n, mesh, ks, verify_k):
       collectives.append(collective_report(name, text, vocab, n, bound,

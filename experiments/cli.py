@@ -35,7 +35,10 @@ imports nothing.
 """
 
 import fractions
+import functools
 import importlib.util
+import json
+import math
 import os
 import pathlib
 import re
@@ -231,9 +234,156 @@ def _shipped(model: str) -> pathlib.Path | None:
       directory / "config.json").is_file() else None
 
 
-def is_checkpoint(model: str) -> bool:
-  """Whether `model_dir(model)` holds a checkpoint's config.json."""
-  return (model_dir(model) / "config.json").is_file()
+# The checkpoint layout of dyadic_jax.models.checkpoint, mirrored (that
+# module imports JAX; tests/experiments/test_cli.py holds them equal).
+CHECKPOINT_FILES = {"target": "target.safetensors",
+                    "draft": "draft.safetensors"}
+CHECKPOINT_CONFIG = "config.json"
+CHECKPOINT_TOKENIZER = "tokenizer.json"
+_CONFIG_FIELDS = ("vocab", "d_model", "n_layers", "n_heads", "d_ff",
+                  "max_len")
+# A safetensors header is JSON of a few hundred bytes per tensor.
+_MAX_HEADER = 1 << 24
+
+
+def param_shapes(config: dict[str, int]) -> dict[str, tuple[int, ...]]:
+  """The shape of each weight of a transformer of `config` (a checkpoint's
+  config.json entry): `dyadic_jax.models.transformer.init_shapes`, without
+  JAX."""
+  v, d, n, h, f = (config[k] for k in ("vocab", "d_model", "n_layers",
+                                       "n_heads", "d_ff"))
+  dh = d // h
+  return {"embed": (v, d), "attn_norm": (n, d), "wqkv": (n, d, 3, h, dh),
+          "wo": (n, h, dh, d), "mlp_norm": (n, d), "w_in": (n, d, f),
+          "w_out": (n, f, d), "final_norm": (d,)}
+
+
+def _config_problem(role: str, config: typing.Any) -> str | None:
+  """What `transformer.Config(**config)` would refuse, in one line."""
+  if not isinstance(config, dict):
+    return f"has no {role} model (a dict of {', '.join(_CONFIG_FIELDS)})"
+  if set(config) != set(_CONFIG_FIELDS):
+    return (f"its {role} has fields {sorted(config)}, expected "
+            f"{sorted(_CONFIG_FIELDS)}")
+  for name, value in config.items():
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+      return f"its {role} {name} is {value!r}, not an int >= 1"
+  if config["vocab"] < 2 or config["d_model"] % config["n_heads"] or (
+      config["d_model"] // config["n_heads"]) % 2:
+    return (f"its {role} has vocab {config['vocab']} (>= 2), d_model "
+            f"{config['d_model']} and n_heads {config['n_heads']} (a "
+            "multiple with an even quotient needed)")
+  return None
+
+
+def _weights_problem(path: pathlib.Path,
+                     shapes: dict[str, tuple[int, ...]]) -> str | None:
+  """What is wrong with safetensors file `path` for weights of `shapes`,
+  from its header alone (no tensor is read): missing, truncated, a tensor
+  missing or extra, of another dtype or shape."""
+  if not path.is_file():
+    return "is missing"
+  size = path.stat().st_size
+  try:
+    with open(path, "rb") as f:
+      head = f.read(8)
+      length = int.from_bytes(head, "little") if len(head) == 8 else -1
+      if not 0 < length <= min(_MAX_HEADER, size - 8):
+        return (f"is no safetensors file ({size} bytes, header length "
+                f"{length})")
+      header = json.loads(f.read(length))
+  except (OSError, ValueError) as e:
+    return f"cannot be read: {e}"
+  if not isinstance(header, dict):
+    return "has a header that is no JSON object"
+  header.pop("__metadata__", None)
+  if set(header) != set(shapes):
+    return f"holds tensors {sorted(header)}, expected {sorted(shapes)}"
+  end = 0
+  for name, shape in shapes.items():
+    entry = header[name]
+    try:
+      got = tuple(entry["shape"])
+      start, stop = (int(x) for x in entry["data_offsets"])
+      dtype = entry["dtype"]
+    except (KeyError, TypeError, ValueError):
+      return f"has a malformed header entry for {name}"
+    if got != shape:
+      return f"has {name} of shape {got}, config.json says {shape}"
+    if dtype != "F16" or stop - start != 2 * math.prod(shape):
+      return (f"has {name} as {dtype} in {stop - start} bytes, expected "
+              f"F16 in {2 * math.prod(shape)}")
+    end = max(end, stop)
+  if size < 8 + length + end:
+    return f"is truncated: {size} bytes, its header needs {8 + length + end}"
+  return None
+
+
+@functools.cache
+def _checkpoint_problem(directory: pathlib.Path) -> str | None:
+  if not directory.is_dir():
+    return "is not a directory"
+  config_path = directory / CHECKPOINT_CONFIG
+  if not config_path.is_file():
+    return f"holds no {CHECKPOINT_CONFIG}"
+  try:
+    meta = json.loads(config_path.read_text(encoding="utf-8"))
+  except (OSError, ValueError) as e:
+    return f"{config_path}: not readable JSON ({e})"
+  if not isinstance(meta, dict):
+    return f"{config_path}: not a JSON object"
+  for role in CHECKPOINT_FILES:
+    problem = _config_problem(role, meta.get(role))
+    if problem:
+      return f"{config_path}: {problem}"
+  vocab = meta["target"]["vocab"]
+  if meta["draft"]["vocab"] != vocab:
+    return (f"{config_path}: the draft's vocab {meta['draft']['vocab']} is "
+            f"not the target's {vocab}")
+  for role, name in CHECKPOINT_FILES.items():
+    problem = _weights_problem(directory / name, param_shapes(meta[role]))
+    if problem:
+      return f"{directory / name} {problem}"
+  tok_path = directory / str(meta.get("tokenizer_file", CHECKPOINT_TOKENIZER))
+  if not tok_path.is_file():
+    return f"{tok_path} is missing"
+  try:
+    tok = json.loads(tok_path.read_text(encoding="utf-8"))
+    ids = set(tok["model"]["vocab"].values()) | {
+        int(t["id"]) for t in tok.get("added_tokens", [])}
+  except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+    return f"{tok_path} is no tokenizer file ({type(e).__name__}: {e})"
+  if len(ids) != vocab:
+    return f"{tok_path} has {len(ids)} ids, config.json's vocab is {vocab}"
+  return None
+
+
+def checkpoint_problem(model: str) -> str | None:
+  """What makes `model_dir(model)` no loadable checkpoint (None: nothing
+  found), in one line that names the file: its config.json (JSON, both
+  models' fields as `transformer.Config` takes them), each weights file
+  against it (present, tensors, F16 dtype, shapes, size: from the
+  safetensors header, nothing loaded) and its tokenizer (present, V ids).
+  Cheap (no JAX, a few reads), so a flag checks it at parse time."""
+  return _checkpoint_problem(model_dir(model))
+
+
+def check_checkpoint(name: str, what: str,
+                     allow: typing.Callable[[str], bool] = lambda _: False
+                     ) -> None:
+  """Registers the check of a flag naming a trained pair (`model_dir`):
+  `--name=VALUE: <what is wrong>` unless `allow(value)` or the value is
+  None. `what` says what a good value is."""
+  def problem(value: str | None) -> str | None:
+    if value is None or allow(value):
+      return None
+    found = checkpoint_problem(value)
+    if found is None:
+      return None
+    if found in ("is not a directory", f"holds no {CHECKPOINT_CONFIG}"):
+      return (f"--{name}={value}: {model_dir(value)} {found}; {what}")
+    return f"--{name}={value}: {found}"
+  check_problem(name, problem)
 
 
 def model_name(model: str) -> str:

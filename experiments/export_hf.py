@@ -48,8 +48,8 @@ _OUTPUT_DIR = flags.DEFINE_string(
     required=True)
 _FORCE = flags.DEFINE_bool("force", False, "Replace an export already in "
                            "--output_dir.")
-cli.check("model", cli.is_checkpoint, "--model is a shipped pair's name "
-          "(stdlib) or a checkpoint directory holding config.json")
+cli.check_checkpoint("model", "--model is a shipped pair's name (stdlib) "
+                     "or a checkpoint directory")
 cli.check_problem(["output_dir", "force"], lambda output_dir, force: (
     None if output_dir is None else problem_of_output(output_dir, force)))
 cli.parse_flags_early(__name__, extra="models")

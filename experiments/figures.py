@@ -130,6 +130,8 @@ SLOTS = (
          "acceptance", _runtime_paragraph("acceptance"), width=78),
     Slot("experiments/bench_core.py", "Runtime with the defaults:",
          "bench_core", _runtime_paragraph("bench_core"), width=78),
+    Slot("docs/benchmarks.md", "Runtime with the defaults:", "bench_core",
+         _runtime_paragraph("bench_core")),
 )
 
 

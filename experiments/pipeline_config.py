@@ -158,11 +158,20 @@ def model_max_len(name: str) -> int | None:
 
 
 TOY_FLAGS = ("closeness", "model_seed", "backbone")
-cli.check("model", lambda model: model == "toy" or cli.is_checkpoint(model),
-          "--model is toy, stdlib, or a checkpoint directory holding "
-          "config.json (python -m experiments.train_pair --output_dir)")
+cli.check_checkpoint("model", "--model is toy, stdlib, or a checkpoint "
+                     "directory that python -m experiments.train_pair "
+                     "--output_dir wrote", allow=lambda model: model == "toy")
+
+
+def unusable_model(model: str) -> bool:
+  """True for a --model that is refused on its own (its check's message
+  says why): checks of it with other flags pass it by."""
+  return model != "toy" and cli.checkpoint_problem(model) is not None
+
+
 cli.check(["model", "vocab"], lambda model, vocab: (
-    vocab is None or model == "toy" or vocab == model_vocab(model)),
+    vocab is None or model == "toy" or unusable_model(model)
+    or vocab == model_vocab(model)),
           "--vocab is the model's with --model (leave it out)")
 cli.check(["model", *TOY_FLAGS], lambda model, **_: model == "toy" or not any(
     flags.FLAGS[name].present for name in TOY_FLAGS),

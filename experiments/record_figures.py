@@ -30,7 +30,8 @@ conditions of that earlier run. The main job's plot replaces --plot_out
 --write_readme then renders, from the JSON, every place the docs quote it
 (experiments/figures.py, SLOTS): the README's main-job runtime, its sample
 output block and the sentence after it, and the runtime paragraphs of the
-pp1_pipeline, acceptance and bench_core docstrings (and so their --help).
+pp1_pipeline, acceptance and bench_core docstrings (and so their --help)
+and bench_core's in docs/benchmarks.md.
 tests/test_figures.py fails when any of them disagrees with the JSON, so
 that refreshing the figures is this one command, not hand edits. The test
 suite's own runtime is not recorded here.

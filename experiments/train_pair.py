@@ -58,8 +58,11 @@ from experiments import cli
 _OUTPUT_DIR = flags.DEFINE_string(
     "output_dir", "stdlib_pair",
     "Checkpoint directory to write (created if missing); the pipeline and "
-    "bench_pair run it with --model=DIR. The shipped pair is "
-    "dyadic_jax/models/checkpoints/stdlib.")
+    "bench_pair run it with --model=DIR. A folder that holds a checkpoint "
+    "is replaced only with --force, or when it is --init_from (continued "
+    "in place). The shipped pair is dyadic_jax/models/checkpoints/stdlib.")
+_FORCE = flags.DEFINE_bool(
+    "force", False, "Replace the checkpoint already in --output_dir.")
 _CACHE_DIR = flags.DEFINE_string(
     "cache_dir", os.path.join(tempfile.gettempdir(), "dyadic_jax_corpus"),
     "Where the tokenizer and the tokenized corpus are cached.")
@@ -78,8 +81,9 @@ _SEQ_LEN = flags.DEFINE_integer(
 _BATCH = flags.DEFINE_integer("batch", 8, "Windows per step.", lower_bound=1,
                               upper_bound=4096)
 _STEPS = flags.DEFINE_integer("steps", 240, "Training steps.", lower_bound=1)
-_WARMUP = flags.DEFINE_integer("warmup", 24, "Linear warmup steps.",
-                               lower_bound=0)
+_WARMUP = flags.DEFINE_integer(
+    "warmup", None, "Linear warmup steps, < --steps (default: a tenth of "
+    "--steps, 24 of the default 240).", lower_bound=0)
 _LR = flags.DEFINE_float("lr", 2e-3, "Peak learning rate of the target.")
 _DRAFT_LR = flags.DEFINE_float("draft_lr", 3e-3,
                                "Peak learning rate of the draft.")
@@ -141,15 +145,40 @@ for _role in _ROLES:
             "an even quotient (the head width)")
 cli.check("corpus_root", lambda root: root is None or os.path.isdir(root),
           "--corpus_root must be a directory")
-cli.check("init_from", lambda d: d is None or cli.is_checkpoint(d),
-          "--init_from must be a checkpoint directory holding config.json "
-          "(or a shipped pair's name)")
+cli.check_checkpoint("init_from", "--init_from must be a checkpoint "
+                     "directory (or a shipped pair's name)")
 cli.check("lr", lambda x: 0.0 < x < 1.0, "--lr must be in (0, 1)")
 cli.check("draft_lr", lambda x: 0.0 < x < 1.0, "--draft_lr must be in (0, 1)")
 cli.check("weight_decay", lambda x: 0.0 <= x < 1.0,
           "--weight_decay must be in [0, 1)")
-cli.check(["warmup", "steps"], lambda warmup, steps: warmup < steps,
+cli.check(["warmup", "steps"],
+          lambda warmup, steps: warmup is None or warmup < steps,
           "--warmup must be < --steps")
+
+
+def _output_problem(output_dir: str, force: bool,
+                    init_from: str | None) -> str | None:
+  """Why --output_dir cannot take this run's checkpoint (found before
+  training, so a trained pair is never lost to an unwritable folder)."""
+  out = pathlib.Path(output_dir).resolve()
+  if out.exists() and not out.is_dir():
+    return f"--output_dir={output_dir}: {out} exists and is not a folder"
+  existing = out
+  while not existing.exists():      # the folder to be made, or its parent
+    existing = existing.parent
+  if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+    return f"--output_dir={output_dir}: {existing} is not a writable folder"
+  held = out.is_dir() and any(
+      (out / name).exists() for name in (cli.CHECKPOINT_CONFIG,
+                                         *cli.CHECKPOINT_FILES.values()))
+  continued = init_from is not None and cli.model_dir(init_from) == out
+  if held and not (force or continued):
+    return (f"--output_dir={output_dir}: {out} holds a checkpoint; give "
+            "another folder, or --force to replace it")
+  return None
+
+
+cli.check_problem(["output_dir", "force", "init_from"], _output_problem)
 cli.parse_flags_early(__name__, extra="train")
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
@@ -216,9 +245,30 @@ def _loss(params: transformer.Params, batch: jax.Array) -> jax.Array:
       logits, batch[:, 1:]))
 
 
+def _warmup() -> int:
+  """--warmup, or a tenth of --steps (< --steps, so a short trial runs)."""
+  return _STEPS.value // 10 if _WARMUP.value is None else _WARMUP.value
+
+
+# The pipeline's defaults (experiments/pp1/flags.py, pipeline_config.py)
+# that its context check adds up: --prompt_tokens, --tokens, --depth.
+_RUN_PROMPT, _RUN_TOKENS, _RUN_DEPTH = 64, 48, 5
+
+
+def run_command(out: pathlib.Path, max_len: int) -> str:
+  """The pipeline's command for the pair in `out`: its defaults when they
+  fit max_len, else a prompt and a length that do (its context check)."""
+  command = f"python -m experiments.pp1_pipeline --model={out}"
+  if _RUN_PROMPT + _RUN_TOKENS + _RUN_DEPTH + 1 <= max_len:
+    return command
+  prompt = min(_RUN_PROMPT, max_len // 2)
+  return (f"{command} --prompt_tokens={prompt} --tokens="
+          f"{max_len - prompt - _RUN_DEPTH - 1}")
+
+
 def _optimizer(peak_lr: float) -> optax.GradientTransformation:
   schedule = optax.warmup_cosine_decay_schedule(
-      0.0, peak_lr, _WARMUP.value, _STEPS.value, end_value=peak_lr * 0.1)
+      0.0, peak_lr, _warmup(), _STEPS.value, end_value=peak_lr * 0.1)
   # Decay the matrices only: norms' scales stay near 1.
   decay_mask = lambda p: jax.tree.map(lambda x: x.ndim >= 2, p)
   return optax.chain(
@@ -412,6 +462,8 @@ def main(argv: list[str]) -> int:
         f"per call")
 
   out = pathlib.Path(_OUTPUT_DIR.value)
+  if (out / checkpoint.CONFIG_FILE).exists():
+    cli.progress(f"replacing the checkpoint in {out}")
   out.mkdir(parents=True, exist_ok=True)
   checkpoint.save_params(out / checkpoint.TARGET_FILE, params[0])
   checkpoint.save_params(out / checkpoint.DRAFT_FILE, params[1])
@@ -443,8 +495,8 @@ def main(argv: list[str]) -> int:
           timespec="seconds"),
   })
   size = sum(f.stat().st_size for f in out.iterdir() if f.is_file())
-  print(f"Wrote {out} ({size / 1e6:.2f} MB); run it with python -m "
-        f"experiments.pp1_pipeline --model={out}")
+  print(f"Wrote {out} ({size / 1e6:.2f} MB); run it with "
+        f"{run_command(out, _MAX_LEN.value)}")
   return 0
 
 

@@ -20,6 +20,10 @@
   heading that file has.
 * A fence is ```python, ```sh or a bare ``` (output, layouts): a block in
   any other language would be checked by nothing.
+* docs/architecture.md names every module file of dyadic_jax/, sharding/
+  and experiments/ in its package's section, and the verification
+  function the bridge is given is the one its classes default to;
+  docs/benchmarks.md gives bench_core's and bench_sharding's runtime.
 
 A block that is deliberately not run (a GPU-only example, a transcript)
 says so on the line before its fence, with the reason:
@@ -321,3 +325,90 @@ def test_section_references_name_real_headings():
           f"{source.relative_to(_ROOT)}: {name}, \"{section}\": no such "
           "heading there")
   assert found >= 2
+
+
+_PACKAGES = ("dyadic_jax", "sharding", "experiments")
+
+
+def _architecture_sections():
+  """{package: the backticked names of its section} of docs/architecture.md
+  ("### `dyadic_jax.bridge`", "### Core: `dyadic_jax`"), the whole text
+  under "" (a file's full path may be named anywhere)."""
+  text = _read("docs/architecture.md")
+  spans = lambda part: set(re.findall(r"`([^`\n]+)`", part))
+  sections = {"": spans(text)}
+  parts = re.split(r"^### (.+)$", text, flags=re.M)
+  for heading, body in zip(parts[1::2], parts[2::2]):
+    named = re.findall(r"`([\w.]+)`", heading)
+    if named:
+      sections[named[-1]] = spans(body)
+  return sections
+
+
+def test_architecture_names_every_module_file():
+  """Every module under dyadic_jax/, sharding/ and experiments/ is named in
+  docs/architecture.md, in its package's section (the deepest one: the
+  core's for dyadic_jax/models/): as `name.py`, a path ending there
+  (`qformats/dense.py`, `dyadic_jax/models/pair.py`), or a program by its
+  module name (`bench_core`). A package's __init__.py is its folder's
+  (`pp1/`, `qformats/`) or its section's."""
+  sections = _architecture_sections()
+  missing = []
+  for package in _PACKAGES:
+    for path in sorted((_ROOT / package).rglob("*.py")):
+      rel = path.relative_to(_ROOT)
+      dotted = ".".join(rel.with_suffix("").parts)
+      section = max((s for s in sections if s and (
+          dotted == s or dotted.startswith(s + "."))), key=len)
+      names = sections[section] | {
+          n for n in sections[""] if "/" in n}   # a path, anywhere
+      if path.name == "__init__.py":
+        folder = rel.parent
+        if ".".join(folder.parts) in sections:
+          continue                              # the package's own section
+        wanted = {f"{'/'.join(folder.parts[i:])}/"
+                  for i in range(len(folder.parts))} | {
+                      ".".join(folder.parts)}
+      else:
+        wanted = {"/".join(rel.parts[i:]) for i in range(len(rel.parts))}
+        if package == "experiments" and len(rel.parts) == 2:
+          wanted.add(path.stem)                 # a program, as it is run
+      if not wanted & names:
+        missing.append(str(rel))
+  assert not missing, (
+      f"docs/architecture.md names none of {missing} (in its package's "
+      "section: the file, a path ending in it, or a program's module name)")
+
+
+def test_architecture_names_the_bridges_verification_function():
+  """"Layers" says which function the bridge is given to verify with; it
+  is the one the bridge's classes default to (it said verify_chain, one
+  request, where they call verify_batch)."""
+  import inspect  # pylint: disable=g-import-not-at-top
+  from dyadic_jax.bridge import engine, generate, verifier  # pylint: disable=g-import-not-at-top
+  defaults = {inspect.signature(c).parameters["verify_fn"].default.__name__
+              for c in (engine.Engine, verifier.Verifier, generate.Local)}
+  assert defaults == {"verify_batch"}, defaults
+  text = _read("docs/architecture.md")
+  paragraph = text.split("The bridge never imports `sharding`", 1)[1].split(
+      "\n\n", 1)[0]
+  named = re.findall(r"\b(?:dyadic_jax|sharding)\.(verify_\w+)", paragraph)
+  assert named and set(named) == defaults, named
+
+
+def test_benchmarks_md_gives_the_long_runs_runtime():
+  """bench_core and bench_sharding print their tables only at the end,
+  minutes in: docs/benchmarks.md says how long each takes, the figure its
+  docstring gives (bench_core's is also a slot of experiments/figures.py)."""
+  import ast  # pylint: disable=g-import-not-at-top
+  text = _read("docs/benchmarks.md")
+  for module in ("bench_core", "bench_sharding"):
+    section = text.split(f"(`experiments.{module}`)", 1)[1].split(
+        "\n## ", 1)[0]
+    doc = ast.get_docstring(ast.parse(_read(f"experiments/{module}.py")))
+    seconds = re.search(r"[Rr]untime[^.;]*?(\d+) s\b", doc or "")
+    assert seconds, f"experiments/{module}.py: no runtime in its docstring"
+    assert re.search(rf"[Rr]untime[^.;]*?\b{seconds.group(1)} s\b",
+                     section), (
+        f"docs/benchmarks.md, {module}'s section: no runtime of "
+        f"{seconds.group(1)} s (its docstring's)")

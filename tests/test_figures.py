@@ -1,8 +1,9 @@
 """The figures the docs quote are the recorded ones (docs/figures.json).
 
 The README's main-job runtime, its sample output and the sentence after
-it, and the runtime paragraphs of the pp1_pipeline, acceptance and
-bench_core docstrings (experiments/figures.py, SLOTS) must be what
+it, the runtime paragraphs of the pp1_pipeline, acceptance and
+bench_core docstrings and bench_core's in docs/benchmarks.md
+(experiments/figures.py, SLOTS) must be what
 `python -m experiments.record_figures --norecord --write_readme` renders
 from the JSON; the fix for a failure here is that command (or recording
 the figures again without it), never a hand edit. Nothing is run or

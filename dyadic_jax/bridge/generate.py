@@ -20,6 +20,12 @@ and so does a vocabulary mesh (`verify_fn` of `sharding`).
 target-only sampler with the TARGET_ONLY key of each position (the
 engine's fallback keys).
 
+Both check every argument before the first round (a TypeError or
+ValueError naming it and its range), the context included: a target with
+a `max_len` (the transformer pair's) must hold each prompt, its new
+tokens and a round's drafts. A call that ends early leaves its link
+usable (its requests are removed).
+
 Every round's cost is split into what the bridge's two hosts spend:
 the draft's steps, the target's verify pass, verification, and the rest
 (host bookkeeping; over the bridge, the exchange).
@@ -152,6 +158,11 @@ class Local:
         collections.defaultdict(float))
     self._clock = _Clock(self.seconds)
 
+  @property
+  def max_len(self) -> int | None:
+    """The target's context (None: it declares none)."""
+    return getattr(self.engine.target, "max_len", None)
+
   def add(self, rid: int, prompt: typing.Sequence[int], seed: int) -> None:
     if rid in self.requests or not len(prompt):
       raise ValueError(f"Local.add: duplicate request {rid} or no prompt")
@@ -220,6 +231,11 @@ class Bridged:
     self.seconds: collections.defaultdict[str, float] = (
         collections.defaultdict(float))
 
+  @property
+  def max_len(self) -> int | None:
+    """The verifier's target's context (None: it declares none)."""
+    return getattr(self.verifier.engine.target, "max_len", None)
+
   def add(self, rid: int, prompt: typing.Sequence[int], seed: int) -> None:
     self.verifier.add_request(rid, prompt, seed)
 
@@ -234,16 +250,93 @@ class Bridged:
     return [Committed(r.rid, r.committed, r.accepted) for r in results]
 
 
-def _encode(prompts: typing.Sequence[typing.Any],
-            tokenizer: typing.Any) -> list[list[int]]:
+def _check_int(caller: str, name: str, value: typing.Any, lo: int,
+               hi: int | None = None) -> int:
+  """`value` as an int in [lo, hi] (hi None: no upper bound), else a
+  TypeError or ValueError naming `name` and the range."""
+  if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+    raise TypeError(f"{caller}: {name} must be an int, got "
+                    f"{type(value).__name__} {value!r}")
+  value = int(value)
+  if value < lo or (hi is not None and value > hi):
+    bound = f"[{lo}, {hi}]" if hi is not None else f">= {lo}"
+    raise ValueError(f"{caller}: {name} must be {'in ' * (hi is not None)}"
+                     f"{bound}, got {value}")
+  return value
+
+
+def _encode(caller: str, prompts: typing.Any, tokenizer: typing.Any,
+            vocab: int) -> list[list[int]]:
+  """Each prompt's token ids, checked: a non-empty list of non-empty
+  prompts (texts with `tokenizer`, or sequences of ids in [0, vocab))."""
+  if isinstance(prompts, (str, bytes)):
+    # Iterating a text would make one request per character.
+    raise TypeError(f"{caller}: prompts is a list of prompts, got one "
+                    f"{type(prompts).__name__}: pass [{prompts[:24]!r}]")
+  try:
+    items = list(prompts)
+  except TypeError:
+    raise TypeError(f"{caller}: prompts must be a list of prompts, got "
+                    f"{type(prompts).__name__}") from None
+  if not items:
+    raise ValueError(f"{caller}: prompts is empty: nothing to generate")
   out = []
-  for p in prompts:
+  for i, p in enumerate(items):
     if isinstance(p, str):
       if tokenizer is None:
-        raise ValueError("generate: a text prompt needs tokenizer=")
+        raise ValueError(f"{caller}: prompts[{i}] is a text: it needs "
+                         "tokenizer=")
       p = tokenizer.encode(p)
-    out.append([int(t) for t in p])
+    ids = np.asarray(p)
+    if ids.ndim != 1 or (ids.size and ids.dtype.kind not in "iu"):
+      raise TypeError(f"{caller}: prompts[{i}] must be a text or a "
+                      f"sequence of token ids, got {type(p).__name__} "
+                      f"{str(p)[:40]}")
+    if not ids.size:
+      raise ValueError(f"{caller}: prompts[{i}] is empty (a request starts "
+                       "from at least one token)")
+    low, high = int(ids.min()), int(ids.max())
+    if low < 0 or high >= vocab:
+      raise ValueError(f"{caller}: prompts[{i}] holds token "
+                       f"{low if low < 0 else high}, outside [0, {vocab})")
+    out.append([int(t) for t in ids])
   return out
+
+
+def _check_context(caller: str, max_len: int | None,
+                   encoded: list[list[int]], max_new_tokens: int,
+                   depth: int) -> None:
+  """Refuses up front a request that would outgrow the target's context.
+
+  A request's last round starts with at most max_new_tokens - 1 new tokens
+  and adds `depth` drafted ones (0 for target_only): the target scores
+  prompt + max_new_tokens - 1 + depth tokens at most.
+  """
+  if max_len is None:
+    return
+  longest = max(range(len(encoded)), key=lambda i: len(encoded[i]))
+  need = len(encoded[longest]) + max_new_tokens - 1 + depth
+  if need > max_len:
+    room = max_len - len(encoded[longest]) - depth + 1
+    raise ValueError(
+        f"{caller}: prompts[{longest}] ({len(encoded[longest])} tokens) + "
+        f"max_new_tokens {max_new_tokens} - 1"
+        + (f" + depth {depth}" if depth else "")
+        + f" = {need} tokens exceed the target's context, max_len "
+        f"{max_len}" + (f" (max_new_tokens <= {room} fits)" if room >= 1
+                        else " (the prompt alone does not fit)"))
+
+
+def _common(caller: str, prompts: typing.Any, tokenizer: typing.Any,
+            vocab: int, max_new_tokens: typing.Any, eos: typing.Any,
+            seed: typing.Any) -> list[list[int]]:
+  """The checks `generate` and `target_only` share; the encoded prompts."""
+  _check_int(caller, "max_new_tokens", max_new_tokens, 1)
+  if eos is not None:
+    _check_int(caller, "eos", eos, 0, vocab - 1)
+  # request_seed keeps 64 bits: a wider seed would alias a smaller one.
+  _check_int(caller, "seed", seed, 0, _U64)
+  return _encode(caller, prompts, tokenizer, vocab)
 
 
 def _finished(tokens: list[int], limit: int, eos: int | None) -> bool:
@@ -276,14 +369,27 @@ def generate(link: Link, prompts: typing.Sequence[typing.Any], *,
     on_round: called with each round's `Committed` list (streaming).
 
   Requests run in batches of at most `caps.max_requests`; one that is done
-  leaves its batch at once and the next prompt takes its place.
+  leaves its batch at once and the next prompt takes its place. A call
+  that ends early (an exception, a KeyboardInterrupt) removes its requests
+  from the link, so the link serves the next call.
+
+  Raises:
+    TypeError: prompts is one text or holds something that is no prompt;
+      an argument that must be an int is not.
+    ValueError: no prompts, an empty prompt or a token outside [0, V);
+      max_new_tokens < 1; depth outside [1, caps.max_depth]; eos outside
+      [0, V); seed outside [0, 2^64); a prompt + max_new_tokens - 1 +
+      depth longer than the target's context (its `max_len`, where the
+      target has one), found before any round.
   """
   caps = link.caps
-  depth = depth or caps.max_depth
-  if max_new_tokens < 1 or not 1 <= depth <= caps.max_depth:
-    raise ValueError(f"generate: max_new_tokens {max_new_tokens} >= 1 and "
-                     f"depth {depth} in [1, {caps.max_depth}] needed")
-  encoded = _encode(prompts, tokenizer)
+  if depth is not None:
+    depth = _check_int("generate", "depth", depth, 1, caps.max_depth)
+  depth = caps.max_depth if depth is None else depth
+  encoded = _common("generate", prompts, tokenizer, caps.vocab,
+                    max_new_tokens, eos, seed)
+  _check_context("generate", getattr(link, "max_len", None), encoded,
+                 max_new_tokens, depth)
   new: dict[int, list[int]] = {i: [] for i in range(len(encoded))}
   waiting = collections.deque(range(len(encoded)))
   live: list[int] = []
@@ -291,21 +397,31 @@ def generate(link: Link, prompts: typing.Sequence[typing.Any], *,
   rounds = 0
   before = collections.defaultdict(float, link.seconds)
   start = time.perf_counter()
-  while waiting or live:
-    while waiting and len(live) < caps.max_requests:
-      i = waiting.popleft()
-      link.add(i, encoded[i], request_seed(seed, i))
-      live.append(i)
-    done = link.round(live, depth)
-    rounds += 1
-    for c in done:
-      new[c.rid].extend(c.tokens)
-      accepted.append(c.accepted)
-    if on_round is not None:
-      on_round(done)
-    for i in [i for i in live if _finished(new[i], max_new_tokens, eos)]:
-      live.remove(i)
-      link.remove(i)
+  try:
+    while waiting or live:
+      while waiting and len(live) < caps.max_requests:
+        i = waiting.popleft()
+        link.add(i, encoded[i], request_seed(seed, i))
+        live.append(i)
+      done = link.round(live, depth)
+      rounds += 1
+      for c in done:
+        new[c.rid].extend(c.tokens)
+        accepted.append(c.accepted)
+      if on_round is not None:
+        on_round(done)
+      for i in [i for i in live if _finished(new[i], max_new_tokens, eos)]:
+        live.remove(i)
+        link.remove(i)
+  except BaseException:
+    # Interrupted: forget this call's requests, or the link would refuse
+    # the next call's (same ids) as duplicates. The original error wins.
+    for i in live:
+      try:
+        link.remove(i)
+      except Exception:  # pylint: disable=broad-except
+        pass
+    raise
   wall = time.perf_counter() - start - (link.seconds["observe"]
                                         - before["observe"])
   seconds = {k: link.seconds[k] - before[k] for k in PARTS}
@@ -323,8 +439,15 @@ def target_only(target: models.TargetModel,
                 sample_fn: engine_lib.SampleFn
                 = verification.sample_target) -> Result:
   """The baseline: each new token from one target call on its handle,
-  drawn by the target-only sampler (TARGET_ONLY key of the position)."""
-  encoded = _encode(prompts, tokenizer)
+  drawn by the target-only sampler (TARGET_ONLY key of the position).
+
+  Arguments and errors as `generate`'s (no depth: the context bound is
+  prompt + max_new_tokens - 1).
+  """
+  encoded = _common("target_only", prompts, tokenizer, target.vocab,
+                    max_new_tokens, eos, seed)
+  _check_context("target_only", getattr(target, "max_len", None), encoded,
+                 max_new_tokens, 0)
   seconds: collections.defaultdict[str, float] = (
         collections.defaultdict(float))
   clock = _Clock(seconds)

@@ -226,13 +226,36 @@ cli.check(["model", "repetition_penalty", "grammar_modulus", "check_vocab"],
                                                "check_vocab")),
           "--repetition_penalty, --grammar_modulus and --check_vocab are the "
           "toy pair's (--model=toy); a trained pair's V and rows are its own")
-cli.check(["model", "prompt_tokens", "tokens", "depth", "check_distribution"],
-          lambda model, prompt_tokens, tokens, depth, check_distribution: (
-              model == "toy" or prompt_tokens + (
-                  1 if check_distribution else tokens) + depth + 1
-              <= (pipeline_config.model_max_len(model) or 0)),
-          "--prompt_tokens + --tokens + --depth + 1 must fit the model's "
-          "context (max_len in its checkpoint's config.json)")
+
+
+def _context_problem(model: str, prompt_tokens: int, tokens: int, depth: int,
+                     check_distribution: bool) -> str | None:
+  """The numbers when a trained pair's requests outgrow its context."""
+  if model == "toy" or pipeline_config.unusable_model(model):
+    return None
+  new = 1 if check_distribution else tokens
+  need = prompt_tokens + new + depth + 1
+  max_len = pipeline_config.model_max_len(model) or 0
+  if need <= max_len:
+    return None
+  # What fits: the prompt at most half the context, the rest generated.
+  prompt = min(prompt_tokens, max_len // 2)
+  if check_distribution:
+    fits = (f"; --prompt_tokens={max_len - depth - 2} fits"
+            if max_len - depth - 2 >= 1 else "")
+  else:
+    fits = (f"; e.g. --prompt_tokens={prompt} --tokens="
+            f"{max_len - prompt - depth - 1} fit"
+            if max_len - prompt - depth - 1 >= 1 else "")
+  return (f"--prompt_tokens={prompt_tokens} + "
+          + ("1 (--check_distribution)" if check_distribution
+             else f"--tokens={tokens}")
+          + f" + --depth={depth} + 1 = {need} exceeds the model's context, "
+          f"max_len {max_len} (its config.json){fits}")
+
+
+cli.check_problem(["model", "prompt_tokens", "tokens", "depth",
+                   "check_distribution"], _context_problem)
 cli.check(["rank", "coordinator"],
           lambda rank, coordinator: rank == 0 or bool(coordinator),
           "--rank is internal: it needs --coordinator")

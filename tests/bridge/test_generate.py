@@ -99,17 +99,173 @@ def test_target_only_is_the_target_alone():
     np.testing.assert_array_equal(a, b)
 
 
-def test_bad_input_is_refused():
+def test_wrong_calls_are_refused_up_front():
+  """Issue 40: each of these was accepted (a text became one request per
+  character, depth=0 the default, 2^70 the seed 0, an empty list a NaN
+  mean) or failed late; each is now a TypeError or ValueError that names
+  the argument and its range, before any round."""
+  target, _ = _pair()
   link = _local(Representation.SPARSE)
-  with pytest.raises(ValueError, match="max_new_tokens"):
-    generate.generate(link, PROMPTS, max_new_tokens=0)
-  with pytest.raises(ValueError, match="depth"):
-    generate.generate(link, PROMPTS, max_new_tokens=3, depth=9)
-  with pytest.raises(ValueError, match="tokenizer"):
-    generate.generate(link, ["text"], max_new_tokens=3)
-  target, draft = _pair()
+  calls = [
+      (TypeError, r"prompts is a list of prompts.*pass \['import json'\]",
+       dict(prompts="import json")),
+      (TypeError, r"prompts\[0\] must be a text or a sequence of token ids",
+       dict(prompts=[1, 2, 3])),
+      (ValueError, r"prompts is empty", dict(prompts=[])),
+      (ValueError, r"prompts\[1\] is empty", dict(prompts=[[1], []])),
+      (ValueError, rf"prompts\[0\] holds token {V}, outside \[0, {V}\)",
+       dict(prompts=[[1, V]])),
+      (ValueError, r"prompts\[0\] holds token -1", dict(prompts=[[-1]])),
+      (ValueError, r"max_new_tokens must be >= 1, got 0",
+       dict(max_new_tokens=0)),
+      (TypeError, r"max_new_tokens must be an int", dict(max_new_tokens=2.5)),
+      (ValueError, r"depth must be in \[1, 4\], got 0", dict(depth=0)),
+      (ValueError, r"depth must be in \[1, 4\], got 9", dict(depth=9)),
+      (ValueError, rf"eos must be in \[0, {V - 1}\], got {V}",
+       dict(eos=V)),
+      (ValueError, r"eos must be in .*got -1", dict(eos=-1)),
+      (ValueError, r"seed must be in \[0, 18446744073709551615\], got "
+       r"1180591620717411303424", dict(seed=2**70)),
+      (ValueError, r"seed must be in .*got -1", dict(seed=-1)),
+      (TypeError, r"seed must be an int", dict(seed="0")),
+      (ValueError, r"prompts\[0\] is a text: it needs tokenizer=",
+       dict(prompts=["text"])),
+  ]
+  for error, message, change in calls:
+    kw = dict(prompts=PROMPTS[:1], max_new_tokens=3) | change
+    with pytest.raises(error, match=f"^generate: {message}"):
+      generate.generate(link, kw.pop("prompts"), **kw)
+    kw = dict(prompts=PROMPTS[:1], max_new_tokens=3) | change
+    kw.pop("depth", None)
+    if "depth" not in change:
+      with pytest.raises(error, match=f"^target_only: {message}"):
+        generate.target_only(target, kw.pop("prompts"), **kw)
+  assert not link.requests and not link.seconds   # nothing ran
+  _, draft = _pair()
   with pytest.raises(ValueError, match="differ"):
     generate.Local(draft, target, bridge.Capabilities(vocab=V + 1))
+
+
+def test_a_request_longer_than_the_context_is_refused_before_any_round():
+  """Issue 40: max_new_tokens=10**6 generated until the target refused a
+  prefix past its max_len, losing every token made. The bound is checked
+  up front, and it is exact: the longest call it allows runs."""
+  from dyadic_jax.models import pair  # pylint: disable=g-import-not-at-top
+  from dyadic_jax.models import transformer  # pylint: disable=g-import-not-at-top
+  import jax  # pylint: disable=g-import-not-at-top
+  config = transformer.Config(vocab=V, d_model=8, n_layers=1, n_heads=2,
+                              d_ff=8, max_len=16)
+  params = transformer.init(config, jax.random.key(0))
+  target = pair.TransformerTarget(params, config)
+  draft = pair.TransformerDraft(params, config, max_depth=2)
+  caps = bridge.Capabilities(vocab=V, max_depth=2, max_requests=2,
+                             representation=Representation.SPARSE,
+                             max_support=8)
+  link = generate.Local(draft, target, caps)
+  prompts = [[1, 2, 3], [4]]
+  # 3 + 12 - 1 + 2 = 16 = max_len: fits (depth 2 drafted at 11 new).
+  with pytest.raises(ValueError, match=(
+      r"^generate: prompts\[0\] \(3 tokens\) \+ max_new_tokens 13 - 1 \+ "
+      r"depth 2 = 17 tokens exceed the target's context, max_len 16 "
+      r"\(max_new_tokens <= 12 fits\)")):
+    generate.generate(link, prompts, max_new_tokens=13)
+  with pytest.raises(ValueError, match=r"max_new_tokens 10000000 .*<= 13 fits"):
+    generate.generate(link, prompts, max_new_tokens=10**7, depth=1)
+  with pytest.raises(ValueError, match=(
+      r"^target_only: prompts\[0\] \(3 tokens\) \+ max_new_tokens 15 - 1 = "
+      r"17 tokens exceed the target's context, max_len 16")):
+    generate.target_only(target, prompts, max_new_tokens=15)
+  assert not link.requests and not link.seconds
+  out = generate.generate(link, prompts, max_new_tokens=12, seed=3)
+  assert [len(t) for t in out.tokens] == [12, 12]
+  base = generate.target_only(target, prompts, max_new_tokens=14)
+  assert [len(t) for t in base.tokens] == [14, 14]
+
+
+class _Interrupt(Exception):
+  """Stands for a KeyboardInterrupt (not raised for real under pytest)."""
+
+
+@pytest.mark.parametrize("where", ["on_round", "in_round"])
+@pytest.mark.parametrize("interrupt", [_Interrupt, KeyboardInterrupt])
+def test_a_link_serves_the_next_call_after_an_interrupted_one(where,
+                                                              interrupt):
+  """Issue 40: after a KeyboardInterrupt the same link refused every call
+  ("duplicate request 0"). The interrupted call removes its requests; the
+  next call on the link commits what a fresh link commits."""
+  link = _local(Representation.SPARSE)
+  fresh = generate.generate(_local(Representation.SPARSE), PROMPTS[:3],
+                            max_new_tokens=6, seed=4)
+  rounds = [0]
+
+  def stop(*_):
+    rounds[0] += 1
+    if rounds[0] == 2:
+      raise interrupt("stop")
+
+  kw = {}
+  if where == "on_round":
+    kw["on_round"] = stop
+  else:
+    inner = link.round
+    link.round = lambda rids, depth: (stop(), inner(rids, depth))[1]
+  with pytest.raises(interrupt):
+    generate.generate(link, PROMPTS[:3], max_new_tokens=6, seed=4, **kw)
+  assert not link.requests and not link.engine.states
+  if where == "in_round":
+    link.round = inner
+  again = generate.generate(link, PROMPTS[:3], max_new_tokens=6, seed=4)
+  for a, b in zip(fresh.tokens, again.tokens):
+    np.testing.assert_array_equal(a, b)
+
+
+def test_a_bridged_link_serves_the_next_call_after_an_interrupted_one():
+  target, draft = _pair()
+  caps = _caps(Representation.SPARSE)
+  served = h.serve(bridge.Worker(caps, bridge.draft_proposer(draft, caps),
+                                 secret=h.SECRET))
+  verifier = bridge.Verifier(caps, served.address, target=target,
+                             secret=h.SECRET, timeout_s=h.GENEROUS_S)
+  try:
+    verifier.open()
+    link = generate.Bridged(verifier)
+
+    def stop(done):
+      raise KeyboardInterrupt("stop")
+
+    with pytest.raises(KeyboardInterrupt):
+      generate.generate(link, PROMPTS[:3], max_new_tokens=6, seed=4,
+                        on_round=stop)
+    again = generate.generate(link, PROMPTS[:3], max_new_tokens=6, seed=4)
+  finally:
+    served.close()
+    verifier.close()
+  # The session's round tags only grow (no key is used twice), so the
+  # second call draws anew: it must run whole, with no fallback.
+  assert [len(t) for t in again.tokens] == [6, 6, 6]
+  assert verifier.counters.events("fallbacks") == 0
+
+
+class _Bounded:
+  """A target that declares a context (`max_len`), else the toy one."""
+
+  def __init__(self, target, max_len):
+    self._target, self.max_len = target, max_len
+
+  def __getattr__(self, name):
+    return getattr(self._target, name)
+
+
+def test_both_links_report_their_targets_context():
+  """generate reads `link.max_len` through getattr with a default, so a
+  link that lost sight of its target (it moved into the round engine)
+  would skip the context check without a word."""
+  target, draft = _pair()
+  target = _Bounded(target, 16)
+  caps = _caps(Representation.SPARSE)
+  assert generate.Local(draft, target, caps).max_len == 16
+  verifier = bridge.Verifier(caps, None, target=target, secret=None)
+  assert generate.Bridged(verifier).max_len == 16
 
 
 def test_round_keys_are_the_schedules_keys():

@@ -13,6 +13,7 @@ traceback after JAX had started, or a READY line naming the wrong port).
 No test here reads a clock.
 """
 
+import json
 import os
 import re
 import socket
@@ -152,6 +153,13 @@ _BAD = [
     ("train_pair", ["--time_budget_s=-1"], "time_budget_s"),
     ("train_pair", ["--init_from=/nonexistent/pair"], "init_from"),
     ("train_pair", ["--corpus_root=/nonexistent/dir"], "corpus_root"),
+    # Issue 40: found only after training (the pair lost), or a checkpoint
+    # replaced without a word.
+    ("train_pair", ["--output_dir=README.md"], "output_dir"),
+    ("train_pair", ["--output_dir=README.md/pair"], "output_dir"),
+    ("train_pair", ["--output_dir=dyadic_jax/models/checkpoints/stdlib"],
+     "force"),
+    ("train_pair", ["--warmup=20", "--steps=20"], "warmup"),
     ("bench_pair", ["--model=/nonexistent/pair"], "model"),
 ]
 
@@ -254,6 +262,131 @@ def test_a_weak_secret_or_a_bad_curve_key_is_refused_at_parse_time(
       run.stderr)
   with pytest.raises(ValueError):
     keys.load(folder, "worker")
+
+
+def _tiny_checkpoint(folder):
+  """A loadable pair in `folder`: the shipped tokenizer (V = 4096) and
+  two small transformers (a few hundred KB)."""
+  import shutil  # pylint: disable=g-import-not-at-top
+  import jax  # pylint: disable=g-import-not-at-top
+  from dyadic_jax.models import checkpoint, transformer  # pylint: disable=g-import-not-at-top
+  from experiments import cli  # pylint: disable=g-import-not-at-top
+  folder.mkdir()
+  shipped = cli.model_dir("stdlib")
+  shutil.copy(shipped / checkpoint.TOKENIZER_FILE, folder)
+  configs = {role: transformer.Config(vocab=4096, d_model=8, n_layers=1,
+                                      n_heads=2, d_ff=8, max_len=32)
+             for role in ("target", "draft")}
+  for (role, config), name in zip(configs.items(), (checkpoint.TARGET_FILE,
+                                                    checkpoint.DRAFT_FILE)):
+    checkpoint.save_params(folder / name,
+                           transformer.init(config, jax.random.key(0)))
+  checkpoint.write_config(folder / checkpoint.CONFIG_FILE, {
+      role: c.to_dict() for role, c in configs.items()})
+  return folder
+
+
+def _damage(folder, defect):
+  """Damages checkpoint `folder`; returns what the error must name."""
+  config = folder / "config.json"
+  if defect == "truncated_weights":
+    data = (folder / "target.safetensors").read_bytes()
+    (folder / "target.safetensors").write_bytes(data[:len(data) // 2])
+    return r"target\.safetensors is truncated: \d+ bytes, its header needs \d+"
+  if defect == "missing_weights":
+    (folder / "draft.safetensors").unlink()
+    return r"draft\.safetensors is missing"
+  if defect == "not_safetensors":
+    (folder / "draft.safetensors").write_bytes(b"\xff" * 64)
+    return r"draft\.safetensors is no safetensors file"
+  if defect == "broken_config":
+    config.write_text(config.read_text()[:-20])
+    return r"config\.json: not readable JSON"
+  if defect == "config_field":
+    meta = json.loads(config.read_text())
+    del meta["draft"]["d_ff"]
+    config.write_text(json.dumps(meta))
+    return r"config\.json: its draft has fields"
+  if defect == "wrong_shape":
+    meta = json.loads(config.read_text())
+    meta["target"]["d_model"] = 16
+    config.write_text(json.dumps(meta))
+    return (r"target\.safetensors has \w+ of shape \(.*\), config\.json "
+            r"says \(.*16.*\)")
+  if defect == "missing_tokenizer":
+    (folder / "tokenizer.json").unlink()
+    return r"tokenizer\.json is missing"
+  if defect == "broken_tokenizer":
+    (folder / "tokenizer.json").write_text("{}")
+    return r"tokenizer\.json is no tokenizer file"
+  raise AssertionError(defect)
+
+
+_DEFECTS = ["truncated_weights", "missing_weights", "not_safetensors",
+            "broken_config", "config_field", "wrong_shape",
+            "missing_tokenizer", "broken_tokenizer"]
+# Every program that takes a trained pair, by its flag; each defect on the
+# main job, the issue's three on the others.
+_TAKERS = [("pp1_pipeline", "model", d) for d in _DEFECTS] + [
+    (m, f, d) for m, f in (("bridge_worker", "model"), ("bench_pair", "model"),
+                           ("train_pair", "init_from"), ("export_hf", "model"))
+    for d in ("truncated_weights", "broken_config", "missing_tokenizer")]
+
+
+@pytest.mark.parametrize("module,flag,defect", _TAKERS,
+                         ids=[f"{m}:{d}" for m, _, d in _TAKERS])
+def test_a_damaged_checkpoint_is_refused_at_parse_time(tmp_path, module,
+                                                       flag, defect):
+  """Issue 40: a truncated weights file, a broken config.json or a missing
+  tokenizer was a traceback 0.4 to 11 s in (after JAX had started). The
+  flag's check reads config.json and the safetensors headers (no weight
+  is loaded) and names the file in one line."""
+  folder = _tiny_checkpoint(tmp_path / "pair")
+  from experiments import cli  # pylint: disable=g-import-not-at-top
+  assert cli.checkpoint_problem(str(folder)) is None
+  want = _damage(folder, defect)
+  # export_hf's --output_dir is required (a fresh folder, so it passes).
+  extra = [f"--output_dir={tmp_path / 'hf'}"] if module == "export_hf" else []
+  run = _run(module, [f"--{flag}={folder}", *extra])
+  _assert_one_line_before_jax(run, module, flag)
+  assert re.search(want, run.stderr), run.stderr
+  assert str(folder) in run.stderr
+
+
+def test_a_trained_pairs_context_error_names_the_numbers(tmp_path):
+  """Issue 40: a pair trained with a small max_len refused the pipeline's
+  defaults with no numbers in the error; it now gives the sum, the
+  context and flags that fit."""
+  folder = _tiny_checkpoint(tmp_path / "pair")          # max_len 32
+  run = _run("pp1_pipeline", [f"--model={folder}"])
+  _assert_one_line_before_jax(run, "pp1_pipeline", "prompt_tokens")
+  assert ("--prompt_tokens=64 + --tokens=48 + --depth=5 + 1 = 118 exceeds "
+          "the model's context, max_len 32 (its config.json); e.g. "
+          "--prompt_tokens=16 --tokens=10 fit") in run.stderr, run.stderr
+  run = _run("pp1_pipeline", [f"--model={folder}", "--check_distribution",
+                              "--prompt_tokens=30"])
+  _assert_one_line_before_jax(run, "pp1_pipeline", "prompt_tokens")
+  assert "= 37 exceeds the model's context, max_len 32" in run.stderr
+  assert "--prompt_tokens=25 fits" in run.stderr
+
+
+def test_the_checkpoint_check_mirrors_the_library():
+  """cli's checkpoint check (no JAX) expects what the loader loads."""
+  # pylint: disable=g-import-not-at-top
+  from dyadic_jax.models import checkpoint, transformer
+  from experiments import cli
+  # pylint: enable=g-import-not-at-top
+  assert cli.CHECKPOINT_FILES == {"target": checkpoint.TARGET_FILE,
+                                  "draft": checkpoint.DRAFT_FILE}
+  assert cli.CHECKPOINT_CONFIG == checkpoint.CONFIG_FILE
+  assert cli.CHECKPOINT_TOKENIZER == checkpoint.TOKENIZER_FILE
+  for config in (transformer.Config(vocab=300, d_model=32, n_layers=3,
+                                    n_heads=4, d_ff=48, max_len=96),
+                 transformer.Config(vocab=2, d_model=2, n_layers=1,
+                                    n_heads=1, d_ff=1, max_len=1)):
+    assert cli.param_shapes(config.to_dict()) == transformer.init_shapes(
+        config)
+  assert cli.checkpoint_problem("stdlib") is None
 
 
 def test_a_port_in_use_is_refused_at_parse_time():

@@ -8,6 +8,7 @@ shipped pair's figures are the long run's (the module's docstring).
 """
 
 import json
+import shlex
 import subprocess
 import sys
 
@@ -16,8 +17,9 @@ from experiments import corpus
 from tests import paths  # pylint: disable=g-import-not-at-top
 from tests.paths import ROOT as _ROOT  # pylint: disable=g-import-not-at-top
 
+# No --warmup: its default (a tenth of --steps) fits any --steps.
 _TINY = ["--vocab=300", "--max_len=96", "--seq_len=64", "--batch=2",
-         "--warmup=1", "--eval_windows=2", "--log_every=1",
+         "--eval_windows=2", "--log_every=1",
          "--target_d_model=32", "--target_layers=1", "--target_heads=2",
          "--target_d_ff=64", "--draft_d_model=16", "--draft_heads=1",
          "--draft_d_ff=32"]
@@ -32,6 +34,21 @@ def _run(module, *flags):
   return proc
 
 
+def _assert_parses(command):
+  """The printed pipeline command passes the pipeline's flag checks (its
+  context check included: issue 40, the tiny pair's command failed it)."""
+  args = shlex.split(command)
+  assert args[:3] == ["python", "-m", "experiments.pp1_pipeline"], args
+  code = ("import sys\n"
+          "from absl import flags\n"
+          "from experiments.pp1 import flags as _\n"
+          "flags.FLAGS(['pp1_pipeline', *sys.argv[1:]])\n")
+  proc = subprocess.run([sys.executable, "-c", code, *args[3:]], cwd=_ROOT,
+                        env=paths.subprocess_env(), capture_output=True,
+                        text=True, timeout=120)
+  assert proc.returncode == 0, (command, proc.stderr[-2000:])
+
+
 def test_a_tiny_pair_trains_continues_and_runs(tmp_path):
   out, cache = tmp_path / "pair", tmp_path / "cache"
   first = _run("train_pair", f"--corpus_root={corpus.stdlib_root() / 'json'}",
@@ -40,6 +57,15 @@ def test_a_tiny_pair_trains_continues_and_runs(tmp_path):
   assert "held-out loss" in first.stdout and "step 3/3" in first.stderr
   assert f"--model={out}" in first.stdout
   assert "Unable to initialize backend" not in first.stderr
+  _assert_parses(first.stdout.rsplit("run it with ", 1)[1])
+  # A second run into the folder is refused before training (no --force);
+  # a continued pair replaces its own folder.
+  again = subprocess.run(
+      [sys.executable, "-m", "experiments.train_pair",
+       f"--output_dir={out}", "--steps=2"], cwd=_ROOT,
+      env=paths.subprocess_env(), capture_output=True, text=True,
+      timeout=600)
+  assert again.returncode == 2 and "--force" in again.stderr, again.stderr
   _run("train_pair", f"--corpus_root={corpus.stdlib_root() / 'json'}",
        "--steps=2", f"--init_from={out}", f"--output_dir={out}",
        f"--cache_dir={cache}", *_TINY)

@@ -492,3 +492,66 @@ def test_propose_is_the_core_row(fmt):
     return
   assert int(token) == int(want)
   np.testing.assert_array_equal(values, dj.counts_to_q(counts))
+
+
+def _one_dense_row(width, vocab):
+  """One valid dense row of `width` entries (mass on ids 1 and 2 < vocab)."""
+  values = np.zeros((1, width), np.float32)
+  values[0, [1, 2]] = 0.5
+  return qformats.Rows(np.asarray([1], np.int32),
+                       np.asarray([width], np.int32), None, values)
+
+
+@pytest.mark.parametrize("device", [False, True])
+def test_wider_integer_fields_are_range_checked_before_the_cast(device):
+  """Issue 40: the formats' validate is public; an int64 field was cast to
+  int32 and wrapped (token 2^32 + 3 became 3, sparse n and ids too) into
+  a row reported OK. A wider field is range-checked first (ValueError), a
+  non-integer one or non-float32 values is a TypeError; a wider field
+  whose values fit is still judged as its int32 cast."""
+  wrap = (1 << 32) + 2          # == 2 after an int32 cast
+  row = _one_dense_row(16, 16)
+  ok = DENSE.validate(row._replace(tokens=np.asarray([2], np.int64)),
+                      vocab=16, device=device)
+  assert ok.codes.tolist() == [0]
+  for name, value in (("tokens", [wrap]), ("n", [16 + (1 << 32)])):
+    bad = row._replace(**{name: np.asarray(value, np.int64)})
+    with pytest.raises(ValueError, match=rf"rows\.{name} holds .*int32"):
+      DENSE.validate(bad, vocab=16, device=device)
+  with pytest.raises(TypeError, match=r"rows\.tokens must be int32"):
+    DENSE.validate(row._replace(tokens=np.asarray([1.0])), vocab=16,
+                   device=device)
+  with pytest.raises(TypeError, match=r"rows\.values must be float32"):
+    DENSE.validate(row._replace(values=row.values.astype(np.float64)),
+                   vocab=16, device=device)
+  # Sparse: n and ids that wrap to a valid row, on both paths.
+  sparse_row = qformats.Rows(np.asarray([3], np.int32),
+                             np.asarray([2], np.int32),
+                             np.asarray([[3, 5]], np.int32),
+                             np.asarray([[0.5, 0.5]], np.float32))
+  assert SPARSE.validate(sparse_row, vocab=16,
+                         device=device).codes.tolist() == [0]
+  for name, value in (("n", [2 + (1 << 32)]),
+                      ("ids", [[3, 5 + (1 << 32)]]),
+                      ("tokens", [3 - (1 << 32)])):
+    bad = sparse_row._replace(**{name: np.asarray(value, np.int64)})
+    with pytest.raises(ValueError, match=rf"rows\.{name} holds"):
+      SPARSE.validate(bad, vocab=16, device=device)
+  greedy = qformats.BY_NAME["greedy"]
+  with pytest.raises(ValueError, match=r"rows\.tokens holds"):
+    greedy.validate(qformats.Rows(np.asarray([wrap], np.int64),
+                                  np.zeros(1, np.int32)), vocab=16)
+
+
+@pytest.mark.parametrize("device", [False, True])
+def test_dense_mass_past_the_vocabulary_is_refused(device):
+  """Issue 40: with rows wider than V (padding ids V..w-1), the device
+  verdict ignored `vocab` and accepted mass at a padding id."""
+  row = _one_dense_row(16, 12)
+  row.values[0, [2, 13]] = [0.0, 0.5]       # half the mass on id 13 >= V
+  got = DENSE.validate(row, vocab=12, device=device)
+  assert got.codes.tolist() != [0]
+  want = DENSE.validate(row, vocab=12, device=False)
+  assert got.codes.tolist() == want.codes.tolist()
+  fine = _one_dense_row(16, 12)             # zeros past V: valid
+  assert DENSE.validate(fine, vocab=12, device=device).codes.tolist() == [0]

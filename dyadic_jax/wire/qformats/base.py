@@ -87,6 +87,40 @@ class Verdict(typing.NamedTuple):
   codes: np.ndarray                # int32[..., D]: 0 OK, else a Code value
 
 
+_INT32 = np.iinfo(np.int32)
+
+
+def _int32_field(caller: str, name: str, a: typing.Any) -> typing.Any:
+  """`a` as int32, its values unchanged: the wire's fields are int32, and
+  a wider integer cast down would wrap (2^32 + 3 -> 3) into a valid id."""
+  dtype = getattr(a, "dtype", None)
+  if dtype == np.int32:
+    return a                  # the wire's views and staging: no copy
+  a = np.asarray(a)
+  if a.dtype.kind not in "iu":
+    raise TypeError(f"{caller}: rows.{name} must be int32, got {a.dtype}")
+  if a.size and (int(a.min()) < _INT32.min or int(a.max()) > _INT32.max):
+    bad = int(a.max()) if int(a.max()) > _INT32.max else int(a.min())
+    raise ValueError(f"{caller}: rows.{name} holds {bad}, outside int32 "
+                     f"[{_INT32.min}, {_INT32.max}]: no wire field carries it")
+  return a.astype(np.int32)
+
+
+def checked_rows(caller: str, rows: Rows) -> Rows:
+  """`rows` with int32 tokens, n and ids (each range-checked before the
+  cast: ValueError) and float32 values (validation reads their bits; any
+  other dtype is a TypeError), as `QFormat.validate` requires."""
+  values = rows.values
+  if values is not None and getattr(values, "dtype", None) != np.float32:
+    raise TypeError(f"{caller}: rows.values must be float32 (q is judged "
+                    f"on its bits), got {getattr(values, 'dtype', None)}")
+  return Rows(_int32_field(caller, "tokens", rows.tokens),
+              _int32_field(caller, "n", rows.n),
+              None if rows.ids is None else _int32_field(caller, "ids",
+                                                         rows.ids),
+              values)
+
+
 def aligned_empty(shape: int | typing.Sequence[int], dtype: DTypeLike,
                   alignment: int = 64) -> np.ndarray:
   """An uninitialized numpy array whose data starts on `alignment` bytes.
@@ -219,6 +253,11 @@ class QFormat:
     device: the verifier's staged batch: the format's fast path (dense:
     one jitted call, counts a JAX array; sparse: numpy alone when small or
     on CPU, else one jitted call) instead of the loose numpy kernel.
+
+    Raises:
+      TypeError: values not float32, or a non-integer tokens, n or ids.
+      ValueError: an integer field with a value outside int32 (a wider
+        array is range-checked, then cast; `checked_rows`).
     """
     raise NotImplementedError
 

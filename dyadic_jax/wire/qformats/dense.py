@@ -79,6 +79,7 @@ class DenseFormat(base.QFormat):
                draws: ArrayLike | None = None,
                device: bool = False) -> base.Verdict:
     from dyadic_jax import qrows  # pylint: disable=g-import-not-at-top
+    rows = base.checked_rows("DenseFormat.validate", rows)
     tokens = np.asarray(rows.tokens)
     n = np.asarray(rows.n)
     values = rows.values
@@ -89,6 +90,11 @@ class DenseFormat(base.QFormat):
       counts, device_valid, device_ok = kernels.dense_verdict(values, tokens,
                                                               draws)
       valid, ok = np.asarray(device_valid), np.asarray(device_ok)
+      if values.shape[-1] > vocab:
+        # The device pass knows no V: a row with mass (or any bits) on a
+        # padding id past V is refused by the kernel below, as on the host.
+        valid = valid & ~(np.asarray(values)[..., int(vocab):].view(
+            np.uint32) != 0).any(-1)
       if valid.all():   # the usual batch: only the audit can refuse a row
         codes = np.where(ok, np.int32(0), np.int32(Code.SAMPLING_MISMATCH))
       else:

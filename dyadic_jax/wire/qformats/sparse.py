@@ -138,6 +138,7 @@ class SparseFormat(base.QFormat):
                draws: ArrayLike | None = None,
                device: bool = False) -> base.Verdict:
     from dyadic_jax import qrows  # pylint: disable=g-import-not-at-top
+    rows = base.checked_rows("SparseFormat.validate", rows)
     assert rows.values is not None   # has_values
     if device and (rows.values.size <= HOST_ENTRIES or _cpu_backend()):
       return host_verdict(rows, draws, vocab)

@@ -49,6 +49,7 @@ class TokenFormat(base.QFormat):
                draws: ArrayLike | None = None,
                device: bool = False) -> base.Verdict:
     del draws, device   # no q: no audit (greedy tokens are argmaxes)
+    rows = base.checked_rows("TokenFormat.validate", rows)
     tokens, n = np.asarray(rows.tokens), np.asarray(rows.n)
     codes = np.where((tokens < 0) | (tokens >= vocab),
                      np.int32(Code.TOKEN_OUT_OF_RANGE), np.int32(0))
