@@ -255,6 +255,7 @@ def test_report_records_each_outcome(pytester, tmp_path):
   report = json.loads(path.read_text())
   assert report["summary"] == {"passed": 1, "failed": 1, "skipped": 1}
   assert report["exit_status"] == 1
+  assert report["complete"] is True and report["running"] is None
   assert report["platform"]["backend"] == jax.default_backend()
   assert report["platform"]["jax"] == jax.__version__
   tests = {t["nodeid"].rsplit("::", 1)[1]: t for t in report["tests"]}
@@ -266,6 +267,41 @@ def test_report_records_each_outcome(pytester, tmp_path):
   assert tests["test_skipped"]["outcome"] == "skipped"
   assert tests["test_skipped"]["reason"] == "not here"
   assert all(t["duration_s"] >= 0 for t in report["tests"])
+
+
+_DIES = """
+import os
+
+def test_first():
+  pass
+
+def test_dies():
+  os.abort()  # as XLA aborts the process: no Python exception, no hook
+
+def test_never_runs():
+  pass
+"""
+
+
+def test_report_survives_a_process_that_dies(pytester, tmp_path,
+                                             monkeypatch):
+  # The report is kept current: a run killed mid-test leaves one that says
+  # so and names the test.
+  monkeypatch.setenv("PYTHONPATH", os.pathsep.join(
+      p for p in (ROOT, os.environ.get("PYTHONPATH")) if p))
+  pytester.makepyfile(test_inner=_DIES)
+  path = tmp_path / "report.json"
+  result = pytester.runpytest_subprocess(
+      "-p", "tests.qualify_report", "-p", "no:cacheprovider",
+      f"--qualify-report={path}")
+  assert result.ret != 0
+  report = json.loads(path.read_text())
+  assert report["complete"] is False and report["exit_status"] is None
+  assert report["running"].endswith("::test_dies")
+  tests = {t["nodeid"].rsplit("::", 1)[1]: t for t in report["tests"]}
+  assert tests["test_first"]["outcome"] == "passed"
+  assert "test_never_runs" not in tests
+  assert report["platform"]["jax"] == jax.__version__
 
 
 def test_report_directory_must_exist(pytester):
