@@ -34,6 +34,7 @@ from dyadic_jax import draws
 from dyadic_jax import reference as ref
 from dyadic_jax import weights
 from tests import qualify_report
+from tests import paths
 from tests.paths import ROOT
 
 pytest_plugins = ["pytester"]
@@ -267,6 +268,39 @@ def test_report_records_each_outcome(pytester, tmp_path):
   assert tests["test_skipped"]["outcome"] == "skipped"
   assert tests["test_skipped"]["reason"] == "not here"
   assert all(t["duration_s"] >= 0 for t in report["tests"])
+
+
+# The qualification's command on the test it died in (the process
+# aborted writing that test's programs to the compilation cache; the
+# `tests/conftest.py` `_no_cache_writes_here` workaround), with the
+# users' compile flags: a bounded run of the selection's path.
+_DIED_IN = ("tests/sharding/test_ops.py::"
+            "test_proposal_rows_equal[loop-2-7]")
+
+
+@pytest.mark.long(minutes=1)
+def test_command_runs_as_users_compile_and_writes_no_cache(tmp_path):
+  cache = tmp_path / "cache"
+  cache.mkdir()
+  path = tmp_path / "qualify.json"
+  # No XLA_FLAGS: the users' code generation, as --runslow compiles.
+  env = paths.subprocess_env(
+      XLA_FLAGS="", JAX_COMPILATION_CACHE_DIR=str(cache),
+      JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")
+  run = subprocess.run(
+      [sys.executable, "-m", "pytest", "-m", "qualify", "--runslow", "-n",
+       "0", "-q", "-p", "no:cacheprovider", f"--qualify-report={path}",
+       _DIED_IN],
+      cwd=ROOT, env=env, capture_output=True, text=True, timeout=900,
+      check=False)
+  out = run.stdout + run.stderr
+  assert run.returncode == 0, out[-4000:]
+  report = json.loads(path.read_text())
+  assert report["complete"] and report["exit_status"] == 0
+  assert report["summary"] == {"passed": 1, "failed": 0, "skipped": 0}
+  # Every program of that test is a cache miss worth writing (minimum 0 s);
+  # the workaround writes none of them.
+  assert not [p.name for p in cache.iterdir() if p.name.endswith("-cache")]
 
 
 _DIES = """
