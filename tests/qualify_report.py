@@ -201,29 +201,3 @@ def pytest_configure(config):
       raise pytest.UsageError(
           f"--qualify-report={path}: its directory does not exist")
     config.pluginmanager.register(_Recorder(config, path), "qualify_report")
-
-
-def is_qualification(config) -> bool:
-  """Whether this run is the qualification (`-m qualify` or a report)."""
-  return bool(config.getoption("--qualify-report")) or "qualify" in (
-      config.getoption("markexpr") or "")
-
-
-def pytest_sessionstart(session):
-  """The qualification's own process writes no persistent compilation cache.
-
-  On CPU (jaxlib 0.10.2, users' compile flags: --runslow), serializing a
-  freshly compiled executable for the cache aborted the whole process
-  (SIGABRT in `compilation_cache.put_executable_and_time`, no Python
-  exception, so no report and no result): in
-  tests/sharding/test_ops.py::test_proposal_rows_equal[loop-4-4099], the
-  single-device `propose_sparse`, after tests/core had run in the same
-  process; the same test alone, or tests/sharding alone, passes. The cache
-  saves this one process nothing (it compiles each program once anyway);
-  the programs it starts (bench_core, the no-bridge collection) keep the
-  run's cache through the environment. Set before the first compile: JAX
-  decides once per process whether it uses the cache.
-  """
-  if is_qualification(session.config):
-    import jax  # pylint: disable=g-import-not-at-top
-    jax.config.update("jax_enable_compilation_cache", False)

@@ -365,36 +365,3 @@ def test_the_guide_gives_the_command():
   with open(os.path.join(ROOT, "docs", "guide.md"), encoding="utf-8") as f:
     guide = " ".join(f.read().replace("\\\n", " ").split())
   assert qualify_report.COMMAND in guide
-
-
-# The qualification's own process compiles without writing the persistent
-# cache (tests/qualify_report.py `pytest_sessionstart`: a cache write
-# aborted the CPU run).
-_COMPILES = """
-import jax
-import jax.numpy as jnp
-
-def test_compiles():
-  jax.jit(lambda x: jnp.sort(x) * 2)(jnp.arange(1000.0)).block_until_ready()
-"""
-
-
-@pytest.mark.parametrize("qualify,writes", [
-    (True, False),
-    (False, True),  # not the qualification: the harness sees the writes
-])
-def test_qualification_writes_no_compilation_cache(pytester, tmp_path,
-                                                   monkeypatch, qualify,
-                                                   writes):
-  cache = tmp_path / "cache"
-  cache.mkdir()
-  monkeypatch.setenv("JAX_COMPILATION_CACHE_DIR", str(cache))
-  monkeypatch.setenv("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
-  monkeypatch.setenv("PYTHONPATH", os.pathsep.join(
-      p for p in (ROOT, os.environ.get("PYTHONPATH")) if p))
-  pytester.makepyfile(test_inner=_COMPILES)
-  report = [f"--qualify-report={tmp_path / 'report.json'}"] if qualify else []
-  result = pytester.runpytest_subprocess(
-      "-p", "tests.qualify_report", "-p", "no:cacheprovider", *report)
-  result.assert_outcomes(passed=1)
-  assert bool(list(cache.iterdir())) == writes, list(cache.iterdir())
