@@ -127,11 +127,9 @@ def pytest_configure(config):
   end, so nothing carries over between runs. A JAX_COMPILATION_CACHE_DIR
   already set (.ci/run sets one for pytest and Bazel) is used as it is.
   """
-  users_flags = _fast_compile(config)
+  _fast_compile(config)
   # Programs that compile faster than this are not worth a disk entry.
   os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.2")
-  if users_flags:
-    _no_cache_writes_here()
   if os.environ.get("PYTEST_XDIST_WORKER") or os.environ.get(
       "JAX_COMPILATION_CACHE_DIR"):
     return
@@ -157,39 +155,13 @@ def _fast_compile(config):
   GPU qualification) compiles as users do, so the release check covers the
   users' code generation. Set before any worker or subprocess starts;
   `tests.paths.subprocess_env` passes it on.
-
-  Returns whether this process compiles with the users' flags.
   """
   flags = os.environ.get("XLA_FLAGS", "")
-  if "optimization_level" in flags:
-    return False
-  if not config.getoption("--runslow"):
+  if not config.getoption("--runslow") and "optimization_level" not in flags:
     fast = FAST_COMPILE
     if _jaxlib_defines(_ELEMENTAL_EMITTERS):
       fast += f" --{_ELEMENTAL_EMITTERS}=false"
     os.environ["XLA_FLAGS"] = f"{flags} {fast}".strip()
-    return False
-  return True
-
-
-def _no_cache_writes_here():
-  """This process reads the compilation cache but writes no entry to it.
-
-  Works around a crash in jaxlib (0.10.2, CPU): a process compiling with
-  the users' flags (--runslow) that has compiled a few hundred programs
-  can die inside `executable.serialize()` while writing a cache entry
-  (SIGSEGV or SIGABRT under `compilation_cache.put_executable_and_time`).
-  The GPU qualification on CPU died so after 277 tests, in
-  tests/sharding/test_ops.py::test_proposal_rows_equal[loop-2-7], a test
-  that passes when run alone; the default tier's flags never hit it.
-  The serialization happens only to write an entry, and JAX skips it for a
-  program that compiled in less than the minimum time, so an infinite
-  minimum skips it; the subprocesses keep the environment's and write.
-  docs/guide.md, "Row modes and GPU qualification".
-  """
-  import jax  # pylint: disable=g-import-not-at-top
-  jax.config.update("jax_persistent_cache_min_compile_time_secs",
-                    float("inf"))
 
 
 def _jaxlib_defines(flag):
