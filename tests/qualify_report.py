@@ -26,7 +26,9 @@ Options (registered by tests/conftest.py through `pytest_plugins`):
                          skipped with the reason), duration and the
                          properties it recorded (`record_property`: the
                          benchmark's figures and speed targets); prints
-                         where it went.
+                         where it went. Kept current as the run goes: a
+                         process that dies leaves "complete": false and
+                         "running": the test it died in.
   --qualify-full         full sizes on CPU too (V = 129280, bench_core's
                          own defaults); the default on an accelerator.
 """
@@ -108,8 +110,12 @@ def _skip_reason(report) -> str:
 
 
 class _Recorder:
-  """Collects each test's phases into one entry; writes the file at the end.
+  """Collects each test's phases into one entry and keeps the file current.
 
+  The file is rewritten (atomically: a temporary file, then a rename) when
+  each test starts and ends, so a run that dies in native code (an abort,
+  a segfault, the OOM killer) leaves a report of what had passed so far,
+  `"complete": false` and `"running"` naming the test it died in.
   Under xdist it runs in the controller only (the workers' reports reach
   it through pytest_runtest_logreport), so one file is written.
   """
@@ -119,10 +125,27 @@ class _Recorder:
     self.path = os.path.abspath(path)
     self.tests = {}
     self.started = time.time()
+    self.running = None
+    self.platform = None
+
+  def pytest_runtest_logstart(self, nodeid, location):
+    del location
+    if self.platform is None:  # collected: JAX is configured by now
+      self.platform = platform_facts()
+    self.running = nodeid
+    self._write()
+
+  def pytest_runtest_logfinish(self, nodeid, location):
+    del location
+    entry = self.tests.get(nodeid)
+    if entry and entry["outcome"] == "running":
+      entry["outcome"] = "passed"
+    self.running = None
+    self._write()
 
   def pytest_runtest_logreport(self, report):
     entry = self.tests.setdefault(report.nodeid, {
-        "nodeid": report.nodeid, "outcome": "passed", "duration_s": 0.0})
+        "nodeid": report.nodeid, "outcome": "running", "duration_s": 0.0})
     entry["duration_s"] = round(entry["duration_s"] + report.duration, 3)
     if report.user_properties:
       entry.setdefault("properties", {}).update(
@@ -139,6 +162,11 @@ class _Recorder:
 
   def pytest_sessionfinish(self, session, exitstatus):
     del session
+    self.running = None
+    self.platform = platform_facts()
+    self._write(exit_status=int(exitstatus))
+
+  def _write(self, exit_status=None):
     tests = list(self.tests.values())
     report = {
         "command": " ".join(["python -m pytest"] + list(
@@ -148,14 +176,19 @@ class _Recorder:
         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z",
                                  time.localtime(self.started)),
         "wall_s": round(time.time() - self.started, 1),
-        "platform": platform_facts(),
+        # False until the session ends: the process died during the run.
+        "complete": exit_status is not None,
+        "running": self.running,
+        "platform": self.platform,
         "summary": {o: sum(t["outcome"] == o for t in tests)
                     for o in ("passed", "failed", "skipped")},
-        "exit_status": int(exitstatus),
+        "exit_status": exit_status,
         "tests": tests,
     }
-    with open(self.path, "w", encoding="utf-8") as f:
+    partial = f"{self.path}.partial"
+    with open(partial, "w", encoding="utf-8") as f:
       json.dump(report, f, indent=2, default=str)
+    os.replace(partial, self.path)
 
   def pytest_terminal_summary(self, terminalreporter):
     terminalreporter.write_line(f"qualify report: {self.path}")
