@@ -147,8 +147,10 @@ def test_no_rank_is_told_a_port(tmp_path):
   worker leader's tcp port 0 is a request, not a port); the coordinators
   are unix sockets in the run's 0700 folder. Then SIGTERM stops the four
   processes."""
-  run = _Run(tmp_path, "--vocab=1024", "--tokens=4", "--q=dense",
-             "--worker_ranks=2", "--verifier_ranks=2")
+  # Tokens enough that the run is still in its rounds when the last rank
+  # has started (the signal ends it).
+  run = _Run(tmp_path, "--vocab=1024", "--tokens=100000", "--timeout=30",
+             "--q=dense", "--worker_ranks=2", "--verifier_ranks=2")
   folder = run.folder()
   assert stat.S_IMODE(folder.stat().st_mode) == 0o700
   assert folder.stat().st_uid == os.getuid()

@@ -24,11 +24,12 @@ fuzz harness (tests/fuzz_wire.py) decodes under the same bounds and key.
 Codes that `decode` can never raise get no file:
 
   IDENTITY_MISMATCH, STALE_GENERATION, DUPLICATE_ROUND, TIMEOUT,
-  STATE_MISMATCH, UNKNOWN_SESSION, BAD_SEQUENCE, CHECKSUM_MISMATCH,
-  BAD_STATUS: session-level; the bridge raises them by comparing frames
-    with the session's state or with each other (HELLO identities,
-    generations, answered rounds, the watchdog, anchors, open sessions,
-    the expected next frame, a COMPLETION and its REPLY, status values).
+  STATE_MISMATCH, UNKNOWN_SESSION, SESSION_EXHAUSTED, BAD_SEQUENCE,
+  CHECKSUM_MISMATCH, BAD_STATUS: session-level; the bridge raises them by
+    comparing frames with the session's state or with each other (HELLO
+    identities, generations, answered rounds, the watchdog, anchors, open
+    sessions, the seals a session's GMAC key has made, the expected next
+    frame, a COMPLETION and its REPLY, status values).
     `decode` sees one frame and the negotiated `Bounds`, nothing else.
   SAMPLING_MISMATCH: needs the round's PROPOSAL draws (the verifier's).
   PROPOSER_FAILED: the worker's own refusal, never a decode.
@@ -65,6 +66,7 @@ NEVER_FROM_DECODE = {
     Code.TIMEOUT: "session-level (watchdog), the bridge",
     Code.STATE_MISMATCH: "session-level (anchor, digests), the bridge",
     Code.UNKNOWN_SESSION: "session-level (open sessions), the bridge",
+    Code.SESSION_EXHAUSTED: "session-level (the GMAC key's seal count)",
     Code.BAD_SEQUENCE: "session-level (expected frame), the bridge",
     Code.CHECKSUM_MISMATCH: "session-level (COMPLETION vs REPLY)",
     Code.BAD_STATUS: "session-level (status and reason values)",

@@ -34,7 +34,6 @@ from dyadic_jax import draws
 from dyadic_jax import reference as ref
 from dyadic_jax import weights
 from tests import qualify_report
-from tests import paths
 from tests.paths import ROOT
 
 pytest_plugins = ["pytester"]
@@ -268,34 +267,6 @@ def test_report_records_each_outcome(pytester, tmp_path):
   assert tests["test_skipped"]["outcome"] == "skipped"
   assert tests["test_skipped"]["reason"] == "not here"
   assert all(t["duration_s"] >= 0 for t in report["tests"])
-
-
-# The qualification's command, as users compile (no XLA_FLAGS: --runslow
-# keeps the users' code generation), on the tests the CPU run died in
-# (docs/guide.md, "Row modes and GPU qualification"): a bounded run of the
-# selection's path and its report. Alone they pass; the crash needs the
-# few hundred programs compiled before them in the full selection.
-_DIED_IN = ("tests/sharding/test_ops.py::test_proposal_rows_equal[loop-2-7]",
-            "tests/sharding/test_ops.py::"
-            "test_proposal_rows_equal[loop-4-4099]")
-
-
-@pytest.mark.long(minutes=1)
-def test_command_runs_as_users_compile_and_reports(tmp_path):
-  path = tmp_path / "qualify.json"
-  env = paths.subprocess_env(XLA_FLAGS="")
-  run = subprocess.run(
-      [sys.executable, "-m", "pytest", "-m", "qualify", "--runslow", "-n",
-       "0", "-q", "-p", "no:cacheprovider", f"--qualify-report={path}",
-       *_DIED_IN],
-      cwd=ROOT, env=env, capture_output=True, text=True, timeout=900,
-      check=False)
-  out = run.stdout + run.stderr
-  assert run.returncode == 0, out[-4000:]
-  report = json.loads(path.read_text())
-  assert report["complete"] and report["exit_status"] == 0
-  assert report["running"] is None
-  assert report["summary"] == {"passed": 2, "failed": 0, "skipped": 0}
 
 
 _DIES = """
