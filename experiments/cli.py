@@ -50,6 +50,7 @@ from absl import app
 from absl import flags
 
 from dyadic_jax.constants import DEFAULT_VOCAB, MAX_VOCAB
+from experiments import interrupt
 
 FLAGS = flags.FLAGS
 
@@ -57,12 +58,9 @@ FLAGS = flags.FLAGS
 _parsed_argv: list[str] | None = None
 
 
-def program() -> str:
-  """The running experiment's short name (pp1_pipeline, round_demo ...)."""
-  main = sys.modules.get("__main__")
-  spec = getattr(main, "__spec__", None)
-  name = spec.name if spec is not None else os.path.basename(sys.argv[0])
-  return name.rsplit(".", 1)[-1].removesuffix(".py")
+# The running experiment's short name (pp1_pipeline, round_demo ...):
+# interrupt's, which imports no other experiment module.
+program = interrupt.program
 
 
 def usage_error(message: str) -> typing.NoReturn:
@@ -177,8 +175,6 @@ def run(main: typing.Callable[[list[str]], typing.Any]) -> None:
   """`absl.app.run(main)` with one-line flag errors and a single parse; a
   SIGTERM or SIGINT unwinds `main` (its cleanups run), ends its children
   and prints one line (experiments/interrupt.py)."""
-  # pylint: disable-next=g-import-not-at-top (interrupt imports cli)
-  from experiments import interrupt
   interrupt.unwind()
   try:
     app.run(main, flags_parser=_parse)

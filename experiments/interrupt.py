@@ -41,7 +41,6 @@ import sys
 import threading
 import typing
 
-from experiments import cli
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
@@ -58,6 +57,14 @@ class Stopped(BaseException):
     super().__init__(signal.Signals(signum).name)
     self.signum = signum
 
+
+
+def program() -> str:
+  """The running experiment's short name (pp1_pipeline, round_demo ...)."""
+  main = sys.modules.get("__main__")
+  spec = getattr(main, "__spec__", None)
+  name = spec.name if spec is not None else os.path.basename(sys.argv[0])
+  return name.rsplit(".", 1)[-1].removesuffix(".py")
 
 def install() -> None:
   """Blocks SIGINT and SIGTERM here and handles them in a thread (above).
@@ -153,7 +160,7 @@ def stop(signum: int) -> typing.NoReturn:
       cleanup()
     except Exception:  # pylint: disable=broad-except
       pass      # the next one still runs: an interrupted run leaves nothing
-  sys.stderr.write(f"{cli.program()}: stopped by "
+  sys.stderr.write(f"{program()}: stopped by "
                    f"{signal.Signals(signum).name}\n")
   sys.stderr.flush()
   os._exit(128 + signum)   # pylint: disable=protected-access
