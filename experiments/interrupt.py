@@ -111,9 +111,10 @@ def unwind() -> None:
   signal.pthread_sigmask(signal.SIG_UNBLOCK, SIGNALS)
 
 
-def children() -> list[int]:
-  """The pids of this process's live children (from /proc)."""
-  me, found = os.getpid(), []
+def children(parent: int | None = None) -> list[int]:
+  """The pids of the live children of `parent` (default: this process),
+  from /proc."""
+  me, found = os.getpid() if parent is None else parent, []
   for entry in os.listdir("/proc"):
     if not entry.isdigit():
       continue

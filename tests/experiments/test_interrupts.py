@@ -17,25 +17,11 @@ import threading
 import pytest
 
 from dyadic_jax.bridge import keys
+from experiments import interrupt
 from tests import paths
 
 _LIMIT_S = 300
 _SIGNALS = {"SIGTERM": signal.SIGTERM, "SIGINT": signal.SIGINT}
-
-
-def _children(pid: int) -> list[int]:
-  found = []
-  for entry in os.listdir("/proc"):
-    if not entry.isdigit():
-      continue
-    try:
-      with open(f"/proc/{entry}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-      continue
-    if int(fields[1]) == pid and fields[0] != "Z":
-      found.append(int(entry))
-  return found
 
 
 def _alive(pid: int) -> bool:
@@ -101,7 +87,7 @@ def test_a_benchmark_with_a_child_stops_it(tmp_path, name):
                 "--sparse_messages=1048576", "--dense_messages=1")
   # Its child has started: the signal finds the parent waiting on it or
   # in the rounds, the child starting or serving.
-  children = _until(lambda: _children(proc.pid), proc)
+  children = _until(lambda: interrupt.children(proc.pid), proc)
   proc.send_signal(_SIGNALS[name])
   _stopped(proc, "bench_curve", _SIGNALS[name], tmp_path, children)
 
@@ -116,6 +102,6 @@ def test_bench_pair_in_its_bridge_leg(tmp_path, name):
                 "--new_tokens=12", "--formats=dense,16", "--json_out=",
                 "--plot_out=", "--nohf")
   _until(lambda: list((tmp_path / "tmp").glob("bench_pair-*")), proc)
-  children = _until(lambda: _children(proc.pid), proc)
+  children = _until(lambda: interrupt.children(proc.pid), proc)
   proc.send_signal(_SIGNALS[name])
   _stopped(proc, "bench_pair", _SIGNALS[name], tmp_path, children)
