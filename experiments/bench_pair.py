@@ -17,9 +17,10 @@ temperature 1:
    q) (p the target's FP64 softmax, q the dyadic row drawn from; averaged
    over the positions the rounds reached). The measured rate must agree
    with it up to sampling noise: it is the probability the rule accepts.
-2. **Speed.** Tokens per second of target-only decoding (one target call
-   per token, its KV cache kept) and of speculative decoding with each
-   format, in one process; with --bridge also over the bridge on loopback
+2. **Speed.** Tokens per second of target-only decoding (the target's
+   slab at batch --requests and at batch 1: one fused call per 16 steps,
+   `generate.target_only`) and of speculative decoding with each format
+   at batch --requests (one target call per round), in one process; with --bridge also over the bridge on loopback
    (a worker process, `experiments.bridge_worker --model`, authenticated,
    the q on the wire) for the best one-process format. Each run's time
    split (draft steps, verify pass, verification, exchange, host), and the
@@ -38,7 +39,7 @@ temperature 1:
 4. **The regime.** A speculative round costs one verify pass over D + 1
    rows where target-only decoding pays one step per token; the ratio r of
    the two (measured: the speculative run's target seconds per round over
-   target-only's per token) decides whether speculation can pay: the
+   batched target-only's per step, both over the whole batch) decides whether speculation can pay: the
    model's speedup is E / (c D + r) with E = (1 - alpha^(D+1)) / (1 -
    alpha) tokens per round, so it breaks even at r = E - c D. A
    weight-bound step (a GPU, or weights far beyond the caches) has r near
@@ -228,9 +229,11 @@ def child_cpu_s(pid: int) -> float:
 
 
 def warm(link, prompts) -> None:
-  """Compiles a link's programs on two short requests (not timed)."""
-  generate.generate(link, prompts[:2], max_new_tokens=2 *
-                    (_DEPTH.value + 1), seed=_SEED.value + 1)
+  """Compiles a link's programs (not timed): one batch of the prompts at
+  full length, so every batch size, attention span and chunk shape the
+  timed run meets is compiled."""
+  generate.generate(link, prompts[:_REQUESTS.value],
+                    max_new_tokens=_NEW_TOKENS.value, seed=_SEED.value + 1)
 
 
 def start_worker(name: str, tmp: str):
@@ -315,10 +318,21 @@ def main(argv):
       pair.tokenizer, _PROMPTS.value, _PROMPT_TOKENS.value, _SEED.value)]
   kw = dict(max_new_tokens=_NEW_TOKENS.value, seed=_SEED.value)
 
-  cli.progress("target-only decoding (the baseline)")
-  generate.target_only(pair.target, prompts[:1], max_new_tokens=2)  # warm
-  base, base_cpu = timed(generate.target_only, pair.target, prompts, **kw)
-  target_s_per_token = base.seconds["target"] / base.new_tokens
+  # The baselines: the same batch as the speculative runs (the best plain
+  # decoding this engine does; the speedups are against it) and batch 1.
+  baselines = {}
+  for batch in sorted({_REQUESTS.value, 1}, reverse=True):
+    cli.progress(f"target-only decoding, batch {batch} (a baseline)")
+    generate.target_only(pair.target, prompts[:batch], batch=batch,
+                         max_new_tokens=_NEW_TOKENS.value,
+                         seed=_SEED.value + 1)            # warm, as `warm`
+    out, cpu_s = timed(generate.target_only, pair.target, prompts,
+                       batch=batch, **kw)
+    baselines[batch] = (out, cpu_s)
+  base, base_cpu = baselines[_REQUESTS.value]
+  # One batched target-only step (its pass over one row per request and
+  # its draw): the cost model's unit.
+  step_s = base.seconds["target"] / base.rounds
   cli.progress("rows: one chunked verify pass vs one token per call")
   rows = row_agreement(pair.target, prompts[:8], base.tokens[:8])
   record = {"model": _MODEL.value, "meta": {k: pair.meta.get(k) for k in (
@@ -327,7 +341,8 @@ def main(argv):
             "new_tokens": _NEW_TOKENS.value, "depth": depth,
             "requests": _REQUESTS.value, "seed": _SEED.value,
             "date": time.strftime("%Y-%m-%d"), "nproc": os.cpu_count(),
-            "target_only": run_record(base, base_cpu), "rows": rows,
+            "target_only": run_record(base, base_cpu),
+            "target_only_b1": run_record(*baselines[1]), "rows": rows,
             "formats": {}}
   for name in _FORMATS.value:
     cli.progress(f"speculative decoding, q {name} (one process)")
@@ -336,12 +351,10 @@ def main(argv):
     warm(link, prompts)          # the same link: its programs compiled
     screen = link.observe = Screen(depth, vocab)
     out, cpu_s = timed(generate.generate, link, prompts, **kw)
-    drafted = depth * len(out.accepted)       # request-rounds x D
-    c = (out.seconds["draft"] / max(drafted, 1)) / target_s_per_token
-    # The verify pass's cost over one target step: target seconds per
-    # request-round here over target-only's per token.
-    r = (out.seconds["target"] / max(len(out.accepted), 1)
-         ) / target_s_per_token
+    # Per round of the batch, in batched target-only steps: the draft's
+    # cost per drafted position c, and the verify pass's r.
+    c = out.seconds["draft"] / max(out.rounds * depth, 1) / step_s
+    r = out.seconds["target"] / max(out.rounds, 1) / step_s
     entry = dict(run_record(out, cpu_s), **screen.record(),
                  draft_cost_ratio=c, pass_ratio=r)
     entry["speedup"] = out.tokens_per_second / base.tokens_per_second
@@ -422,9 +435,15 @@ def print_tables(record: dict) -> None:
   def split(s):
     return " / ".join(f"{s[p]:.1f}" for p in generate.PARTS)
 
-  print(f"| dyadic-jax target-only | {base['tokens_per_second']:.1f} | "
+  b1 = record["target_only_b1"]
+  print(f"| dyadic-jax target-only, batch {record['requests']} | "
+        f"{base['tokens_per_second']:.1f} | "
         f"{base['tokens_per_cpu_second']:.1f} | 1.00 | | "
         f"{split(base['seconds'])} |")
+  print(f"| dyadic-jax target-only, batch 1 | {b1['tokens_per_second']:.1f} "
+        f"| {b1['tokens_per_cpu_second']:.1f} | "
+        f"{b1['tokens_per_second'] / base['tokens_per_second']:.2f} | | "
+        f"{split(b1['seconds'])} |")
   for name, e in record["formats"].items():
     print(f"| dyadic-jax one process, q {name} | "
           f"{e['tokens_per_second']:.1f} | {e['tokens_per_cpu_second']:.1f} "

@@ -117,11 +117,22 @@ def _fallback_keys(seed: jax.Array, generation: jax.Array,
                       rng.Domain.TARGET_ONLY)
 
 
+def seed_view(seeds: ArrayLike) -> np.ndarray:
+  """uint64 seeds as the int64 view the keys are traced with."""
+  return np.asarray(seeds, np.uint64).view(np.int64)
+
+
 def _coordinates(seeds: ArrayLike, generations: ArrayLike,
                  rounds: ArrayLike) -> tuple[np.ndarray, ...]:
-  # A uint64 seed travels as its int64 view (traced under 64-bit mode).
-  return (np.asarray(seeds, np.uint64).view(np.int64),
-          np.asarray(generations, np.uint32), np.asarray(rounds, np.uint32))
+  return (seed_view(seeds), np.asarray(generations, np.uint32),
+          np.asarray(rounds, np.uint32))
+
+
+def fallback_keys_traced(seeds: jax.Array, generations: jax.Array,
+                         rounds: jax.Array, anchors: jax.Array) -> jax.Array:
+  """`fallback_keys` inside a caller's trace (64-bit mode on): seeds as
+  `seed_view`, generations and rounds uint32, anchors int64, each [R]."""
+  return _fallback_keys(seeds, generations, rounds, anchors)
 
 
 def round_keys(seeds: ArrayLike, generations: ArrayLike,
@@ -153,14 +164,22 @@ class Engine:
     self.verify_fn = verify_fn
     self.sample_fn = sample_fn
     self.states: dict[int, models.State] = {}    # rid -> target handle
+    # One slab for every request where the target offers it.
+    self.batch: models.TargetBatch | None = (
+        target.batch(caps.max_requests) if hasattr(target, "batch")
+        else None)
 
   def drop(self, rid: int) -> None:
     """Forgets request `rid`'s target handle."""
     self.states.pop(rid, None)
+    if self.batch is not None:
+      self.batch.drop(rid)
 
   def target_rows(self, chains: typing.Sequence[Chain],
                   drafts: typing.Sequence[np.ndarray]) -> list[jax.Array]:
     """float32[len(draft) + 1, V] per chain (see the module docstring)."""
+    if self.batch is not None and chains:
+      return self._batched_rows(chains, drafts)
     out = []
     for chain, draft in zip(chains, drafts):
       state = self.states.pop(chain.rid, None)
@@ -170,6 +189,24 @@ class Engine:
           state, np.asarray(chain.prefix, np.int32), draft)
       out.append(rows)
     return out
+
+  def _batched_rows(self, chains: typing.Sequence[Chain],
+                    drafts: typing.Sequence[np.ndarray]) -> list[jax.Array]:
+    """`target_rows` through the slab: one call per distinct draft length
+    (one call in a fixed-depth round)."""
+    assert self.batch is not None
+    out: list[jax.Array | None] = [None] * len(chains)
+    lengths = [len(d) for d in drafts]
+    for d in sorted(set(lengths)):
+      group = [i for i, n in enumerate(lengths) if n == d]
+      rows = self.batch.rows(
+          [chains[i].rid for i in group],
+          [np.asarray(chains[i].prefix, np.int32) for i in group],
+          np.stack([np.asarray(drafts[i], np.int32) for i in group])
+          .reshape(len(group), d))
+      for j, i in enumerate(group):
+        out[i] = rows[j]
+    return typing.cast(list[jax.Array], out)
 
   def verify(self, chains: typing.Sequence[Chain],
              logits: typing.Sequence[jax.Array], rows: qformats.Rows,
@@ -264,13 +301,16 @@ class Engine:
     d, r = self.caps.max_depth, self.caps.max_requests
     committed = np.asarray(prefix, np.int32)
     draft = np.zeros(d, np.int32)
-    target = self.target
-    say("the target's rows of a new request (its prompt and a chain)")
-    logits, state = target.logits(target.init_state(), committed, draft)
-    say("the target's rows of a round and of a fallback")
     later = np.append(committed, draft[0])     # x_1 rejected, x_1 drawn
-    _, state = target.logits(state, later, draft)
-    target.logits(state, later, draft[:0])   # the fallback's row
+    if self.batch is not None:
+      logits = self._warm_batch(committed, later, draft, say)
+    else:
+      target = self.target
+      say("the target's rows of a new request (its prompt and a chain)")
+      logits, state = target.logits(target.init_state(), committed, draft)
+      say("the target's rows of a round and of a fallback")
+      _, state = target.logits(state, later, draft)
+      target.logits(state, later, draft[:0])   # the fallback's row
     zeros = np.zeros(r, np.int64)
     q = example_q(d)
     if q is not None:
@@ -282,3 +322,23 @@ class Engine:
     say("the target-only sampler")
     key = fallback_keys(zeros, zeros, zeros, zeros)[0]
     jax.block_until_ready(self.sample_fn(logits[0], key))
+
+  def _warm_batch(self, committed: np.ndarray, later: np.ndarray,
+                  draft: np.ndarray, say: typing.Callable[[str], None]
+                  ) -> jax.Array:
+    """`warmup`'s target part on the slab: a full batch of new requests,
+    of rounds and of fallbacks (a call has a row per slot whatever the
+    batch); the slots are freed after."""
+    assert self.batch is not None
+    r = self.caps.max_requests
+    rids = [-1 - i for i in range(r)]           # ids no request has
+    try:
+      say("the target's rows of new requests (their prompts and a chain)")
+      logits = self.batch.rows(rids, [committed] * r, np.stack([draft] * r))
+      say("the target's rows of a round and of a fallback")
+      self.batch.rows(rids, [later] * r, np.stack([draft] * r))
+      self.batch.rows(rids, [later] * r, np.zeros((r, 0), np.int32))
+    finally:
+      for rid in rids:
+        self.batch.drop(rid)
+    return logits[0]

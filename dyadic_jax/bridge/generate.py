@@ -32,10 +32,12 @@ the draft's steps, the target's verify pass, verification, and the rest
 """
 
 import collections
+import functools
 import time
 import typing
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from dyadic_jax import models, rowops, verification
@@ -171,18 +173,20 @@ class Local:
   def remove(self, rid: int) -> None:
     self.requests.pop(rid)
     self.engine.drop(rid)
+    self.propose.forget(rid)
 
   def round(self, rids: typing.Sequence[int], depth: int
             ) -> list[Committed]:
     clock = self._clock
     reqs = [self.requests[r] for r in rids]
-    proposals = []
-    for rid, req in zip(rids, reqs):
+    for req in reqs:
       req.round += 1
-      with clock("draft"):
-        proposals.append(self.propose(
-            req.seed, 0, req.round, len(req.tokens), req.tokens[-1], depth,
-            request=rid, context=np.asarray(req.tokens, np.int32)))
+    with clock("draft"):
+      proposals = self.propose.many(
+          [proposer_lib.Call(req.seed, 0, req.round, len(req.tokens),
+                             req.tokens[-1], rid,
+                             np.asarray(req.tokens, np.int32))
+           for rid, req in zip(rids, reqs)], depth)
     # Generation 0 throughout: nothing is lost without a wire.
     chains = [engine_lib.Chain(rid, req.tokens, req.seed, 0, req.round)
               for rid, req in zip(rids, reqs)]
@@ -437,22 +441,53 @@ def target_only(target: models.TargetModel,
                 max_new_tokens: int, eos: int | None = None,
                 seed: int = 0, tokenizer: typing.Any = None,
                 sample_fn: engine_lib.SampleFn
-                = verification.sample_target) -> Result:
-  """The baseline: each new token from one target call on its handle,
-  drawn by the target-only sampler (TARGET_ONLY key of the position).
+                = verification.sample_target, batch: int = 1,
+                chunk: int = 16) -> Result:
+  """The baseline: each new token from the target alone, drawn by the
+  target-only sampler with the TARGET_ONLY key of its position.
+
+  A target that offers `batch(capacity)` (a `models.TargetBatch`, the
+  transformer pair's slab) decodes `batch` requests at once, `chunk`
+  tokens per call, the draw fused into the call (`TargetBatch.decode`;
+  `sample_fn` is traced there); a request that ends (eos, max_new_tokens)
+  leaves its batch at the end of the chunk and the next prompt takes its
+  place. Tokens drawn past a request's end are discarded: every kept
+  token is the one its position's key draws from its row. Any other
+  target makes one `logits` call per token and request (batch and chunk
+  unused).
 
   Arguments and errors as `generate`'s (no depth: the context bound is
-  prompt + max_new_tokens - 1).
+  prompt + max_new_tokens - 1); batch and chunk must be >= 1.
   """
   encoded = _common("target_only", prompts, tokenizer, target.vocab,
                     max_new_tokens, eos, seed)
+  batch = _check_int("target_only", "batch", batch, 1)
+  chunk = _check_int("target_only", "chunk", chunk, 1)
   _check_context("target_only", getattr(target, "max_len", None), encoded,
                  max_new_tokens, 0)
   seconds: collections.defaultdict[str, float] = (
         collections.defaultdict(float))
-  clock = _Clock(seconds)
-  out, calls = [], 0
   start = time.perf_counter()
+  if hasattr(target, "batch"):
+    out, calls = _decode_batched(target.batch(batch), encoded,
+                                 max_new_tokens, eos, seed, sample_fn,
+                                 chunk, _Clock(seconds))
+  else:
+    out, calls = _decode_each(target, encoded, max_new_tokens, eos, seed,
+                              sample_fn, _Clock(seconds))
+  wall = time.perf_counter() - start
+  split = {k: seconds[k] for k in PARTS}
+  split["host"] += wall - sum(split.values())
+  split["wall"] = wall
+  return Result(out, calls, np.zeros(0, np.int32), split)
+
+
+def _decode_each(target: models.TargetModel, encoded: list[list[int]],
+                 max_new_tokens: int, eos: int | None, seed: int,
+                 sample_fn: engine_lib.SampleFn, clock: _Clock
+                 ) -> tuple[list[np.ndarray], int]:
+  """`target_only` one request and one token per call."""
+  out, calls = [], 0
   empty = np.zeros(0, np.int32)
   for i, prompt in enumerate(encoded):
     state, tokens = target.init_state(), list(prompt)
@@ -471,8 +506,56 @@ def target_only(target: models.TargetModel,
       tokens.append(int(token))
       new.append(int(token))
     out.append(_trim(new, max_new_tokens, eos))
-  wall = time.perf_counter() - start
-  split = {k: seconds[k] for k in PARTS}
-  split["host"] += wall - sum(split.values())
-  split["wall"] = wall
-  return Result(out, calls, np.zeros(0, np.int32), split)
+  return out, calls
+
+
+@functools.lru_cache(maxsize=None)
+def _fused_draw(sample_fn: engine_lib.SampleFn) -> models.Sampler:
+  """A `models.Sampler` drawing what `_decode_each` draws (one object per
+  sample_fn: the decode's jit is keyed on it)."""
+
+  def draw(logits: jax.Array, step: jax.Array, aux: typing.Any
+           ) -> tuple[jax.Array, jax.Array]:
+    seeds, rounds, anchors = aux
+    keys = engine_lib.fallback_keys_traced(
+        seeds, jnp.zeros_like(rounds), rounds + step.astype(rounds.dtype),
+        anchors + step.astype(anchors.dtype))
+    return sample_fn(logits, keys)
+
+  return draw
+
+
+def _decode_batched(batch: models.TargetBatch, encoded: list[list[int]],
+                    max_new_tokens: int, eos: int | None, seed: int,
+                    sample_fn: engine_lib.SampleFn, chunk: int,
+                    clock: _Clock) -> tuple[list[np.ndarray], int]:
+  """`target_only` through a `TargetBatch`: chunks of fused steps."""
+  capacity = batch.capacity if hasattr(batch, "capacity") else 1
+  new: dict[int, list[int]] = {i: [] for i in range(len(encoded))}
+  waiting = collections.deque(range(len(encoded)))
+  live: list[int] = []
+  calls = 0
+  draw = _fused_draw(sample_fn)
+  while waiting or live:
+    while waiting and len(live) < capacity:
+      live.append(waiting.popleft())
+    steps = min(chunk, max(max_new_tokens - len(new[i]) for i in live))
+    prefixes = [np.asarray(encoded[i] + new[i], np.int32) for i in live]
+    aux = (engine_lib.seed_view([request_seed(seed, i) for i in live]),
+           np.asarray([len(new[i]) + 1 for i in live], np.uint32),
+           np.asarray([len(p) for p in prefixes], np.int64))
+    with clock("target"), jax.enable_x64(True):
+      drawn, codes = batch.decode(live, prefixes, steps, draw, aux)
+      tokens, status = np.asarray(drawn), np.asarray(codes)
+    calls += steps
+    for b, i in enumerate(live):
+      room = max_new_tokens - len(new[i])
+      if eos is not None and eos in new[i]:
+        continue
+      raise_for_status("sample_fn", status[b, :room])
+      new[i].extend(int(t) for t in tokens[b, :room])
+    for i in [i for i in live if _finished(new[i], max_new_tokens, eos)]:
+      live.remove(i)
+      batch.drop(i)
+  return [_trim(new[i], max_new_tokens, eos)
+          for i in range(len(encoded))], calls

@@ -60,6 +60,17 @@ class Proposer(typing.Protocol):
     ...
 
 
+class Call(typing.NamedTuple):
+  """One request's part of a batched draw (`Proposer.many`)."""
+  seed: int
+  generation: int
+  round_id: int
+  anchor: int
+  last_token: int
+  request: int
+  context: np.ndarray      # int32[anchor], ending in last_token
+
+
 def check_step(caps: hello.Capabilities, seed: int, generation: int,
                round_id: int, anchor: int, last_token: int,
                depth: int) -> None:
@@ -104,7 +115,7 @@ def draft_proposer(
     backbone_fn: typing.Callable[[jax.Array, jax.Array, int], jax.Array]
     | None = None,
     executor: rowops.Executor = rowops.LOCAL,
-    max_states: int = 4096) -> Proposer:
+    max_states: int = 4096) -> "DraftProposer":
   """A proposer `(seed, generation, round_id, anchor, last_token, depth,
   out=None, *, request=None, context=None) -> qformats.Rows` (see
   `Proposer`).
@@ -153,6 +164,73 @@ def draft_proposer(
     return tuple(jnp.stack(parts) if parts[0] is not None else None
                  for parts in zip(*out)), state
 
+  slab = model.batch(caps.max_requests) if hasattr(model, "batch") else None
+
+  @functools.partial(jax.jit, static_argnames=("depth", "span"),
+                     donate_argnames="slab_")
+  def chains(weights: typing.Any, slab_: typing.Any, feed: typing.Any,
+             seeds: jax.Array, generations: jax.Array, rounds: jax.Array,
+             anchors: jax.Array, *, depth: int, span: int
+             ) -> tuple[tuple[typing.Any, ...], typing.Any]:
+    # Every slot's chain at once (idle slots too: their rows are dropped).
+    assert slab is not None
+    keys = jax.vmap(rng.round_key)(seeds, generations, rounds)
+    propose_row = jax.vmap(lambda logits, draw: fmt.propose(
+        logits, draw, caps.width, executor))
+    out = []
+    logits, slab_ = slab.first(weights, slab_, feed, span)
+    prev = None
+    for i in range(depth):
+      if i:
+        logits, slab_ = slab.step(weights, slab_, feed, prev, i, span)
+      draw = (jax.vmap(rng.proposal_draw)(keys, anchors + i)
+              if fmt.sampled else None)
+      prev, *row = propose_row(logits, draw)
+      out.append((prev, *row))
+    return tuple(jnp.stack(parts, axis=1) if parts[0] is not None else None
+                 for parts in zip(*out)), slab_
+
+  def many(calls: typing.Sequence[Call], depth: int) -> list[qformats.Rows]:
+    """One proposal per call, the draft's D steps of every request in one
+    jitted call where the draft offers a slab (`DraftModel.batch`), else
+    one call each."""
+    if slab is None:
+      return [propose(c.seed, c.generation, c.round_id, c.anchor,
+                      c.last_token, depth, request=c.request,
+                      context=c.context) for c in calls]
+    for c in calls:
+      check_step(caps, int(c.seed), int(c.generation), int(c.round_id),
+                 int(c.anchor), int(c.last_token), int(depth))
+    feed, span, slots = slab.prepare([c.request for c in calls],
+                                     [c.context for c in calls], depth)
+    # Idle slots draw with zero coordinates; their rows are dropped.
+    coords = np.zeros((4, caps.max_requests), np.int64)
+    for slot, c in zip(slots, calls):
+      coords[:, slot] = (np.uint64(c.seed).view(np.int64), c.generation,
+                         c.round_id, c.anchor)
+    with jax.enable_x64(True):
+      parts, slab.slab = chains(
+          slab.weights, slab.slab, feed, coords[0],
+          coords[1].astype(np.uint32), coords[2].astype(np.uint32),
+          coords[3], depth=int(depth), span=span)
+    index = np.asarray(slots)
+    tokens, status, values, ids, n = [
+        None if p is None else np.asarray(p)[index] for p in parts]
+    raise_for_status("draft_proposer", status)
+    assert tokens is not None and n is not None   # every format has both
+    slab.finish(slots, tokens)
+    return [qformats.Rows(tokens[b].astype(np.int32),
+                          np.asarray(n[b], np.int32),
+                          None if ids is None else ids[b],
+                          None if values is None else values[b])
+            for b in range(len(calls))]
+
+  def forget(request: int) -> None:
+    """Drops request `request`'s handle (both the per-call and the slab's)."""
+    states.pop(request, None)
+    if slab is not None:
+      slab.drop(request)
+
   def propose(seed: int, generation: int, round_id: int, anchor: int,
               last_token: int, depth: int,
               out: qformats.Rows | None = None, *,
@@ -185,4 +263,22 @@ def draft_proposer(
       write(out, proposal)
     return proposal
 
-  return propose
+  return DraftProposer(propose, many, forget)
+
+
+class DraftProposer(typing.NamedTuple):
+  """`draft_proposer`'s result: a `Proposer` (call it as one), plus
+  `many(calls, depth)`, the proposals of a batch of requests (`Call`s) in
+  one draft call where the draft offers a slab, and `forget(request)`,
+  which drops a request's handle (a slab has `max_requests` slots)."""
+  propose: Proposer
+  many: typing.Callable[[typing.Sequence[Call], int], list[qformats.Rows]]
+  forget: typing.Callable[[int], None]
+
+  def __call__(self, seed: int, generation: int, round_id: int, anchor: int,
+               last_token: int, depth: int,
+               out: qformats.Rows | None = None, *,
+               request: int | None = None,
+               context: np.ndarray | None = None) -> qformats.Rows:
+    return self.propose(seed, generation, round_id, anchor, last_token,
+                        depth, out, request=request, context=context)

@@ -11,6 +11,9 @@ round:
   * `dyadic_jax.bridge.Verifier(caps, address, target=target)` keeps one
     `TargetModel` handle per request (`target_fn=` takes a stateless
     `(prefix, draft) -> rows` function instead: `Stateless`);
+  * a target may also offer `batch(capacity)`, a `TargetBatch`: every
+    request's handle in one place, a round's rows in one call (the
+    transformer pair's slab, `batched`);
   * `dyadic_jax.bridge.draft_proposer(draft, caps)` keeps one `DraftModel`
     handle per request and traces `step` D times in one jitted call
     (a bare `prev_token -> logits` function is a `Markov` draft).
@@ -19,7 +22,7 @@ Both are structural `typing.Protocol`s: any object with these attributes
 qualifies, no base class is needed. Two pairs implement them, side by
 side in this package: `toy_pair` (deterministic, stateless, any V, no
 downloads) and `pair` (the trained transformer pair with KV caches,
-`transformer`, `checkpoint`, `tokenizer`; `hf_layout` exports it for
+`transformer`, `batched`, `checkpoint`, `tokenizer`; `hf_layout` exports it for
 transformers).
 
 This package imports no JAX (tests/test_layers.py holds it so): the
@@ -36,8 +39,10 @@ handle rolled back to nothing) is slower, never wrong.
 """
 
 from dyadic_jax.models.protocols import (DraftModel, Markov, MarkovState,
-                                        State, Stateless, TargetModel,
-                                        as_draft, as_target)
+                                        Sampler, State, Stateless,
+                                        TargetBatch, TargetModel, as_draft,
+                                        as_target)
 
-__all__ = ["DraftModel", "Markov", "MarkovState", "State", "Stateless",
-           "TargetModel", "as_draft", "as_target"]
+__all__ = ["DraftModel", "Markov", "MarkovState", "Sampler", "State",
+           "Stateless", "TargetBatch", "TargetModel", "as_draft",
+           "as_target"]

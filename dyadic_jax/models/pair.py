@@ -35,6 +35,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from dyadic_jax.models import batched
 from dyadic_jax.models import checkpoint
 from dyadic_jax.models import tokenizer as tokenizer_lib
 from dyadic_jax.models import transformer
@@ -82,6 +83,10 @@ class TransformerTarget:
   def max_len(self) -> int:
     """The longest prefix + draft a request may reach."""
     return self.config.max_len
+
+  def batch(self, capacity: int) -> batched.SlabTarget:
+    """A `TargetBatch` of up to `capacity` requests (`batched`)."""
+    return batched.SlabTarget(self.params, self.config, capacity)
 
   def init_state(self) -> TargetState:
     """An empty handle (covers nothing)."""
@@ -148,6 +153,10 @@ class TransformerDraft:
   def capacity(self) -> int:
     """The most context tokens catch_up caches."""
     return self.config.max_len - self.max_depth
+
+  def batch(self, capacity: int) -> batched.SlabDraft:
+    """Every request's handle in one slab (`batched.SlabDraft`)."""
+    return batched.SlabDraft(self, capacity)
 
   def init_state(self) -> DraftState:
     """An empty handle (nothing cached)."""

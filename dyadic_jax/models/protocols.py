@@ -46,6 +46,45 @@ class TargetModel(typing.Protocol):
     ...
 
 
+# sample(logits f32[B, V], step int32[], aux) -> (token int32[B], status
+# int32[B]): a traceable draw for `TargetBatch.decode`.
+Sampler = typing.Callable[[typing.Any, typing.Any, typing.Any],
+                          tuple[typing.Any, typing.Any]]
+
+
+@typing.runtime_checkable
+class TargetBatch(typing.Protocol):
+  """Many requests' target handles in one place, scored in one call.
+
+  A `TargetModel` may offer one as `target.batch(capacity)`; the round
+  engine then scores every request of a round with one `rows` call, and
+  the target-only baseline decodes with `decode`. Per-request handles live
+  inside it, under the caller's request ids, until `drop`.
+  """
+
+  def rows(self, rids: typing.Sequence[int],
+           prefixes: typing.Sequence[np.ndarray],
+           drafts: np.ndarray) -> jax.Array:
+    """f32[B, D + 1, V]: row [b, i] scores the position after prefixes[b]
+    + drafts[b, :i] (as `TargetModel.logits`, request by request; at most
+    `capacity` distinct rids, drafts int32[B, D])."""
+    ...
+
+  def decode(self, rids: typing.Sequence[int],
+             prefixes: typing.Sequence[np.ndarray], steps: int,
+             sample: Sampler, aux: typing.Any) -> tuple[jax.Array, jax.Array]:
+    """(token int32[B, steps], status int32[B, steps]): `steps` target-only
+    steps of every request in one call. Step s feeds each request's last
+    token (prefixes[b][-1], then its step s - 1 token) and draws the next
+    with `sample(rows f32[B, V], s, aux)`; the handles end covering each
+    prefix + its first steps - 1 tokens (the last is not fed)."""
+    ...
+
+  def drop(self, rid: int) -> None:
+    """Forgets request `rid`'s handle (its slot is free again)."""
+    ...
+
+
 @typing.runtime_checkable
 class DraftModel(typing.Protocol):
   """What the worker needs: a per-request handle and a traceable step."""

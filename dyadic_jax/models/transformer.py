@@ -23,11 +23,13 @@ up to float32 rounding (the tests bound the difference by 1e-4).
 """
 
 import dataclasses
+import functools
 import math
 import typing
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.typing import ArrayLike
 
 _F32 = jnp.float32
@@ -143,12 +145,13 @@ def _rms_norm(x: jax.Array, scale: jax.Array) -> jax.Array:
 
 
 def _rope(x: jax.Array, positions: jax.Array) -> jax.Array:
-  """Rotates x[..., T, H, dh] by its positions int32[T] (half-split pairs)."""
+  """Rotates x[..., T, H, dh] by its positions int32[..., T] (half-split
+  pairs; positions [T] or with x's leading batch axes)."""
   half = x.shape[-1] // 2
   freqs = _F32(_ROPE_BASE) ** (-jnp.arange(half, dtype=_F32) / _F32(half))
-  angles = positions.astype(_F32)[:, None] * freqs[None, :]  # [T, half]
-  cos = jnp.cos(angles)[:, None, :]                          # [T, 1, half]
-  sin = jnp.sin(angles)[:, None, :]
+  angles = positions.astype(_F32)[..., None] * freqs  # [..., T, half]
+  cos = jnp.cos(angles)[..., None, :]                 # [..., T, 1, half]
+  sin = jnp.sin(angles)[..., None, :]
   x1, x2 = x[..., :half], x[..., half:]
   return jnp.concatenate([x1 * cos - x2 * sin, x1 * sin + x2 * cos], axis=-1)
 
@@ -156,7 +159,7 @@ def _rope(x: jax.Array, positions: jax.Array) -> jax.Array:
 def _attend(q: jax.Array, k: jax.Array, v: jax.Array,
             mask: jax.Array) -> jax.Array:
   """softmax(q k^T / sqrt(dh)) v; q[..., T, H, dh], k/v[..., S, H, dh],
-  mask bool[T, S] (True: may attend)."""
+  mask bool[T, S] or [..., 1, T, S] (True: may attend)."""
   scale = _F32(1.0 / math.sqrt(q.shape[-1]))
   scores = jnp.einsum("...thd,...shd->...hts", q, k) * scale
   scores = jnp.where(mask, scores, _F32(-1e30))
@@ -164,24 +167,70 @@ def _attend(q: jax.Array, k: jax.Array, v: jax.Array,
   return jnp.einsum("...hts,...shd->...thd", weights, v)
 
 
-def _mlp(params: Params, layer: int, x: jax.Array) -> jax.Array:
-  h = _rms_norm(x, params.mlp_norm[layer])
-  return jax.nn.gelu(h @ params.w_in[layer]) @ params.w_out[layer]
+class Layer(typing.NamedTuple):
+  """One block's weights (a `Params` field's slice at one layer)."""
+  attn_norm: jax.Array   # f32[d]
+  wqkv: jax.Array        # f32[d, 3, H, dh]
+  wo: jax.Array          # f32[H, dh, d]
+  mlp_norm: jax.Array    # f32[d]
+  w_in: jax.Array        # f32[d, f]
+  w_out: jax.Array       # f32[f, d]
 
 
-def _qkv(params: Params, layer: int, x: jax.Array, positions: jax.Array
+class Unstacked(typing.NamedTuple):
+  """`Params` with the layers as separate arrays (`unstack`)."""
+  embed: jax.Array
+  layers: tuple[Layer, ...]
+  final_norm: jax.Array
+
+
+def layer_of(params: Params, i: int) -> Layer:
+  """Block i's weights. Inside a jit each slice of a stacked array is a
+  copy that XLA CPU does not fuse into the matmuls reading it."""
+  return Layer(params.attn_norm[i], params.wqkv[i], params.wo[i],
+               params.mlp_norm[i], params.w_in[i], params.w_out[i])
+
+
+def unstack(params: Params) -> Unstacked:
+  """The per-layer arrays, sliced once (for decoding: a one-token step
+  at batch 1 is several times faster than slicing `Params` per call)."""
+  return Unstacked(params.embed,
+                   tuple(layer_of(params, i)
+                         for i in range(params.wqkv.shape[0])),
+                   params.final_norm)
+
+
+def _mlp(layer: Layer, x: jax.Array) -> jax.Array:
+  h = _rms_norm(x, layer.mlp_norm)
+  return jax.nn.gelu(h @ layer.w_in) @ layer.w_out
+
+
+def _qkv(layer: Layer, x: jax.Array, positions: jax.Array
          ) -> tuple[jax.Array, jax.Array, jax.Array]:
   """Rotated queries and keys, and values, each f32[..., T, H, dh]."""
-  h = _rms_norm(x, params.attn_norm[layer])
-  qkv = jnp.einsum("...td,dchk->c...thk", h, params.wqkv[layer])
-  return _rope(qkv[0], positions), _rope(qkv[1], positions), qkv[2]
+  h = _rms_norm(x, layer.attn_norm)
+  # The (q, k, v) axis after T: XLA CPU computes this layout without a
+  # transpose of the product.
+  qkv = jnp.einsum("...td,dchk->...tchk", h, layer.wqkv)
+  return (_rope(qkv[..., 0, :, :], positions),
+          _rope(qkv[..., 1, :, :], positions), qkv[..., 2, :, :])
 
 
-def _attn_out(params: Params, layer: int, att: jax.Array) -> jax.Array:
-  return jnp.einsum("...thk,hkd->...td", att, params.wo[layer])
+def _attn_out(layer: Layer, att: jax.Array) -> jax.Array:
+  return jnp.einsum("...thk,hkd->...td", att, layer.wo)
 
 
-def _logits(params: Params, x: jax.Array) -> jax.Array:
+def _block(layer: Layer, x: jax.Array, positions: jax.Array,
+           attend: typing.Callable[[jax.Array, jax.Array, jax.Array],
+                                   jax.Array]) -> jax.Array:
+  """One pre-norm block; attend(q, k, v) does the attention (and any
+  cache write) for this layer."""
+  q, k, v = _qkv(layer, x, positions)
+  x = x + _attn_out(layer, attend(q, k, v))
+  return x + _mlp(layer, x)
+
+
+def _logits(params: Params | Unstacked, x: jax.Array) -> jax.Array:
   return _rms_norm(x, params.final_norm) @ params.embed.T
 
 
@@ -191,10 +240,9 @@ def _forward(params: Params, tokens: jax.Array) -> jax.Array:
   positions = jnp.arange(t, dtype=_I32)
   mask = positions[:, None] >= positions[None, :]
   x = params.embed[tokens]
-  for layer in range(params.wqkv.shape[0]):
-    q, k, v = _qkv(params, layer, x, positions)
-    x = x + _attn_out(params, layer, _attend(q, k, v, mask))
-    x = x + _mlp(params, layer, x)
+  for i in range(params.wqkv.shape[0]):
+    x = _block(layer_of(params, i), x, positions,
+               lambda q, k, v: _attend(q, k, v, mask))
   return _logits(params, x)
 
 
@@ -217,14 +265,17 @@ def _extend(params: Params, cache: Cache, tokens: jax.Array, start: jax.Array
   mask = jnp.arange(max_len, dtype=_I32)[None, :] <= positions[:, None]
   x = params.embed[tokens]
   new_k, new_v = [], []
-  for layer in range(params.wqkv.shape[0]):
-    q, k, v = _qkv(params, layer, x, positions)
-    k_all = jax.lax.dynamic_update_slice_in_dim(cache.k[layer], k, start, 0)
-    v_all = jax.lax.dynamic_update_slice_in_dim(cache.v[layer], v, start, 0)
+
+  def attend(i, q, k, v):
+    k_all = jax.lax.dynamic_update_slice_in_dim(cache.k[i], k, start, 0)
+    v_all = jax.lax.dynamic_update_slice_in_dim(cache.v[i], v, start, 0)
     new_k.append(k_all)
     new_v.append(v_all)
-    x = x + _attn_out(params, layer, _attend(q, k_all, v_all, mask))
-    x = x + _mlp(params, layer, x)
+    return _attend(q, k_all, v_all, mask)
+
+  for i in range(params.wqkv.shape[0]):
+    x = _block(layer_of(params, i), x, positions,
+               functools.partial(attend, i))
   return _logits(params, x), Cache(k=jnp.stack(new_k), v=jnp.stack(new_v))
 
 
@@ -308,3 +359,115 @@ def feed(params: Params, cache: Cache, tokens: typing.Any,
     rows.append(logits[:real])
     offset += real
   return (rows[0] if len(rows) == 1 else jnp.concatenate(rows)), cache
+
+
+# The batched decoding form: many requests' caches in one `Slab`, each
+# request at its own length, one call for all of them.
+
+
+class Slab(typing.NamedTuple):
+  """The caches of N requests, one slot each; fixed shape.
+
+  Heads before positions, so that attention reads each (slot, head)'s
+  keys as one contiguous block. As with `Cache`, which prefix of a slot is
+  valid is the caller's bookkeeping (the starts it passes to
+  `extend_slots`).
+  """
+  k: jax.Array  # f32[L, N, H, max_len, dh]
+  v: jax.Array  # f32[L, N, H, max_len, dh]
+
+
+def empty_slab(config: Config, slots: int) -> Slab:
+  """A zero slab of `slots` caches (nothing valid)."""
+  shape = (config.n_layers, slots, config.n_heads, config.max_len,
+           config.head_dim)
+  return Slab(k=jnp.zeros(shape, _F32), v=jnp.zeros(shape, _F32))
+
+
+def span_bucket(end: int, max_len: int, smallest: int = 64) -> int:
+  """The attention span for rows whose last position is end - 1: the
+  smallest power of two >= end (at least `smallest`), capped at max_len.
+  Few distinct spans keep the compiles few (log2(max_len / smallest) + 1)."""
+  span = max(smallest, 1 << max(0, end - 1).bit_length())
+  return min(span, max_len)
+
+
+def extend_slots_traced(weights: Unstacked, slab: Slab, tokens: ArrayLike,
+                        starts: ArrayLike, span: int
+                        ) -> tuple[jax.Array, Slab]:
+  """`extend` of slots 0..B-1 at once, each at its own start (traceable).
+
+  Args:
+    weights: the weights, `unstack`ed.
+    slab: the caches; slot b holds row b's prefix.
+    tokens: int32[B, C], B <= N: row b's tokens at positions starts[b] +
+      0..C-1.
+    starts: int32[B]; a start >= max_len makes row b idle (its writes are
+      dropped, its logits garbage): a slot that holds a request this call
+      does not serve keeps its entries.
+    span: static; every active row's positions are < span <= max_len, and
+      attention reads cache positions [0, span) only (`span_bucket`).
+
+  Returns:
+    (f32[B, C, V] logits, the slab with those positions written). Row b
+    equals `extend(params, slot b's cache, tokens[b], starts[b])` up to
+    float32 rounding.
+  """
+  tokens, starts = jnp.asarray(tokens, _I32), jnp.asarray(starts, _I32)
+  b, c = tokens.shape
+  positions = starts[:, None] + jnp.arange(c, dtype=_I32)[None, :]  # [B, C]
+  mask = (jnp.arange(span, dtype=_I32)[None, None, :]
+          <= positions[:, :, None])[:, None]                    # [B, 1, C, S]
+  x = weights.embed[tokens]                                     # [B, C, d]
+  k_slab, v_slab = slab.k, slab.v
+  rows = jnp.arange(b, dtype=_I32)[:, None, None]
+  heads = jnp.arange(k_slab.shape[2], dtype=_I32)[None, None, :]
+  where = (rows, heads, positions[:, :, None])                   # [B, C, H]
+
+  def attend(i, q, k, v):
+    nonlocal k_slab, v_slab
+    # Scatter only the C new entries per row and read only the span: with
+    # the slab donated the update is in place.
+    k_slab = k_slab.at[(i,) + where].set(k, mode="drop")
+    v_slab = v_slab.at[(i,) + where].set(v, mode="drop")
+    k_ctx, v_ctx = k_slab[i, :b, :, :span], v_slab[i, :b, :, :span]
+    scale = _F32(1.0 / math.sqrt(q.shape[-1]))
+    scores = jnp.einsum("bthd,bhsd->bhts", q, k_ctx) * scale
+    weights_ = jax.nn.softmax(jnp.where(mask, scores, _F32(-1e30)), axis=-1)
+    return jnp.einsum("bhts,bhsd->bthd", weights_, v_ctx)
+
+  for i, layer in enumerate(weights.layers):
+    x = _block(layer, x, positions, functools.partial(attend, i))
+  return _logits(weights, x), Slab(k=k_slab, v=v_slab)
+
+
+_extend_slots = jax.jit(extend_slots_traced, static_argnames="span",
+                        donate_argnames="slab")
+
+
+def extend_slots(weights: Unstacked, slab: Slab, tokens: typing.Any,
+                 starts: typing.Any) -> tuple[jax.Array, Slab]:
+  """`extend_slots_traced` jitted, its span bucketed from the active rows'
+  ends.
+
+  The slab passed in is donated (invalid after the call): use the one
+  returned. One compile per (B, C, span).
+
+  Raises:
+    ValueError: shapes that disagree, more rows than slots, or an active
+      row (start < max_len) with start < 0 or start + C > max_len.
+  """
+  tokens = np.asarray(tokens, np.int32)
+  starts = np.asarray(starts, np.int32)
+  n, max_len = int(slab.k.shape[1]), int(slab.k.shape[3])
+  if tokens.ndim != 2 or starts.shape != (tokens.shape[0],) or \
+      tokens.shape[0] > n:
+    raise ValueError(f"extend_slots: tokens {tokens.shape} and starts "
+                     f"{starts.shape} disagree or exceed {n} slots")
+  active = starts[starts < max_len]
+  end = int(active.max()) + tokens.shape[1] if active.size else 1
+  if active.size and (active.min() < 0 or end > max_len):
+    raise ValueError(f"extend_slots: positions up to {end - 1} do not fit "
+                     f"the cache of max_len {max_len}")
+  return _extend_slots(weights, slab, tokens, starts,
+                       span=span_bucket(end, max_len))

@@ -278,3 +278,70 @@ def test_round_keys_are_the_schedules_keys():
                           gens, rounds):
     np.testing.assert_array_equal(jax.random.key_data(got),
                                   jax.random.key_data(rng.round_key(s, g, r)))
+
+
+class _OneByOne:
+  """A model with its slab hidden: the per-request handles' path."""
+
+  def __init__(self, model):
+    self._model = model
+
+  def __getattr__(self, name):
+    if name == "batch":
+      raise AttributeError(name)
+    return getattr(self._model, name)
+
+
+@functools.lru_cache(maxsize=None)
+def _stdlib():
+  from dyadic_jax.models import pair   # pylint: disable=g-import-not-at-top
+  return pair.load_pair("stdlib", max_depth=3)
+
+
+STDLIB_PROMPTS = ["import os\n", "def main(argv):\n    ", "class A:\n",
+                  "x = [i for i"]
+
+
+@pytest.mark.parametrize("batch, chunk, with_eos", [(1, 16, False),
+                                                    (4, 7, False),
+                                                    (2, 4, True)])
+def test_batched_target_only_commits_what_one_request_decode_does(
+    batch, chunk, with_eos):
+  """The slab's fused decode (`TargetBatch.decode`) against one `logits`
+  call per token: the same tokens, eos and the end of each chunk
+  included (rows differ by float rounding only: docs/numerics.md, 12)."""
+  p = _stdlib()
+  kw = dict(max_new_tokens=12, seed=4, tokenizer=p.tokenizer)
+  one = generate.target_only(_OneByOne(p.target), STDLIB_PROMPTS, **kw)
+  eos = None
+  if with_eos:     # a token the second request draws 6th: it ends early
+    eos = kw["eos"] = int(one.tokens[1][5])
+    one = generate.target_only(_OneByOne(p.target), STDLIB_PROMPTS, **kw)
+  fused = generate.target_only(p.target, STDLIB_PROMPTS, batch=batch,
+                               chunk=chunk, **kw)
+  for a, b in zip(one.tokens, fused.tokens):
+    np.testing.assert_array_equal(a, b)
+  if eos is not None:
+    assert any(len(t) < 12 for t in fused.tokens)   # eos ended one early
+
+
+@pytest.mark.parametrize("representation",
+                         [Representation.SPARSE, Representation.DENSE])
+def test_slabs_commit_what_per_request_handles_commit(representation):
+  """`Local` on the pair's slabs (one target call and one draft call per
+  round for the batch) against the same pair one request at a time, with
+  requests joining and leaving the batch (5 prompts, 2 slots)."""
+  p = _stdlib()
+  caps = bridge.Capabilities(vocab=p.target.vocab, max_depth=3,
+                             max_requests=2, representation=representation,
+                             max_support=16)
+  kw = dict(max_new_tokens=10, seed=6, tokenizer=p.tokenizer)
+  prompts = STDLIB_PROMPTS + ["for k in d:\n"]
+  slabs = generate.generate(generate.Local(p.draft, p.target, caps),
+                            prompts, **kw)
+  one = generate.generate(generate.Local(_OneByOne(p.draft),
+                                         _OneByOne(p.target), caps),
+                          prompts, **kw)
+  for a, b in zip(one.tokens, slabs.tokens):
+    np.testing.assert_array_equal(a, b)
+  np.testing.assert_array_equal(one.accepted, slabs.accepted)

@@ -1,0 +1,347 @@
+"""The transformer target's batched handles: a round's rows in one call.
+
+    batch = target.batch(capacity=4)          # a `SlabTarget`
+    rows = batch.rows(rids, prefixes, drafts)  # f32[B, D + 1, V]
+    tokens, status = batch.decode(rids, prefixes, steps, sample, aux)
+
+`TransformerTarget.logits` serves one request per call, so a round of B
+requests costs B passes over the weights and B dispatches. A `SlabTarget`
+keeps every request's KV cache in one `transformer.Slab` (one slot per
+request, plus a scratch slot for padding rows) and the host tokens each
+slot covers, and scores the D + 1 rows of every request with one
+`transformer.extend_slots` call: per-row starts (ragged lengths in a
+fixed-shape slab; a slot the call does not serve is an idle row),
+attention over the filled prefix only (the span bucketed to a power of two), the slab donated
+so the C new entries per row are written in place.
+
+Each request follows the `TargetModel.logits` invariant: its slot covers
+the longest common prefix of what it was fed and the new prefix, at most
+P - 1 tokens (the last committed token is always refed), so the steady
+state of a round feeds [prefix[-1], x_1..x_D] per request. A request whose
+slot lags further (new, or a prompt change) is first brought to P - 1
+alone, in the bucketed chunks of `transformer.feed`.
+
+`decode` is the target-only baseline's fast path: `steps` one-token steps
+of every request in one jitted `lax.scan`, the draw fused in (a traceable
+`sample` the caller provides; the generator's draws the TARGET_ONLY key of
+each position), so a step costs one pass and no dispatch.
+
+Rows of a batched call equal the one-request rows up to float32 rounding
+(the batch changes the summation order of nothing but can change the
+kernels XLA picks); docs/numerics.md section 12 says which rows are the
+target's distribution, and tests/models/test_batched.py bounds the
+difference per request in batches of mixed lengths.
+"""
+
+import functools
+import typing
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from dyadic_jax.models import transformer
+from dyadic_jax.models.protocols import Sampler
+
+
+@functools.partial(jax.jit, static_argnames=("span", "steps", "sample"),
+                   donate_argnames="slab")
+def _decode(weights: transformer.Unstacked, slab: transformer.Slab,
+            last: jax.Array, starts: jax.Array, aux: typing.Any, *,
+            span: int, steps: int, sample: Sampler
+            ) -> tuple[jax.Array, jax.Array, transformer.Slab]:
+  def body(carry, s):
+    slab, token, pos = carry
+    logits, slab = transformer.extend_slots_traced(
+        weights, slab, token[:, None], pos, span)
+    new, status = sample(logits[:, 0], s, aux)
+    # A refused row draws -1 (the caller raises on its status): feed a
+    # valid id meanwhile, never an out-of-range gather.
+    fed = jnp.maximum(new, 0).astype(jnp.int32)
+    return (slab, fed, pos + 1), (new, status)
+
+  (slab, _, _), (tokens, status) = jax.lax.scan(
+      body, (slab, last, starts), jnp.arange(steps, dtype=jnp.int32))
+  return tokens.T, status.T, slab
+
+
+class SlabTarget:
+  """`TargetBatch` over a `TransformerTarget`'s weights (module doc).
+
+  Args:
+    params, config: the target.
+    capacity: the most requests held at once (the session's max_requests).
+  """
+
+  def __init__(self, params: transformer.Params, config: transformer.Config,
+               capacity: int) -> None:
+    if capacity < 1:
+      raise ValueError(f"SlabTarget: capacity must be >= 1, got {capacity}")
+    self.weights = transformer.unstack(params)
+    self.config = config
+    self.capacity = capacity
+    self.slab = transformer.empty_slab(config, capacity)
+    self.covered: dict[int, np.ndarray] = {}   # slot -> tokens it holds
+    self.slot_of: dict[int, int] = {}          # rid -> slot
+    self.free = list(range(capacity))
+
+  @property
+  def vocab(self) -> int:
+    return self.config.vocab
+
+  def drop(self, rid: int) -> None:
+    slot = self.slot_of.pop(rid, None)
+    if slot is not None:
+      self.covered.pop(slot, None)
+      self.free.append(slot)
+
+  def _slot(self, rid: int) -> int:
+    slot = self.slot_of.get(rid)
+    if slot is None:
+      if not self.free:
+        raise ValueError(f"SlabTarget: request {rid} would be the "
+                         f"{self.capacity + 1}th held (capacity "
+                         f"{self.capacity}); drop one first")
+      # Lowest first: a call computes slots [0, the highest it serves].
+      slot = min(self.free)
+      self.free.remove(slot)
+      self.slot_of[rid] = slot
+      self.covered[slot] = np.zeros(0, np.int32)
+    return slot
+
+  def _call_rows(self, slots: list[int]) -> int:
+    """Rows of a call: every slot, so that a batch that shrinks (requests
+    ending at different rounds) compiles nothing new; the slots it does
+    not serve are idle rows."""
+    del slots
+    return self.capacity
+
+  def _catch_up(self, rid: int, prefix: np.ndarray, extra: int) -> int:
+    """Brings rid's slot to cover prefix[:-1]; returns its slot.
+
+    extra: tokens the caller feeds after prefix[-1] (the context check).
+    """
+    prefix = np.asarray(prefix, np.int32)
+    if prefix.ndim != 1 or prefix.size == 0:
+      raise ValueError(f"request {rid}: the prefix must be a non-empty "
+                       "1-D array of token ids")
+    if prefix.size + extra > self.config.max_len:
+      raise ValueError(f"request {rid}: prefix ({prefix.size}) + "
+                       f"{extra} tokens exceed the target's max_len "
+                       f"{self.config.max_len}")
+    if prefix.min() < 0 or prefix.max() >= self.vocab:
+      raise ValueError(f"request {rid}: the prefix holds ids outside [0, "
+                       f"{self.vocab})")
+    slot = self._slot(rid)
+    have = self.covered[slot]
+    n = min(len(have), prefix.size - 1)
+    diff = np.flatnonzero(have[:n] != prefix[:n])
+    keep = int(diff[0]) if diff.size else n
+    start, todo = keep, prefix[keep:-1]
+    nb = self._call_rows([slot])
+    for real, padded in transformer._chunk_sizes(  # pylint: disable=protected-access
+        todo.size, start, self.config.max_len) if todo.size else []:
+      chunk = np.zeros((nb, padded), np.int32)
+      chunk[slot, :real] = todo[:real]
+      starts = np.full(nb, self.config.max_len, np.int32)
+      starts[slot] = start
+      _, self.slab = transformer.extend_slots(self.weights, self.slab,
+                                              chunk, starts)
+      todo, start = todo[real:], start + real
+    self.covered[slot] = prefix[:-1].copy()
+    return slot
+
+  def rows(self, rids: typing.Sequence[int],
+           prefixes: typing.Sequence[np.ndarray],
+           drafts: np.ndarray) -> jax.Array:
+    """f32[B, D + 1, V] (see `TargetBatch.rows`).
+
+    Raises:
+      ValueError: more than `capacity` requests, a rid twice, an empty or
+        bad prefix, or prefix + D longer than max_len.
+    """
+    drafts = np.asarray(drafts, np.int32).reshape(len(rids), -1)
+    if len(set(rids)) != len(rids):
+      raise ValueError("SlabTarget.rows: a request appears twice")
+    d = drafts.shape[1]
+    slots = [self._catch_up(rid, p, d) for rid, p in zip(rids, prefixes)]
+    nb = self._call_rows(slots)
+    tokens = np.zeros((nb, d + 1), np.int32)
+    starts = np.full(nb, self.config.max_len, np.int32)   # idle rows
+    for slot, p, x in zip(slots, prefixes, drafts):
+      tokens[slot, 0], tokens[slot, 1:] = p[-1], x
+      starts[slot] = len(p) - 1
+    logits, self.slab = transformer.extend_slots(self.weights, self.slab,
+                                                 tokens, starts)
+    for slot, p, x in zip(slots, prefixes, drafts):
+      self.covered[slot] = np.concatenate([np.asarray(p, np.int32), x])
+    return logits[np.asarray(slots)]
+
+  def decode(self, rids: typing.Sequence[int],
+             prefixes: typing.Sequence[np.ndarray], steps: int,
+             sample: Sampler, aux: typing.Any) -> tuple[jax.Array, jax.Array]:
+    """(token int32[B, steps], status int32[B, steps]) (see
+    `TargetBatch.decode`). `sample` is a static argument (hashable: one
+    compile per sampler, batch bucket, steps and span); aux's leaves have
+    the batch axis first (B rows; the idle rows of the call get row 0's).
+    Where a status is nonzero the handles past it are garbage: the caller
+    must not continue from that row's tokens."""
+    if steps < 1:
+      raise ValueError(f"SlabTarget.decode: steps must be >= 1, got {steps}")
+    if len(set(rids)) != len(rids):
+      raise ValueError("SlabTarget.decode: a request appears twice")
+    slots = [self._catch_up(rid, p, steps - 1)
+             for rid, p in zip(rids, prefixes)]
+    nb = self._call_rows(slots)
+    last = np.zeros(nb, np.int32)
+    starts = np.full(nb, self.config.max_len, np.int32)
+    source = np.zeros(nb, np.int64)             # aux row of each call row
+    for b, (slot, p) in enumerate(zip(slots, prefixes)):
+      last[slot], starts[slot], source[slot] = p[-1], len(p) - 1, b
+    aux = jax.tree.map(lambda x: np.asarray(x)[source], aux)
+    active = starts[starts < self.config.max_len]
+    tokens, status, self.slab = _decode(
+        self.weights, self.slab, last, starts, aux,
+        span=transformer.span_bucket(int(active.max()) + steps,
+                                     self.config.max_len),
+        steps=steps, sample=sample)
+    index = np.asarray(slots)
+    tokens, status = tokens[index], status[index]
+    host = np.asarray(tokens)
+    for slot, p, t in zip(slots, prefixes, host):
+      self.covered[slot] = np.concatenate([np.asarray(p, np.int32),
+                                           t[:steps - 1]])
+    return tokens, status
+
+
+class DraftFeed(typing.NamedTuple):
+  """What a batched draft chain feeds first (host arrays, one row per
+  slot; `SlabDraft.prepare`)."""
+  tokens: np.ndarray   # int32[N, C]: each row's new context tokens, then
+                       # x_0; the tail past counts[b] is padding
+  counts: np.ndarray   # int32[N]: real tokens per row (>= 1; 1 if idle)
+  starts: np.ndarray   # int32[N]: position of tokens[b, 0] (idle: max_len)
+
+
+class SlabDraft:
+  """The draft's handles in one slab: D steps of every request per call.
+
+  The host half brings each request's slot up to its committed context
+  (the window `pair.TransformerDraft.window_start` keeps) except the
+  newest tokens, which the chain's first step feeds together with x_0
+  (`prepare`: at most C = depth + 1 of them per row, so a steady round is
+  one call); the traced half (`first`, `step`) runs inside the caller's
+  jitted chain, the slab donated through it; `finish` records what the
+  chain fed. A request's rows equal `TransformerDraft`'s up to float32
+  rounding.
+
+  Args:
+    draft: the `pair.TransformerDraft` (its weights, config, window).
+    capacity: the most requests held at once.
+  """
+
+  def __init__(self, draft: typing.Any, capacity: int) -> None:
+    if capacity < 1:
+      raise ValueError(f"SlabDraft: capacity must be >= 1, got {capacity}")
+    self.draft = draft
+    self.config = draft.config
+    self.weights = transformer.unstack(draft.params)
+    self.capacity = capacity
+    self.slab = transformer.empty_slab(self.config, capacity)
+    self.covered: dict[int, np.ndarray] = {}
+    self.slot_of: dict[int, int] = {}
+    self.free = list(range(capacity))
+
+  def drop(self, rid: int) -> None:
+    slot = self.slot_of.pop(rid, None)
+    if slot is not None:
+      self.covered.pop(slot, None)
+      self.free.append(slot)
+
+  def _slot(self, rid: int) -> int:
+    slot = self.slot_of.get(rid)
+    if slot is None:
+      if not self.free:
+        raise ValueError(f"SlabDraft: request {rid} would be the "
+                         f"{self.capacity + 1}th held (capacity "
+                         f"{self.capacity}); drop one first")
+      slot = min(self.free)
+      self.free.remove(slot)
+      self.slot_of[rid] = slot
+      self.covered[slot] = np.zeros(0, np.int32)
+    return slot
+
+  def prepare(self, rids: typing.Sequence[int],
+              contexts: typing.Sequence[np.ndarray], depth: int
+              ) -> tuple[DraftFeed, int, list[int]]:
+    """(the chain's first feed, its static attention span, each rid's
+    slot). contexts[b] is request b's committed prefix (its last token is
+    x_0); tokens a feed cannot hold are fed here first, alone."""
+    if not 1 <= depth <= self.draft.max_depth:
+      raise ValueError(f"SlabDraft: depth {depth} not in [1, "
+                       f"{self.draft.max_depth}]")
+    max_len, c = self.config.max_len, depth + 1
+    feed = DraftFeed(np.zeros((self.capacity, c), np.int32),
+                     np.ones(self.capacity, np.int32),
+                     np.full(self.capacity, max_len, np.int32))
+    slots, end = [], 1
+    for rid, context in zip(rids, contexts):
+      context = np.asarray(context, np.int32)
+      if context.ndim != 1 or context.size == 0:
+        raise ValueError(f"request {rid}: the context must be a non-empty "
+                         "1-D array of token ids")
+      slot = self._slot(rid)
+      body = context[self.draft.window_start(context.size - 1):]
+      have = self.covered[slot]
+      n = min(len(have), body.size - 1)
+      diff = np.flatnonzero(have[:n] != body[:n])
+      keep = int(diff[0]) if diff.size else n
+      lag = body.size - keep - c       # tokens the feed cannot hold
+      if lag > 0:
+        self._feed_alone(slot, body[keep:keep + lag], keep)
+        keep += lag
+      new = body[keep:]
+      feed.tokens[slot, :new.size] = new
+      feed.counts[slot], feed.starts[slot] = new.size, keep
+      self.covered[slot] = body.copy()
+      slots.append(slot)
+      end = max(end, keep + new.size + depth - 1)
+    return feed, transformer.span_bucket(end, max_len), slots
+
+  def _feed_alone(self, slot: int, tokens: np.ndarray, start: int) -> None:
+    for real, padded in transformer._chunk_sizes(  # pylint: disable=protected-access
+        tokens.size, start, self.config.max_len):
+      chunk = np.zeros((self.capacity, padded), np.int32)
+      chunk[slot, :real] = tokens[:real]
+      starts = np.full(self.capacity, self.config.max_len, np.int32)
+      starts[slot] = start
+      _, self.slab = transformer.extend_slots(self.weights, self.slab,
+                                              chunk, starts)
+      tokens, start = tokens[real:], start + real
+
+  @staticmethod
+  def first(weights: transformer.Unstacked, slab: transformer.Slab,
+            feed: DraftFeed, span: int
+            ) -> tuple[jax.Array, transformer.Slab]:
+    """Traced: (f32[N, V] the rows after each x_0, the slab)."""
+    logits, slab = transformer.extend_slots_traced(
+        weights, slab, feed.tokens, feed.starts, span)
+    rows = jnp.arange(logits.shape[0])
+    return logits[rows, feed.counts - 1], slab
+
+  @staticmethod
+  def step(weights: transformer.Unstacked, slab: transformer.Slab,
+           feed: DraftFeed, tokens: jax.Array, i: int, span: int
+           ) -> tuple[jax.Array, transformer.Slab]:
+    """Traced: (f32[N, V] the rows after x_i, the slab with x_i), i >= 1;
+    tokens int32[N] holds each row's x_i."""
+    positions = feed.starts + feed.counts + (i - 1)
+    logits, slab = transformer.extend_slots_traced(
+        weights, slab, tokens[:, None].astype(jnp.int32), positions, span)
+    return logits[:, 0], slab
+
+  def finish(self, slots: typing.Sequence[int], drafted: np.ndarray) -> None:
+    """Records x_1..x_{D-1} of each served slot as fed (drafted int32[B,
+    D], the chain's tokens in `slots` order)."""
+    for slot, x in zip(slots, np.asarray(drafted, np.int32)):
+      self.covered[slot] = np.concatenate([self.covered[slot], x[:-1]])

@@ -1,0 +1,146 @@
+"""The batched target (`batched.SlabTarget`): rows of a batch of mixed
+lengths equal one uncached forward per request, at every accept length;
+the fused decode draws what its sampler draws from those rows.
+
+A tiny random-init transformer stands in (the slab's bookkeeping does not
+depend on the weights). The reference for every row is one uncached
+`forward` over the whole sequence, padded to max_len (one compile).
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from dyadic_jax.models import batched, pair
+from dyadic_jax.models import transformer as tf
+
+TOL = 1e-4  # float32 rounding; logits are O(1) (docs/numerics.md, 12)
+D = 4
+V = 53
+CONFIG = tf.Config(vocab=V, d_model=16, n_layers=2, n_heads=2, d_ff=32,
+                   max_len=320)
+
+
+@pytest.fixture(scope="module")
+def params():
+  return tf.init(CONFIG, jax.random.key(11))
+
+
+@pytest.fixture(scope="module")
+def reference(params):
+  forward = jax.jit(tf.forward)
+
+  def rows(tokens, first, last):
+    padded = np.zeros(CONFIG.max_len, np.int32)
+    padded[:len(tokens)] = tokens
+    return np.asarray(forward(params, padded[None])[0, first:last])
+  return rows
+
+
+def test_rounds_of_mixed_lengths_equal_recompute(params, reference):
+  """4 requests with prompts of 1 to 150 tokens, 30 rounds; each round a
+  random subset takes part (the others' slots must keep their entries),
+  each request accepts a random 0..D of its drafts (the rejected tail
+  rolls back), and some requests end and new ones take their slots."""
+  rng = np.random.default_rng(0)
+  batch = pair.TransformerTarget(params, CONFIG).batch(4)
+  prefixes = {rid: rng.integers(0, V, n).astype(np.int32)
+              for rid, n in enumerate([1, 17, 64, 150])}
+  accepts = set()
+  next_rid = 4
+  worst = 0.0
+  for _ in range(30):
+    rids = sorted(rng.choice(list(prefixes), rng.integers(1, 5),
+                             replace=False).tolist())
+    drafts = rng.integers(0, V, (len(rids), D)).astype(np.int32)
+    got = np.asarray(batch.rows(rids, [prefixes[r] for r in rids], drafts))
+    assert got.shape == (len(rids), D + 1, V)
+    for j, rid in enumerate(rids):
+      full = np.concatenate([prefixes[rid], drafts[j]])
+      p = len(prefixes[rid])
+      worst = max(worst, np.abs(got[j] - reference(full, p - 1, p + D)).max())
+      accepted = int(rng.integers(0, D + 1))
+      accepts.add(accepted)
+      prefixes[rid] = np.append(full[:p + accepted], rng.integers(0, V))
+    if rng.random() < 0.2:              # a request ends, a new one starts
+      gone = int(rng.choice(list(prefixes)))
+      batch.drop(gone)
+      del prefixes[gone]
+      prefixes[next_rid] = rng.integers(0, V, rng.integers(1, 40)).astype(
+          np.int32)
+      next_rid += 1
+  assert accepts == set(range(D + 1))
+  assert worst < TOL, f"batched vs recomputed max abs diff {worst:.3g}"
+
+
+def test_steady_rounds_feed_one_chunk(params, monkeypatch):
+  """After its prompt, a request's round is part of one call; only a
+  lagging slot (a new request) is brought up alone first."""
+  batch = pair.TransformerTarget(params, CONFIG).batch(2)
+  calls = []
+  real = tf.extend_slots
+
+  def spy(weights, slab, tokens, starts):
+    calls.append(np.asarray(tokens).shape)
+    return real(weights, slab, tokens, starts)
+  monkeypatch.setattr(tf, "extend_slots", spy)
+  a, b = np.arange(10, dtype=np.int32), np.arange(3, dtype=np.int32)
+  batch.rows([0, 1], [a, b], np.zeros((2, D), np.int32))
+  # Slot 0's 9 lagging tokens in one chunk padded to 16, slot 1's 2,
+  # then the round; every call has a row per slot.
+  assert calls == [(2, 16), (2, 2), (2, D + 1)]
+  calls.clear()
+  batch.rows([0, 1], [np.append(a, [0, 5]), np.append(b, 7)],
+             np.ones((2, D), np.int32))
+  assert calls == [(2, D + 1)]
+
+
+def test_decode_draws_what_its_sampler_draws(params, reference):
+  """Fused steps with an argmax sampler equal greedy decoding on the
+  recomputed rows, for 3 requests of different lengths in 2 chunks."""
+  batch = pair.TransformerTarget(params, CONFIG).batch(4)
+  rng = np.random.default_rng(1)
+  prefixes = [rng.integers(0, V, n).astype(np.int32) for n in (5, 70, 33)]
+
+  def argmax(logits, step, aux):
+    del step
+    return (jnp.argmax(logits, -1).astype(jnp.int32) + aux * 0,
+            jnp.zeros(logits.shape[0], jnp.int32))
+
+  for steps in (6, 3):
+    tokens, status = batch.decode([7, 8, 9], prefixes, steps, argmax,
+                                  np.zeros(3, np.int32))
+    tokens = np.asarray(tokens)
+    assert tokens.shape == (3, steps) and not np.asarray(status).any()
+    for j, p in enumerate(prefixes):
+      full = np.concatenate([p, tokens[j]])
+      rows = reference(full, len(p) - 1, len(full) - 1)
+      assert np.array_equal(np.argmax(rows, -1), tokens[j])
+    prefixes = [np.concatenate([p, t]) for p, t in zip(prefixes, tokens)]
+
+
+def test_capacity_and_bad_input_are_refused(params):
+  batch = pair.TransformerTarget(params, CONFIG).batch(2)
+  ok = np.zeros(3, np.int32)
+  batch.rows([0, 1], [ok, ok], np.zeros((2, 1), np.int32))
+  with pytest.raises(ValueError, match="capacity 2"):
+    batch.rows([2], [ok], np.zeros((1, 1), np.int32))
+  batch.drop(0)
+  batch.rows([2], [ok], np.zeros((1, 1), np.int32))   # its slot is free
+  with pytest.raises(ValueError, match="appears twice"):
+    batch.rows([1, 1], [ok, ok], np.zeros((2, 1), np.int32))
+  with pytest.raises(ValueError, match="exceed the target's max_len 320"):
+    batch.rows([1], [np.zeros(318, np.int32)], np.zeros((1, 3), np.int32))
+  with pytest.raises(ValueError, match="outside"):
+    batch.rows([1], [np.full(3, V, np.int32)], np.zeros((1, 1), np.int32))
+  with pytest.raises(ValueError, match="non-empty"):
+    batch.rows([1], [np.zeros(0, np.int32)], np.zeros((1, 1), np.int32))
+  with pytest.raises(ValueError, match="capacity must be >= 1"):
+    batched.SlabTarget(params, CONFIG, 0)
+
+
+def test_span_bucket():
+  assert [tf.span_bucket(n, 512) for n in (1, 64, 65, 200, 512)] == [
+      64, 64, 128, 256, 512]
+  assert tf.span_bucket(300, 320) == 320
