@@ -65,18 +65,16 @@ def _decode(weights: transformer.Unstacked, slab: transformer.Slab,
   return tokens.T, status.T, slab
 
 
-class SlabTarget:
-  """`TargetBatch` over a `TransformerTarget`'s weights (module doc).
+class _Slots:
+  """Slot bookkeeping shared by the two slabs: which request holds which
+  slot (lowest free first), the tokens each slot's cache covers, and
+  feeding a slot alone (a request that lags its batch)."""
 
-  Args:
-    params, config: the target.
-    capacity: the most requests held at once (the session's max_requests).
-  """
-
-  def __init__(self, params: transformer.Params, config: transformer.Config,
-               capacity: int) -> None:
+  def __init__(self, name: str, params: transformer.Params,
+               config: transformer.Config, capacity: int) -> None:
     if capacity < 1:
-      raise ValueError(f"SlabTarget: capacity must be >= 1, got {capacity}")
+      raise ValueError(f"{name}: capacity must be >= 1, got {capacity}")
+    self.name = name
     self.weights = transformer.unstack(params)
     self.config = config
     self.capacity = capacity
@@ -85,11 +83,8 @@ class SlabTarget:
     self.slot_of: dict[int, int] = {}          # rid -> slot
     self.free = list(range(capacity))
 
-  @property
-  def vocab(self) -> int:
-    return self.config.vocab
-
   def drop(self, rid: int) -> None:
+    """Forgets request `rid`'s handle (its slot is free again)."""
     slot = self.slot_of.pop(rid, None)
     if slot is not None:
       self.covered.pop(slot, None)
@@ -99,22 +94,51 @@ class SlabTarget:
     slot = self.slot_of.get(rid)
     if slot is None:
       if not self.free:
-        raise ValueError(f"SlabTarget: request {rid} would be the "
+        raise ValueError(f"{self.name}: request {rid} would be the "
                          f"{self.capacity + 1}th held (capacity "
                          f"{self.capacity}); drop one first")
-      # Lowest first: a call computes slots [0, the highest it serves].
       slot = min(self.free)
       self.free.remove(slot)
       self.slot_of[rid] = slot
       self.covered[slot] = np.zeros(0, np.int32)
     return slot
 
-  def _call_rows(self, slots: list[int]) -> int:
-    """Rows of a call: every slot, so that a batch that shrinks (requests
-    ending at different rounds) compiles nothing new; the slots it does
-    not serve are idle rows."""
-    del slots
-    return self.capacity
+  def _kept(self, slot: int, tokens: np.ndarray, most: int) -> int:
+    """How many of `tokens` the slot holds already (at most `most`)."""
+    have = self.covered[slot]
+    n = min(len(have), most)
+    diff = np.flatnonzero(have[:n] != tokens[:n])
+    return int(diff[0]) if diff.size else n
+
+  def _feed_alone(self, slot: int, tokens: np.ndarray, start: int) -> None:
+    """Feeds tokens at positions start.. into one slot (the others idle),
+    in `transformer.feed`'s bucketed chunks."""
+    for real, padded in transformer._chunk_sizes(  # pylint: disable=protected-access
+        tokens.size, start, self.config.max_len) if tokens.size else []:
+      chunk = np.zeros((self.capacity, padded), np.int32)
+      chunk[slot, :real] = tokens[:real]
+      starts = np.full(self.capacity, self.config.max_len, np.int32)
+      starts[slot] = start
+      _, self.slab = transformer.extend_slots(self.weights, self.slab,
+                                              chunk, starts)
+      tokens, start = tokens[real:], start + real
+
+
+class SlabTarget(_Slots):
+  """`TargetBatch` over a `TransformerTarget`'s weights (module doc).
+
+  Args:
+    params, config: the target.
+    capacity: the most requests held at once (the session's max_requests).
+  """
+
+  def __init__(self, params: transformer.Params, config: transformer.Config,
+               capacity: int) -> None:
+    super().__init__("SlabTarget", params, config, capacity)
+
+  @property
+  def vocab(self) -> int:
+    return self.config.vocab
 
   def _catch_up(self, rid: int, prefix: np.ndarray, extra: int) -> int:
     """Brings rid's slot to cover prefix[:-1]; returns its slot.
@@ -133,21 +157,8 @@ class SlabTarget:
       raise ValueError(f"request {rid}: the prefix holds ids outside [0, "
                        f"{self.vocab})")
     slot = self._slot(rid)
-    have = self.covered[slot]
-    n = min(len(have), prefix.size - 1)
-    diff = np.flatnonzero(have[:n] != prefix[:n])
-    keep = int(diff[0]) if diff.size else n
-    start, todo = keep, prefix[keep:-1]
-    nb = self._call_rows([slot])
-    for real, padded in transformer._chunk_sizes(  # pylint: disable=protected-access
-        todo.size, start, self.config.max_len) if todo.size else []:
-      chunk = np.zeros((nb, padded), np.int32)
-      chunk[slot, :real] = todo[:real]
-      starts = np.full(nb, self.config.max_len, np.int32)
-      starts[slot] = start
-      _, self.slab = transformer.extend_slots(self.weights, self.slab,
-                                              chunk, starts)
-      todo, start = todo[real:], start + real
+    keep = self._kept(slot, prefix, prefix.size - 1)
+    self._feed_alone(slot, prefix[keep:-1], keep)
     self.covered[slot] = prefix[:-1].copy()
     return slot
 
@@ -165,7 +176,9 @@ class SlabTarget:
       raise ValueError("SlabTarget.rows: a request appears twice")
     d = drafts.shape[1]
     slots = [self._catch_up(rid, p, d) for rid, p in zip(rids, prefixes)]
-    nb = self._call_rows(slots)
+    # A row per slot whatever the batch: a batch that shrinks (requests
+    # ending at different rounds) compiles nothing new.
+    nb = self.capacity
     tokens = np.zeros((nb, d + 1), np.int32)
     starts = np.full(nb, self.config.max_len, np.int32)   # idle rows
     for slot, p, x in zip(slots, prefixes, drafts):
@@ -192,7 +205,7 @@ class SlabTarget:
       raise ValueError("SlabTarget.decode: a request appears twice")
     slots = [self._catch_up(rid, p, steps - 1)
              for rid, p in zip(rids, prefixes)]
-    nb = self._call_rows(slots)
+    nb = self.capacity                # a row per slot, as in `rows`
     last = np.zeros(nb, np.int32)
     starts = np.full(nb, self.config.max_len, np.int32)
     source = np.zeros(nb, np.int64)             # aux row of each call row
@@ -223,7 +236,7 @@ class DraftFeed(typing.NamedTuple):
   starts: np.ndarray   # int32[N]: position of tokens[b, 0] (idle: max_len)
 
 
-class SlabDraft:
+class SlabDraft(_Slots):
   """The draft's handles in one slab: D steps of every request per call.
 
   The host half brings each request's slot up to its committed context
@@ -241,35 +254,8 @@ class SlabDraft:
   """
 
   def __init__(self, draft: typing.Any, capacity: int) -> None:
-    if capacity < 1:
-      raise ValueError(f"SlabDraft: capacity must be >= 1, got {capacity}")
+    super().__init__("SlabDraft", draft.params, draft.config, capacity)
     self.draft = draft
-    self.config = draft.config
-    self.weights = transformer.unstack(draft.params)
-    self.capacity = capacity
-    self.slab = transformer.empty_slab(self.config, capacity)
-    self.covered: dict[int, np.ndarray] = {}
-    self.slot_of: dict[int, int] = {}
-    self.free = list(range(capacity))
-
-  def drop(self, rid: int) -> None:
-    slot = self.slot_of.pop(rid, None)
-    if slot is not None:
-      self.covered.pop(slot, None)
-      self.free.append(slot)
-
-  def _slot(self, rid: int) -> int:
-    slot = self.slot_of.get(rid)
-    if slot is None:
-      if not self.free:
-        raise ValueError(f"SlabDraft: request {rid} would be the "
-                         f"{self.capacity + 1}th held (capacity "
-                         f"{self.capacity}); drop one first")
-      slot = min(self.free)
-      self.free.remove(slot)
-      self.slot_of[rid] = slot
-      self.covered[slot] = np.zeros(0, np.int32)
-    return slot
 
   def prepare(self, rids: typing.Sequence[int],
               contexts: typing.Sequence[np.ndarray], depth: int
@@ -292,10 +278,7 @@ class SlabDraft:
                          "1-D array of token ids")
       slot = self._slot(rid)
       body = context[self.draft.window_start(context.size - 1):]
-      have = self.covered[slot]
-      n = min(len(have), body.size - 1)
-      diff = np.flatnonzero(have[:n] != body[:n])
-      keep = int(diff[0]) if diff.size else n
+      keep = self._kept(slot, body, body.size - 1)
       lag = body.size - keep - c       # tokens the feed cannot hold
       if lag > 0:
         self._feed_alone(slot, body[keep:keep + lag], keep)
@@ -307,17 +290,6 @@ class SlabDraft:
       slots.append(slot)
       end = max(end, keep + new.size + depth - 1)
     return feed, transformer.span_bucket(end, max_len), slots
-
-  def _feed_alone(self, slot: int, tokens: np.ndarray, start: int) -> None:
-    for real, padded in transformer._chunk_sizes(  # pylint: disable=protected-access
-        tokens.size, start, self.config.max_len):
-      chunk = np.zeros((self.capacity, padded), np.int32)
-      chunk[slot, :real] = tokens[:real]
-      starts = np.full(self.capacity, self.config.max_len, np.int32)
-      starts[slot] = start
-      _, self.slab = transformer.extend_slots(self.weights, self.slab,
-                                              chunk, starts)
-      tokens, start = tokens[real:], start + real
 
   @staticmethod
   def first(weights: transformer.Unstacked, slab: transformer.Slab,

@@ -203,13 +203,49 @@ def summarize(run, verifier, config, worker_stats, proxy, watch, check,
 
 
 def speed(record, baseline):
-  """Tokens per second of the rounds vs the target-only baseline."""
-  rounds_s = record["bridge_share"]["round_s"]   # the rounds' phases
+  """Tokens per second of the rounds vs the target-only baseline, and the
+  cost model's terms that explain the ratio (`verdict`).
+
+  In units of one batched target-only step (the baseline's seconds per
+  token of a request): E, the tokens a round commits per request, and
+  the round's cost, split into the draft, the verifier's part (the verify
+  pass over D + 1 rows, verification, fallbacks) and the bridge and host.
+  Speculation pays where E exceeds the cost."""
+  share = record["bridge_share"]
+  rounds_s = share["round_s"]   # the rounds' phases
   spec = record["tokens"] / rounds_s if rounds_s else 0.0
-  return {"tokens_per_second": spec,
-          "target_only": baseline,
-          "speedup": spec / baseline["tokens_per_second"]
-          if baseline["tokens_per_second"] else None}
+  out = {"tokens_per_second": spec, "target_only": baseline,
+         "speedup": spec / baseline["tokens_per_second"]
+         if baseline["tokens_per_second"] else None}
+  steps = baseline["tokens"] / max(record["config"]["requests"], 1)
+  if steps and baseline["seconds"] and record["rounds"]:
+    step_s = baseline["seconds"] / steps
+    split = record["time_s"]["split"]
+    per_round = {name: split[name] / record["rounds"] / step_s
+                 for name in share["parts"]}
+    out["cost_model"] = {
+        "tokens_per_request_round": record["tokens_per_round"],
+        "step_ms": step_s * 1e3,
+        "round_cost_steps": sum(per_round.values()),
+        "round_cost_split_steps": per_round}
+  return out
+
+
+def verdict(sp) -> str:
+  """In words: whether speculation paid, and the cost model's terms."""
+  model = sp.get("cost_model")
+  if not model or sp["speedup"] is None:
+    return "no baseline to compare with"
+  e, cost = model["tokens_per_request_round"], model["round_cost_steps"]
+  parts = model["round_cost_split_steps"]
+  terms = (f"a round commits E = {e:.2f} tokens per request and costs "
+           f"{cost:.2f} target-only steps of {model['step_ms']:.2f} ms "
+           f"(draft {parts['draft']:.2f}, verifier {parts['verification']:.2f},"
+           f" bridge {parts['bridge']:.2f}, host {parts['host']:.2f})")
+  if sp["speedup"] >= 1:
+    return f"speculation paid ({sp['speedup']:.2f}x): {terms}"
+  return (f"speculation did not pay ({sp['speedup']:.2f}x): {terms}; it pays "
+          "where a round costs fewer steps than it commits tokens")
 
 
 def samples(run, config):
@@ -314,6 +350,7 @@ def print_summary(record):
           f"speculative (the rounds, worker and bridge included) vs "
           f"{base['tokens_per_second']:.1f} target-only (same prompts, "
           f"one process) = {sp['speedup']:.2f}x")
+    print(f"  why                          {verdict(sp)}")
   for sample in record.get("samples", []):
     print(f"\nRequest {sample['request']}: prompt (held-out source), then "
           "the generated text after '>>>'")

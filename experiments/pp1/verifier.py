@@ -63,10 +63,14 @@ def deadline() -> bridge.AdaptiveDeadline:
       flags.TIMEOUT.value, max(flags.TIMEOUT.value, flags.TIMEOUT_MAX.value))
 
 
+Wrap = typing.Callable[[typing.Callable[..., typing.Any]],
+                       typing.Callable[..., typing.Any]]
+
+
 class TimedTarget(typing.NamedTuple):
-  """A `models.TargetModel` whose `logits` is the timed call given."""
+  """A `models.TargetModel` whose calls are timed by `wrap`."""
   model: models.TargetModel
-  logits: typing.Callable[..., typing.Any]
+  wrap: Wrap
 
   @property
   def vocab(self) -> int:
@@ -74,6 +78,39 @@ class TimedTarget(typing.NamedTuple):
 
   def init_state(self) -> models.State:
     return self.model.init_state()
+
+  def logits(self, *args: typing.Any) -> typing.Any:
+    return self.wrap(self.model.logits)(*args)
+
+
+class TimedBatch(typing.NamedTuple):
+  """A `models.TargetBatch` whose `rows` and `decode` are timed by `wrap`."""
+  batch: models.TargetBatch
+  wrap: Wrap
+
+  def rows(self, *args: typing.Any) -> typing.Any:
+    return self.wrap(self.batch.rows)(*args)
+
+  def decode(self, *args: typing.Any) -> typing.Any:
+    return self.wrap(self.batch.decode)(*args)
+
+  def drop(self, rid: int) -> None:
+    self.batch.drop(rid)
+
+
+class TimedSlabTarget(TimedTarget):
+  """A `TimedTarget` of a target with a slab (`batch`): the round engine
+  scores the whole batch in one timed call."""
+
+  def batch(self, capacity: int) -> TimedBatch:
+    model = typing.cast(typing.Any, self.model)
+    return TimedBatch(model.batch(capacity), self.wrap)
+
+
+def timed_target(target: models.TargetModel, wrap: Wrap) -> TimedTarget:
+  """`target` with its calls timed, its slab kept where it has one."""
+  kind = TimedSlabTarget if hasattr(target, "batch") else TimedTarget
+  return kind(target, wrap)
 
 
 class TimingHook(bridge.RoundHook):
@@ -143,8 +180,8 @@ def build(config: pipeline_config.PipelineConfig, mesh: jax.sharding.Mesh,
                    else (None, None))
   verifier = bridge.Verifier(
       caps, None, validator=validator, hooks=all_hooks,
-      target=TimedTarget(target, watch.timed("verification", target.logits,
-                                             block)),
+      target=timed_target(target, lambda fn: watch.timed(
+          "verification", fn, block)),
       verify_fn=watch.timed("verification", verify, block),
       sample_fn=watch.timed("verification", sample, block),
       timeout_s=flags.TIMEOUT.value, deadline=deadline(), sharer=sharer,

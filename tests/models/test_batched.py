@@ -1,11 +1,13 @@
-"""The batched target (`batched.SlabTarget`): rows of a batch of mixed
-lengths equal one uncached forward per request, at every accept length;
-the fused decode draws what its sampler draws from those rows.
+"""The batched slabs (`batched.SlabTarget`, `batched.SlabDraft`): rows of
+a batch of mixed lengths equal one uncached forward per request, at every
+accept length; the fused decode draws what its sampler draws from them.
 
-A tiny random-init transformer stands in (the slab's bookkeeping does not
-depend on the weights). The reference for every row is one uncached
-`forward` over the whole sequence, padded to max_len (one compile).
+test_pair's tiny random-init transformer stands in (the slab's
+bookkeeping does not depend on the weights); the reference for every row
+is one uncached `forward` over the whole sequence.
 """
+
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -15,27 +17,9 @@ import pytest
 from dyadic_jax.models import batched, pair
 from dyadic_jax.models import transformer as tf
 
-TOL = 1e-4  # float32 rounding; logits are O(1) (docs/numerics.md, 12)
-D = 4
-V = 53
-CONFIG = tf.Config(vocab=V, d_model=16, n_layers=2, n_heads=2, d_ff=32,
-                   max_len=320)
-
-
-@pytest.fixture(scope="module")
-def params():
-  return tf.init(CONFIG, jax.random.key(11))
-
-
-@pytest.fixture(scope="module")
-def reference(params):
-  forward = jax.jit(tf.forward)
-
-  def rows(tokens, first, last):
-    padded = np.zeros(CONFIG.max_len, np.int32)
-    padded[:len(tokens)] = tokens
-    return np.asarray(forward(params, padded[None])[0, first:last])
-  return rows
+# The tiny transformer and its uncached reference rows, test_pair's.
+from tests.models.test_pair import CONFIG, D, TOL, V  # pylint: disable=g-bad-import-order
+from tests.models.test_pair import params, reference  # pylint: disable=unused-import
 
 
 def test_rounds_of_mixed_lengths_equal_recompute(params, reference):
@@ -144,3 +128,51 @@ def test_span_bucket():
   assert [tf.span_bucket(n, 512) for n in (1, 64, 65, 200, 512)] == [
       64, 64, 128, 256, 512]
   assert tf.span_bucket(300, 320) == 320
+
+
+def test_draft_slab_rows_equal_recompute(params, reference):
+  """`SlabDraft`: the rows of a batched chain (its first call feeding each
+  request's new context tokens and x_0, then one token per step) against
+  one uncached forward over each request's window, over 12 rounds of
+  random accept lengths, one context past the draft's capacity (its
+  window moves) and one request idle in some rounds."""
+  draft = pair.TransformerDraft(params, CONFIG, max_depth=8)
+  slab = draft.batch(3)
+
+  @functools.partial(jax.jit, static_argnames="span", donate_argnums=1)
+  def chain(weights, slab_, feed, *, span):
+    rows, tokens = [], []
+    logits, slab_ = slab.first(weights, slab_, feed, span)
+    for i in range(D):
+      if i:
+        logits, slab_ = slab.step(weights, slab_, feed, token, i, span)
+      token = jnp.argmax(logits, -1).astype(jnp.int32)
+      rows.append(logits)
+      tokens.append(token)
+    return jnp.stack(rows, 1), jnp.stack(tokens, 1), slab_
+
+  rng = np.random.default_rng(2)
+  contexts = {rid: rng.integers(0, V, n).astype(np.int32)
+              for rid, n in enumerate([1, 40, 300])}
+  worst, moved = 0.0, False
+  for r in range(12):
+    rids = [0, 1, 2] if r % 3 else [0, 2]
+    feed, span, slots = slab.prepare(rids, [contexts[i] for i in rids], D)
+    rows, tokens, slab.slab = chain(slab.weights, slab.slab, feed,
+                                    span=span)
+    rows, tokens = np.asarray(rows), np.asarray(tokens)
+    slab.finish(slots, tokens[slots])
+    for rid, slot in zip(rids, slots):
+      context = contexts[rid]
+      start = draft.window_start(context.size - 1)
+      moved |= start > 0
+      full = np.concatenate([context[start:], tokens[slot]])
+      n = context.size - start
+      worst = max(worst, np.abs(rows[slot] - reference(full, n - 1,
+                                                       n - 1 + D)).max())
+      accepted = int(rng.integers(0, D + 1))
+      contexts[rid] = np.append(np.concatenate([context,
+                                                tokens[slot, :accepted]]),
+                                rng.integers(0, V))
+  assert moved
+  assert worst < TOL, f"batched draft vs recomputed max abs diff {worst:.3g}"
