@@ -408,6 +408,37 @@ def regime(entry: dict) -> str:
           f"acceptance speculation {verdict} the break-even {even:.2f}")
 
 
+def versus_peer(record: dict) -> list[str]:
+  """The issue's targets as ratios to the transformers peer, wall and CPU:
+  target-only at batch 1 and at --requests, and each side's fastest exact
+  mode. Empty without the peer's legs."""
+  p = record.get("peer", {})
+  if "target_b1" not in p:
+    return []
+  ours = {"target-only, batch 1": record["target_only_b1"],
+          f"target-only, batch {record['requests']}": record["target_only"]}
+  ours.update({f"speculative q {n}": e
+               for n, e in record["formats"].items()})
+  theirs = {label: p[key] for key, label in _PEER_LEGS if key in p}
+
+  def ratio(a, b):
+    return (f"{a['tokens_per_second'] / b['tokens_per_second']:.2f}x wall, "
+            f"{a['tokens_per_cpu_second'] / b['tokens_per_cpu_second']:.2f}x"
+            " per CPU-s")
+
+  lines = ["\nagainst the transformers peer (ours / theirs):"]
+  lines.append("  target-only, batch 1: "
+               + ratio(record["target_only_b1"], p["target_b1"]))
+  if "target_b4" in p and record["requests"] == 4:
+    lines.append(f"  target-only, batch 4: "
+                 f"{ratio(record['target_only'], p['target_b4'])}")
+  fast = max(ours, key=lambda n: ours[n]["tokens_per_second"])
+  peer_fast = max(theirs, key=lambda n: theirs[n]["tokens_per_second"])
+  lines.append(f"  fastest exact mode: ours ({fast}) / theirs ({peer_fast}): "
+               f"{ratio(ours[fast], theirs[peer_fast])}")
+  return lines
+
+
 def print_tables(record: dict) -> None:
   d = record["depth"]
   print(f"\nk screen: {record['prompts']} held-out prompts x "
@@ -465,6 +496,8 @@ def print_tables(record: dict) -> None:
             "| |")
   if p:
     print(p["note"])
+  for line in versus_peer(record):
+    print(line)
   best = record["formats"][record["best_format"]]
   print(f"regime (q {record['best_format']}): {regime(best)}")
 
