@@ -368,20 +368,23 @@ def feed(params: Params, cache: Cache, tokens: typing.Any,
 class Slab(typing.NamedTuple):
   """The caches of N requests, one slot each; fixed shape.
 
-  Heads before positions, so that attention reads each (slot, head)'s
-  keys as one contiguous block. As with `Cache`, which prefix of a slot is
-  valid is the caller's bookkeeping (the starts it passes to
-  `extend_slots`).
+  One array per layer (XLA CPU then updates each in place and reads its
+  span without copying the rest), heads before positions (attention
+  reads each (slot, head)'s keys as one contiguous block). As with
+  `Cache`, which prefix of a slot is valid is the caller's bookkeeping
+  (the starts it passes to `extend_slots`).
   """
-  k: jax.Array  # f32[L, N, H, max_len, dh]
-  v: jax.Array  # f32[L, N, H, max_len, dh]
+  k: tuple[jax.Array, ...]  # L x f32[N, H, max_len, dh]
+  v: tuple[jax.Array, ...]  # L x f32[N, H, max_len, dh]
 
 
 def empty_slab(config: Config, slots: int) -> Slab:
   """A zero slab of `slots` caches (nothing valid)."""
-  shape = (config.n_layers, slots, config.n_heads, config.max_len,
-           config.head_dim)
-  return Slab(k=jnp.zeros(shape, _F32), v=jnp.zeros(shape, _F32))
+  shape = (slots, config.n_heads, config.max_len, config.head_dim)
+  return Slab(k=tuple(jnp.zeros(shape, _F32)
+                      for _ in range(config.n_layers)),
+              v=tuple(jnp.zeros(shape, _F32)
+                      for _ in range(config.n_layers)))
 
 
 def span_bucket(end: int, max_len: int, smallest: int = 64) -> int:
@@ -419,18 +422,17 @@ def extend_slots_traced(weights: Unstacked, slab: Slab, tokens: ArrayLike,
   mask = (jnp.arange(span, dtype=_I32)[None, None, :]
           <= positions[:, :, None])[:, None]                    # [B, 1, C, S]
   x = weights.embed[tokens]                                     # [B, C, d]
-  k_slab, v_slab = slab.k, slab.v
+  k_slab, v_slab = list(slab.k), list(slab.v)
   rows = jnp.arange(b, dtype=_I32)[:, None, None]
-  heads = jnp.arange(k_slab.shape[2], dtype=_I32)[None, None, :]
+  heads = jnp.arange(k_slab[0].shape[1], dtype=_I32)[None, None, :]
   where = (rows, heads, positions[:, :, None])                   # [B, C, H]
 
   def attend(i, q, k, v):
-    nonlocal k_slab, v_slab
     # Scatter only the C new entries per row and read only the span: with
     # the slab donated the update is in place.
-    k_slab = k_slab.at[(i,) + where].set(k, mode="drop")
-    v_slab = v_slab.at[(i,) + where].set(v, mode="drop")
-    k_ctx, v_ctx = k_slab[i, :b, :, :span], v_slab[i, :b, :, :span]
+    k_slab[i] = k_slab[i].at[where].set(k, mode="drop")
+    v_slab[i] = v_slab[i].at[where].set(v, mode="drop")
+    k_ctx, v_ctx = k_slab[i][:b, :, :span], v_slab[i][:b, :, :span]
     scale = _F32(1.0 / math.sqrt(q.shape[-1]))
     scores = jnp.einsum("bthd,bhsd->bhts", q, k_ctx) * scale
     weights_ = jax.nn.softmax(jnp.where(mask, scores, _F32(-1e30)), axis=-1)
@@ -438,7 +440,7 @@ def extend_slots_traced(weights: Unstacked, slab: Slab, tokens: ArrayLike,
 
   for i, layer in enumerate(weights.layers):
     x = _block(layer, x, positions, functools.partial(attend, i))
-  return _logits(weights, x), Slab(k=k_slab, v=v_slab)
+  return _logits(weights, x), Slab(k=tuple(k_slab), v=tuple(v_slab))
 
 
 _extend_slots = jax.jit(extend_slots_traced, static_argnames="span",
@@ -459,7 +461,7 @@ def extend_slots(weights: Unstacked, slab: Slab, tokens: typing.Any,
   """
   tokens = np.asarray(tokens, np.int32)
   starts = np.asarray(starts, np.int32)
-  n, max_len = int(slab.k.shape[1]), int(slab.k.shape[3])
+  n, max_len = int(slab.k[0].shape[0]), int(slab.k[0].shape[2])
   if tokens.ndim != 2 or starts.shape != (tokens.shape[0],) or \
       tokens.shape[0] > n:
     raise ValueError(f"extend_slots: tokens {tokens.shape} and starts "
