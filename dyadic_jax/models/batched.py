@@ -110,18 +110,27 @@ class _Slots:
     diff = np.flatnonzero(have[:n] != tokens[:n])
     return int(diff[0]) if diff.size else n
 
-  def _feed_alone(self, slot: int, tokens: np.ndarray, start: int) -> None:
-    """Feeds tokens at positions start.. into one slot (the others idle),
-    in `transformer.feed`'s bucketed chunks."""
-    for real, padded in transformer._chunk_sizes(  # pylint: disable=protected-access
-        tokens.size, start, self.config.max_len) if tokens.size else []:
-      chunk = np.zeros((self.capacity, padded), np.int32)
-      chunk[slot, :real] = tokens[:real]
-      starts = np.full(self.capacity, self.config.max_len, np.int32)
-      starts[slot] = start
+  def _feed(self, todo: list[tuple[int, np.ndarray, int]]) -> None:
+    """Feeds each (slot, tokens, start) of `todo` at positions start..,
+    every slot in the same calls (ragged: `transformer.extend_slots`'
+    counts), in chunks of at most `transformer.MAX_CHUNK` padded to a
+    power of two; the slots not in `todo` idle."""
+    max_len = self.config.max_len
+    todo = [item for item in todo if item[1].size]
+    while todo:
+      c = min(transformer.MAX_CHUNK,
+              1 << (max(t.size for _, t, _ in todo) - 1).bit_length())
+      chunk = np.zeros((self.capacity, c), np.int32)
+      starts = np.full(self.capacity, max_len, np.int32)
+      counts = np.ones(self.capacity, np.int32)
+      for slot, tokens, start in todo:
+        real = min(tokens.size, c)
+        chunk[slot, :real] = tokens[:real]
+        starts[slot], counts[slot] = start, real
       _, self.slab = transformer.extend_slots(self.weights, self.slab,
-                                              chunk, starts)
-      tokens, start = tokens[real:], start + real
+                                              chunk, starts, counts)
+      todo = [(slot, tokens[c:], start + c) for slot, tokens, start in todo
+              if tokens.size > c]
 
 
 class SlabTarget(_Slots):
@@ -140,27 +149,39 @@ class SlabTarget(_Slots):
   def vocab(self) -> int:
     return self.config.vocab
 
-  def _catch_up(self, rid: int, prefix: np.ndarray, extra: int) -> int:
-    """Brings rid's slot to cover prefix[:-1]; returns its slot.
+  def _catch_up(self, rids: typing.Sequence[int],
+                prefixes: typing.Sequence[np.ndarray], extra: int
+                ) -> list[int]:
+    """Brings each request's slot to cover its prefix[:-1] (the lagging
+    ones together); returns their slots.
 
     extra: tokens the caller feeds after prefix[-1] (the context check).
     """
-    prefix = np.asarray(prefix, np.int32)
-    if prefix.ndim != 1 or prefix.size == 0:
-      raise ValueError(f"request {rid}: the prefix must be a non-empty "
-                       "1-D array of token ids")
-    if prefix.size + extra > self.config.max_len:
-      raise ValueError(f"request {rid}: prefix ({prefix.size}) + "
-                       f"{extra} tokens exceed the target's max_len "
-                       f"{self.config.max_len}")
-    if prefix.min() < 0 or prefix.max() >= self.vocab:
-      raise ValueError(f"request {rid}: the prefix holds ids outside [0, "
-                       f"{self.vocab})")
-    slot = self._slot(rid)
-    keep = self._kept(slot, prefix, prefix.size - 1)
-    self._feed_alone(slot, prefix[keep:-1], keep)
-    self.covered[slot] = prefix[:-1].copy()
-    return slot
+    if len(set(rids)) != len(rids):
+      raise ValueError("SlabTarget: a request appears twice in one call")
+    checked = []
+    for rid, prefix in zip(rids, prefixes):
+      prefix = np.asarray(prefix, np.int32)
+      if prefix.ndim != 1 or prefix.size == 0:
+        raise ValueError(f"request {rid}: the prefix must be a non-empty "
+                         "1-D array of token ids")
+      if prefix.size + extra > self.config.max_len:
+        raise ValueError(f"request {rid}: prefix ({prefix.size}) + "
+                         f"{extra} tokens exceed the target's max_len "
+                         f"{self.config.max_len}")
+      if prefix.min() < 0 or prefix.max() >= self.vocab:
+        raise ValueError(f"request {rid}: the prefix holds ids outside "
+                         f"[0, {self.vocab})")
+      checked.append(prefix)
+    slots, todo = [], []
+    for rid, prefix in zip(rids, checked):
+      slot = self._slot(rid)
+      keep = self._kept(slot, prefix, prefix.size - 1)
+      todo.append((slot, prefix[keep:-1], keep))
+      self.covered[slot] = prefix[:-1].copy()
+      slots.append(slot)
+    self._feed(todo)
+    return slots
 
   def rows(self, rids: typing.Sequence[int],
            prefixes: typing.Sequence[np.ndarray],
@@ -172,10 +193,8 @@ class SlabTarget(_Slots):
         bad prefix, or prefix + D longer than max_len.
     """
     drafts = np.asarray(drafts, np.int32).reshape(len(rids), -1)
-    if len(set(rids)) != len(rids):
-      raise ValueError("SlabTarget.rows: a request appears twice")
     d = drafts.shape[1]
-    slots = [self._catch_up(rid, p, d) for rid, p in zip(rids, prefixes)]
+    slots = self._catch_up(rids, prefixes, d)
     # A row per slot whatever the batch: a batch that shrinks (requests
     # ending at different rounds) compiles nothing new.
     nb = self.capacity
@@ -201,10 +220,7 @@ class SlabTarget(_Slots):
     must not continue from that row's tokens."""
     if steps < 1:
       raise ValueError(f"SlabTarget.decode: steps must be >= 1, got {steps}")
-    if len(set(rids)) != len(rids):
-      raise ValueError("SlabTarget.decode: a request appears twice")
-    slots = [self._catch_up(rid, p, steps - 1)
-             for rid, p in zip(rids, prefixes)]
+    slots = self._catch_up(rids, prefixes, steps - 1)
     nb = self.capacity                # a row per slot, as in `rows`
     last = np.zeros(nb, np.int32)
     starts = np.full(nb, self.config.max_len, np.int32)
@@ -266,11 +282,14 @@ class SlabDraft(_Slots):
     if not 1 <= depth <= self.draft.max_depth:
       raise ValueError(f"SlabDraft: depth {depth} not in [1, "
                        f"{self.draft.max_depth}]")
+    if len(set(rids)) != len(rids):
+      raise ValueError("SlabDraft: a request appears twice in one call")
     max_len, c = self.config.max_len, depth + 1
     feed = DraftFeed(np.zeros((self.capacity, c), np.int32),
                      np.ones(self.capacity, np.int32),
                      np.full(self.capacity, max_len, np.int32))
     slots, end = [], 1
+    lagging: list[tuple[int, np.ndarray, int]] = []
     for rid, context in zip(rids, contexts):
       context = np.asarray(context, np.int32)
       if context.ndim != 1 or context.size == 0:
@@ -281,7 +300,7 @@ class SlabDraft(_Slots):
       keep = self._kept(slot, body, body.size - 1)
       lag = body.size - keep - c       # tokens the feed cannot hold
       if lag > 0:
-        self._feed_alone(slot, body[keep:keep + lag], keep)
+        lagging.append((slot, body[keep:keep + lag], keep))
         keep += lag
       new = body[keep:]
       feed.tokens[slot, :new.size] = new
@@ -289,6 +308,7 @@ class SlabDraft(_Slots):
       self.covered[slot] = body.copy()
       slots.append(slot)
       end = max(end, keep + new.size + depth - 1)
+    self._feed(lagging)
     return feed, transformer.span_bucket(end, max_len), slots
 
   @staticmethod

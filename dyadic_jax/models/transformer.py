@@ -448,16 +448,23 @@ _extend_slots = jax.jit(extend_slots_traced, static_argnames="span",
 
 
 def extend_slots(weights: Unstacked, slab: Slab, tokens: typing.Any,
-                 starts: typing.Any) -> tuple[jax.Array, Slab]:
+                 starts: typing.Any, counts: typing.Any = None
+                 ) -> tuple[jax.Array, Slab]:
   """`extend_slots_traced` jitted, its span bucketed from the active rows'
   ends.
+
+  counts: int32[B], the real tokens of each row (default: all C); the
+    rest of a row is padding, whose writes land past the row's real
+    positions (entries no row reads before they are written again, as a
+    rolled-back tail's) or are dropped past max_len, and whose logits are
+    garbage. Rows of different lengths share one call this way.
 
   The slab passed in is donated (invalid after the call): use the one
   returned. One compile per (B, C, span).
 
   Raises:
     ValueError: shapes that disagree, more rows than slots, or an active
-      row (start < max_len) with start < 0 or start + C > max_len.
+      row (start < max_len) with start < 0 or start + count > max_len.
   """
   tokens = np.asarray(tokens, np.int32)
   starts = np.asarray(starts, np.int32)
@@ -466,9 +473,12 @@ def extend_slots(weights: Unstacked, slab: Slab, tokens: typing.Any,
       tokens.shape[0] > n:
     raise ValueError(f"extend_slots: tokens {tokens.shape} and starts "
                      f"{starts.shape} disagree or exceed {n} slots")
-  active = starts[starts < max_len]
-  end = int(active.max()) + tokens.shape[1] if active.size else 1
-  if active.size and (active.min() < 0 or end > max_len):
+  counts = np.full(starts.shape, tokens.shape[1], np.int32) if counts is \
+      None else np.asarray(counts, np.int32)
+  active = starts < max_len
+  ends = starts[active] + counts[active]
+  end = int(ends.max()) if ends.size else 1
+  if ends.size and (starts[active].min() < 0 or end > max_len):
     raise ValueError(f"extend_slots: positions up to {end - 1} do not fit "
                      f"the cache of max_len {max_len}")
   return _extend_slots(weights, slab, tokens, starts,

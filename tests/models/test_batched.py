@@ -59,21 +59,21 @@ def test_rounds_of_mixed_lengths_equal_recompute(params, reference):
 
 
 def test_steady_rounds_feed_one_chunk(params, monkeypatch):
-  """After its prompt, a request's round is part of one call; only a
-  lagging slot (a new request) is brought up alone first."""
+  """After its prompt, a request's round is part of one call; lagging
+  slots (new requests) are brought up first, together."""
   batch = pair.TransformerTarget(params, CONFIG).batch(2)
   calls = []
   real = tf.extend_slots
 
-  def spy(weights, slab, tokens, starts):
+  def spy(weights, slab, tokens, starts, counts=None):
     calls.append(np.asarray(tokens).shape)
-    return real(weights, slab, tokens, starts)
+    return real(weights, slab, tokens, starts, counts)
   monkeypatch.setattr(tf, "extend_slots", spy)
   a, b = np.arange(10, dtype=np.int32), np.arange(3, dtype=np.int32)
   batch.rows([0, 1], [a, b], np.zeros((2, D), np.int32))
-  # Slot 0's 9 lagging tokens in one chunk padded to 16, slot 1's 2,
-  # then the round; every call has a row per slot.
-  assert calls == [(2, 16), (2, 2), (2, D + 1)]
+  # Both slots' lagging tokens (9 and 2) in one call padded to 16, then
+  # the round; every call has a row per slot.
+  assert calls == [(2, 16), (2, D + 1)]
   calls.clear()
   batch.rows([0, 1], [np.append(a, [0, 5]), np.append(b, 7)],
              np.ones((2, D), np.int32))
