@@ -23,3 +23,11 @@ def subprocess_env(**extra):
                               if not f.startswith(_DEVICE_COUNT))
   env.update(extra)
   return env
+
+
+def pipeline_flags(*flags: str) -> list[str]:
+  """The main job's flags for a test: --model=toy unless they name a
+  model. The main job runs the trained pair by default; most pipeline
+  tests exercise the toy (any V, the seed's transport sizes)."""
+  named = any(f.startswith("--model=") for f in flags)
+  return list(flags) + ([] if named else ["--model=toy"])

@@ -58,7 +58,8 @@ def _run(tmp_path, *flags, expect=0, finished=True, tmpdir=None):
   env = paths.subprocess_env(TMPDIR=str(tmpdir))
   proc = subprocess.run(
       [sys.executable, "-m", "experiments.pp1_pipeline", f"--json_out={out}",
-       f"--plot_out={plot}", *flags], cwd=_ROOT, env=env,
+       f"--plot_out={plot}", *paths.pipeline_flags(*flags)], cwd=_ROOT,
+      env=env,
       capture_output=True, text=True, timeout=900)
   assert proc.returncode == expect, proc.stdout[-3000:] + proc.stderr[-3000:]
   assert not os.listdir(tmpdir), os.listdir(tmpdir)

@@ -47,7 +47,7 @@ class _Run:
     self.tmpdir.mkdir()
     self.proc = subprocess.Popen(
         [sys.executable, "-m", "experiments.pp1_pipeline", "--json_out=",
-         "--plot_out=", *flags], cwd=paths.ROOT,
+         "--plot_out=", *paths.pipeline_flags(*flags)], cwd=paths.ROOT,
         env=paths.subprocess_env(TMPDIR=str(self.tmpdir)),
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     self.lines: list[str] = []

@@ -36,7 +36,8 @@ def _run(tmp_path, *flags):
        f"--check_samples={_SAMPLES}", "--alpha=1e-8", f"--json_out={out}",
        # A deadline no healthy exchange misses on a loaded machine: the
        # only refusals are then the audit's (asserted exactly).
-       "--timeout=120", "--plot_out=", *flags], cwd=_ROOT, env=env, capture_output=True,
+       "--timeout=120", "--plot_out=", *paths.pipeline_flags(*flags)],
+      cwd=_ROOT, env=env, capture_output=True,
       text=True, timeout=900)
   return proc, json.loads(out.read_text())
 
