@@ -7,7 +7,8 @@ program alive for the life of the process. Linux caps a process's
 mappings at vm.max_map_count (65530 by default), and XLA does not
 survive reaching it: it dies with SIGABRT or SIGSEGV wherever it next
 needs a mapping, compiling the next program or serializing one for the
-persistent compilation cache. The GPU qualification on CPU (about 400
+persistent compilation cache (alone: "LLVM compilation error: Cannot
+allocate memory", then SIGSEGV). The GPU qualification on CPU (about 400
 tests in one process, tests/qualify_report.py) reached the cap in
 tests/sharding/test_ops.py at 4 GB of RSS (issue 42).
 
