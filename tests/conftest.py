@@ -3,8 +3,10 @@
 Requests 8 emulated CPU devices before JAX starts (multi-device tests skip
 when fewer are present, e.g. on a 1-GPU machine), registers the
 hypothesis profiles: "ci" (derandomized, the default under CI=true) and
-"dev", gives the run one XLA compilation cache (`pytest_configure`), and
-provides the `row_mode` fixture.
+"dev", gives the run one XLA compilation cache (`pytest_configure`),
+registers the plugins that keep a long process under the kernel's cap on
+memory mappings (tests/memory_maps.py) and write the qualification report
+(tests/qualify_report.py), and provides the `row_mode` fixture.
 
 Row modes (dyadic_jax/rowwise.py): a test that takes the `row_mode`
 fixture runs once per mode, "loop" (CPU's default: one vocabulary row at a
@@ -34,7 +36,10 @@ FAST_COMPILE = ("--xla_llvm_disable_expensive_passes=true "
 # the process on a flag it does not know).
 _ELEMENTAL_EMITTERS = "xla_cpu_use_fusion_emitters"
 
-pytest_plugins = ["tests.qualify_report"]  # -m qualify: --qualify-report
+pytest_plugins = [
+    "tests.memory_maps",     # a long run stays under the kernel's mappings cap
+    "tests.qualify_report",  # -m qualify: --qualify-report (imports the above)
+]
 
 hypothesis.settings.register_profile(
     "ci", derandomize=True, deadline=None, max_examples=60,

@@ -28,7 +28,10 @@ Options (registered by tests/conftest.py through `pytest_plugins`):
                          benchmark's figures and speed targets); prints
                          where it went. Kept current as the run goes: a
                          process that dies leaves "complete": false and
-                         "running": the test it died in.
+                         "running": the test it died in; "process":
+                         its memory mappings (now, peak, the kernel's
+                         limit: tests/memory_maps.py), cache drops, RSS
+                         and threads as of the last write.
   --qualify-full         full sizes on CPU too (V = 129280, bench_core's
                          own defaults); the default on an accelerator.
 """
@@ -39,6 +42,8 @@ import platform
 import time
 
 import pytest
+
+from tests import memory_maps
 
 PATHS = ("tests/core", "tests/sharding", "tests/system/test_qualify.py")
 COMMAND = ("python -m pytest -m qualify --runslow -n 0 -q "
@@ -89,6 +94,33 @@ def platform_facts() -> dict:
       "gather": collectives.GATHER,
       # 64-bit mode on outside the library's own scope (x64.py).
       "x64_global": jax.numpy.zeros(()).dtype == jax.numpy.float64,
+  }
+
+
+def process_facts() -> dict:
+  """This process's resources: its memory mappings (now, and the most seen
+  at the end of a test) against the kernel's limit and the budget past
+  which tests/memory_maps.py drops JAX's caches, the times it did, its
+  resident memory (now, peak) and its threads. Under xdist: the
+  controller's (the report's writer)."""
+  status = {}
+  try:
+    with open("/proc/self/status", encoding="ascii") as f:
+      status = dict(line.split(":", 1) for line in f if ":" in line)
+  except OSError:
+    pass
+  kb = lambda name: (int(status[name].split()[0]) // 1024
+                     if name in status else None)
+  maps = memory_maps.mapping_count()
+  return {
+      "maps": maps,
+      "maps_peak": max(maps or 0, memory_maps.peak) or None,
+      "map_limit": memory_maps.mapping_limit(),
+      "map_budget": memory_maps.budget(),
+      "cache_drops": memory_maps.drops,
+      "rss_mb": kb("VmRSS"),
+      "rss_peak_mb": kb("VmHWM"),
+      "threads": int(status["Threads"]) if "Threads" in status else None,
   }
 
 
@@ -180,6 +212,7 @@ class _Recorder:
         "complete": exit_status is not None,
         "running": self.running,
         "platform": self.platform,
+        "process": process_facts(),
         "summary": {o: sum(t["outcome"] == o for t in tests)
                     for o in ("passed", "failed", "skipped")},
         "exit_status": exit_status,

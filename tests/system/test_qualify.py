@@ -11,7 +11,8 @@ This file holds the rest: the selection imports neither the bridge nor the
 packages GPU machines lack, float64/int64/uint64 arithmetic on the device,
 the library's division against IEEE 1 / z, the platform facts, and
 experiments/bench_core.py with its speed targets; then the power of the
-division check (a mutant fails it) and the report plugin itself.
+division check (a mutant fails it), the report plugin itself, and a run
+kept under the kernel's cap on memory mappings (tests/memory_maps.py).
 
 Sizes: small on CPU; full (bench_core at V = 129280) on an accelerator or
 with --qualify-full.
@@ -302,6 +303,58 @@ def test_report_survives_a_process_that_dies(pytester, tmp_path,
   assert tests["test_first"]["outcome"] == "passed"
   assert "test_never_runs" not in tests
   assert report["platform"]["jax"] == jax.__version__
+
+
+# Issue 42 in small: one process compiling program after program, as the
+# qualification does (it reached the kernel's cap on memory mappings in
+# tests/sharding/test_ops.py, and XLA died). The budget is set a few
+# programs above the process's mappings once JAX is up; each new program
+# adds tens of mappings, so without tests/memory_maps.py, registered by
+# the project's conftest loaded here as the command loads it, the run
+# ends hundreds above it.
+_PROGRAMS = """
+import os
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import dyadic_jax as dj
+from tests import memory_maps
+
+jax.jit(jnp.sin)(1.0).block_until_ready()  # the client and its threads
+os.environ["DYADIC_JAX_TEST_MAP_BUDGET"] = str(
+    memory_maps.mapping_count() + {headroom})
+
+@pytest.mark.parametrize("v", range(100, 100 + {programs}))
+def test_compiles_new_programs(v):
+  rows = np.random.default_rng(v).normal(size=(2, v)).astype(np.float32)
+  jax.block_until_ready(dj.draft_weights(rows))  # ~50 mappings each
+"""
+
+
+@pytest.mark.skipif(qualify_report.memory_maps.mapping_limit() is None,
+                    reason="no /proc/sys/vm/max_map_count (not Linux)")
+def test_a_long_run_stays_under_its_mappings_budget(pytester, tmp_path,
+                                                    monkeypatch):
+  monkeypatch.setenv("PYTHONPATH", os.pathsep.join(
+      p for p in (ROOT, os.environ.get("PYTHONPATH")) if p))
+  monkeypatch.delenv("DYADIC_JAX_TEST_MAP_BUDGET", raising=False)
+  headroom, programs = 150, 12
+  pytester.makepyfile(test_inner=_PROGRAMS.format(headroom=headroom,
+                                                  programs=programs))
+  path = tmp_path / "report.json"
+  result = pytester.runpytest_subprocess(
+      "-p", "tests.conftest", "-p", "no:cacheprovider", "-q",
+      f"--qualify-report={path}")
+  assert result.ret == 0, result.stdout.str()[-3000:]
+  report = json.loads(path.read_text())
+  assert report["complete"] is True
+  assert report["summary"]["passed"] == programs
+  process = report["process"]
+  budget = process["map_budget"]
+  assert process["cache_drops"] >= 2, process
+  # Past the budget by at most the few programs of one test or two.
+  assert process["maps_peak"] < budget + headroom, process
 
 
 def test_report_directory_must_exist(pytester):
