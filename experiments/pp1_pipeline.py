@@ -2,11 +2,11 @@
 
     python -m experiments.pp1_pipeline
 
-Runtime with the defaults: 29 s, measured 2026-12-05 on 2 cores with load
-average 0.9 before and 1.2 after (memcpy of 10 MB: 1.59 ms before, 1.61 ms
+Runtime with the defaults: 14 s, measured 2026-12-05 on 2 cores with load
+average 4.6 before and 4.1 after (memcpy of 10 MB: 0.17 ms before, 0.17 ms
 after); docs/figures.json, recorded by `python -m experiments.record_figures`.
-Of the 27.4 s its summary counts, start-up, compile and worker start-up took
-24.7 s and the 23 rounds 2.3 s; --tokens scales only the rounds.
+Of the 12.7 s its summary counts, start-up, compile and worker start-up took
+10.1 s and the 27 rounds 0.8 s; --tokens scales only the rounds.
 
 The summary's time split says where a run's time went.
 
@@ -14,16 +14,24 @@ What runs (docs/architecture.md, "One round"; one round per step of the
 progress bar):
 
 * the draft worker, `experiments.bridge_worker`, as a subprocess on
-  loopback: the DSpark-style toy draft of dyadic_jax/models/toy_pair.py
-  (parallel backbone + Markov head) drawing dyadic q rows (sparse top-k or
-  dense) with its PROPOSAL keys;
+  loopback: the shipped pair's draft (`--model=stdlib`, the default: a
+  transformer with its KV cache, fed from the CONTEXT frames; or
+  `--model=toy`, the DSpark-style toy draft of
+  dyadic_jax/models/toy_pair.py, a parallel backbone + Markov head, at the
+  seed's V=129280) drawing dyadic q rows (sparse top-k or dense) with its
+  PROPOSAL keys;
 * the host bridge (dyadic_jax.bridge): HELLO negotiation, STEP, REPLY rows,
   COMPLETION, validation before use, COMMIT, fallback on any defect;
 * the verifier on a requests x vocab mesh (`--verifier_requests` groups of
   the vocabulary split; 1 by default): `sharding.verify_batch`, one call
   per round, and `sharding.sample_target` over --verifier_devices devices
-  (emulated CPU devices here), with the toy target and its processors (repetition
-  penalty, optional grammar mask) applied unchanged.
+  (emulated CPU devices here), with the pair's target (the trained one's
+  rows for every request of a round in one call, its KV caches in one
+  slab; the toy's with its processors, repetition penalty and optional
+  grammar mask, applied unchanged);
+* the baseline: the same prompts decoded by the target alone, batched
+  (`generate.target_only`), and the cost model's terms that say why
+  speculation paid or did not.
 
 Every request runs until it has --tokens new tokens and then leaves the
 batch. Its last round may verify more tokens than it still needs (a round
