@@ -20,13 +20,16 @@ temperature 1:
 2. **Speed.** Tokens per second of target-only decoding (the target's
    slab at batch --requests and at batch 1: one fused call per 16 steps,
    `generate.target_only`) and of speculative decoding with each format
-   at batch --requests (one target call per round), in one process; with --bridge also over the bridge on loopback
-   (a worker process, `experiments.bridge_worker --model`, authenticated,
-   the q on the wire) for the best one-process format. Each run's time
-   split (draft steps, verify pass, verification, exchange, host), and the
-   speedup the standard cost model predicts from the measured acceptance
-   alpha, the draft's cost per token relative to the target's c, and the
-   depth D:  (1 - alpha^(D+1)) / ((1 - alpha) (c D + 1)).
+   at batch --requests (one draft call and one target call per round), in
+   one process; with --bridge also over the bridge on loopback (a worker
+   process, `experiments.bridge_worker --model`, authenticated, the q on
+   the wire) for the best one-process format. Each run's time split (draft
+   steps, verify pass, verification, exchange, host), and the speedup the
+   standard cost model predicts from the measured acceptance alpha, the
+   draft's cost per drafted token c, the verify pass's r and the rest of a
+   round u (verification, host), each over one batched target-only step,
+   and the depth D: E / (c D + r + u) with E = (1 - alpha^(D+1)) / (1 -
+   alpha) tokens per round (the textbook model is r = 1, u = 0).
 
 3. **The peer.** The same weights in Hugging Face transformers
    (`ArceeForCausalLM`, exported by experiments/export_hf.py) on the same
@@ -37,13 +40,13 @@ temperature 1:
    in tokens per wall second and per CPU second (the process's, all its
    threads; over the bridge the worker's CPU too), measured in this run.
 4. **The regime.** A speculative round costs one verify pass over D + 1
-   rows where target-only decoding pays one step per token; the ratio r of
-   the two (measured: the speculative run's target seconds per round over
-   batched target-only's per step, both over the whole batch) decides whether speculation can pay: the
-   model's speedup is E / (c D + r) with E = (1 - alpha^(D+1)) / (1 -
-   alpha) tokens per round, so it breaks even at r = E - c D. A
-   weight-bound step (a GPU, or weights far beyond the caches) has r near
-   1; a lean engine on a CPU has r well above 1, and the table says so.
+   rows where target-only decoding pays one step per token; the ratio r
+   of the two (measured: the speculative run's target seconds per round
+   over batched target-only's per step, both over the whole batch)
+   decides whether speculation can pay: the model's speedup is E / (c D +
+   r + u), so it breaks even at r = E - c D - u. A weight-bound step (a
+   GPU, or weights far beyond the caches) has r near 1; a lean engine on
+   a CPU has r well above 1, and the table says so.
 
 Same prompts, same seeds and the same batch (--requests) in every run.
 """
@@ -200,10 +203,12 @@ def tokens_per_round(alpha: float, depth: int) -> float:
 
 
 def predicted_speedup(alpha: float, c: float, depth: int,
-                      pass_ratio: float = 1.0) -> float:
-  """The cost model's speedup over target-only decoding: E / (c D + r),
-  r the verify pass's cost over one target step (1: the textbook model)."""
-  return tokens_per_round(alpha, depth) / (c * depth + pass_ratio)
+                      pass_ratio: float = 1.0, rest: float = 0.0) -> float:
+  """The cost model's speedup over target-only decoding: E / (c D + r +
+  u), r the verify pass's cost over one target step (1: the textbook
+  model) and u the rest of a round (verification, host; 0: the textbook
+  model), both in target-only steps."""
+  return tokens_per_round(alpha, depth) / (c * depth + pass_ratio + rest)
 
 
 def run_record(out: generate.Result, cpu_s: float) -> dict:
@@ -352,16 +357,18 @@ def main(argv):
     screen = link.observe = Screen(depth, vocab)
     out, cpu_s = timed(generate.generate, link, prompts, **kw)
     # Per round of the batch, in batched target-only steps: the draft's
-    # cost per drafted position c, and the verify pass's r.
-    c = out.seconds["draft"] / max(out.rounds * depth, 1) / step_s
-    r = out.seconds["target"] / max(out.rounds, 1) / step_s
+    # cost per drafted position c, the verify pass's r and the rest u.
+    per_round = max(out.rounds, 1) * step_s
+    c = out.seconds["draft"] / depth / per_round
+    r = out.seconds["target"] / per_round
+    u = (out.seconds["verify"] + out.seconds["host"]) / per_round
     entry = dict(run_record(out, cpu_s), **screen.record(),
-                 draft_cost_ratio=c, pass_ratio=r)
+                 draft_cost_ratio=c, pass_ratio=r, rest_ratio=u)
     entry["speedup"] = out.tokens_per_second / base.tokens_per_second
     entry["predicted_speedup"] = predicted_speedup(entry["expected"], c,
-                                                   depth, r)
+                                                   depth, r, u)
     entry["break_even_pass_ratio"] = (
-        tokens_per_round(entry["expected"], depth) - c * depth)
+        tokens_per_round(entry["expected"], depth) - c * depth - u)
     record["formats"][name] = entry
     print(f"  q {name:>6}: acceptance {entry['acceptance']:.3f} (exact "
           f"{entry['expected']:.3f}), accepted/round "
@@ -480,7 +487,8 @@ def print_tables(record: dict) -> None:
           f"{e['tokens_per_second']:.1f} | {e['tokens_per_cpu_second']:.1f} "
           f"| {e['speedup']:.2f} | {e['predicted_speedup']:.2f} "
           f"(alpha {e['expected']:.2f}, c {e['draft_cost_ratio']:.3f}, r "
-          f"{e['pass_ratio']:.2f}) | {split(e['seconds'])} |")
+          f"{e['pass_ratio']:.2f}, u {e['rest_ratio']:.2f}) | "
+          f"{split(e['seconds'])} |")
   if "bridge" in record:
     b = record["bridge"]
     print(f"| dyadic-jax bridge, q {b['format']} | "

@@ -47,8 +47,8 @@ def test_a_small_run(tmp_path):
     # The model's speedup is 1 exactly at the break-even pass ratio.
     assert e["break_even_pass_ratio"] == pytest.approx(
         e["predicted_speedup"] * (e["draft_cost_ratio"] * 5
-                                  + e["pass_ratio"]) - 5
-        * e["draft_cost_ratio"])
+                                  + e["pass_ratio"] + e["rest_ratio"])
+        - 5 * e["draft_cost_ratio"] - e["rest_ratio"])
     # The split adds up to the wall.
     assert sum(e["seconds"][p] for p in ("draft", "target", "verify",
                                          "exchange", "host")) == (
