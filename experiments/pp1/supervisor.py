@@ -9,7 +9,7 @@ import contextlib
 import itertools
 import json
 import os
-import select
+import queue
 import shutil
 import subprocess
 import sys
@@ -162,12 +162,27 @@ class Worker:
   def wait_ready(self, timeout_s: float = READY_TIMEOUT_S) -> str:
     """Blocks until the worker prints READY; ChildFailed if it dies."""
     self.watch.stop()       # from here on, this wait sees it
+    # A thread reads the lines: select() on the pipe cannot see a READY
+    # line that readline() already pulled into the text buffer with the
+    # line before it (gloo's "[Gloo] Rank 0 is connected ..." comes just
+    # before READY on a ranked worker), and would wait out the timeout.
+    lines: queue.Queue[str] = queue.Queue()
+    stdout = self.proc.stdout
+
+    def pump() -> None:
+      for line in stdout:
+        lines.put(line)
+        if line.startswith("READY "):
+          return            # the rest (STATS) is `stop`'s to read
+      lines.put("")         # end of output
+
+    threading.Thread(target=pump, name="worker-ready", daemon=True).start()
     deadline = time.monotonic() + timeout_s
     while (left := deadline - time.monotonic()) > 0:
-      ready, _, _ = select.select([self.proc.stdout], [], [], left)
-      if not ready:
+      try:
+        line = lines.get(timeout=left)
+      except queue.Empty:
         break
-      line = self.proc.stdout.readline()
       if line.startswith("READY "):
         self.address = line.split()[1]
         return self.address
