@@ -83,22 +83,35 @@ def _bin(history: AcceptanceHistory, top: float) -> int:
   return min(max(int(top * bins), 0), bins - 1)
 
 
-def draft_steps(admitted: int, max_depth: int) -> int:
+def draft_steps(admitted: int, max_depth: int, lookahead: bool) -> int:
   """Draft steps a sequential round computes: one row per admitted
-  position, plus the row a stop was decided on (none after max_depth)."""
-  return min(admitted + 1, max_depth)
+  position, and with `lookahead` the row a stop was decided on too (none
+  after max_depth)."""
+  return min(admitted + 1, max_depth) if lookahead else admitted
+
+
+def feature(rows: typing.Sequence[RowStats], position: int,
+            lookahead: bool) -> float:
+  """What position i's acceptance is binned by: the top probability of
+  its own row (`lookahead`), else of the row before it (1.0 at position
+  0: no row yet; its estimate is then the position's frequency)."""
+  if lookahead:
+    return rows[position].top
+  return rows[position - 1].top if position else 1.0
 
 
 def record_round(history: AcceptanceHistory,
                  rows: typing.Sequence[RowStats], accepted: int,
-                 step_cost: float) -> AcceptanceHistory:
+                 step_cost: float, lookahead: bool) -> AcceptanceHistory:
   """`history` with one verified round added.
 
   Args:
     rows: the `RowStats` of the admitted positions, in order (d of them).
     accepted: drafted tokens the verifier accepted, in [0, d].
     step_cost: one draft step's cost relative to one target pass; the
-      round's cost is 1 + step_cost * `draft_steps(d, D)`.
+      round's cost is 1 + step_cost * `draft_steps(d, D, lookahead)`.
+    lookahead: how the rounds were drafted (`AdaptiveDepth.lookahead`):
+      decides the bins (`feature`) and the steps.
 
   Returns:
     a new history (the arrays are copied): positions 0..min(accepted, d-1)
@@ -111,25 +124,31 @@ def record_round(history: AcceptanceHistory,
                      f"max depth {history.reached.shape[0]}")
   reached, acc = history.reached.copy(), history.accepted.copy()
   for i in range(min(accepted + 1, d)):
-    b = _bin(history, rows[i].top)
+    b = _bin(history, feature(rows, i, lookahead))
     reached[i, b] += 1
     acc[i, b] += i < accepted
-  cost = 1.0 + step_cost * draft_steps(d, history.reached.shape[0])
+  cost = 1.0 + step_cost * draft_steps(d, history.reached.shape[0],
+                                       lookahead)
   return AcceptanceHistory(reached, acc, history.tokens + accepted + 1,
                            history.cost + cost)
 
 
-def estimate(history: AcceptanceHistory, position: int, row: RowStats,
-             prior_weight: float = 4.0) -> float:
-  """Estimated P(x_i accepted | position i reached, row i's statistics).
+def estimate(history: AcceptanceHistory, position: int, top: float,
+             prior_weight: float = 16.0) -> float:
+  """Estimated P(x_i accepted | position i reached, its `feature` top).
 
   The counts of (position, top-probability bin), shrunk toward the bin's
-  counts over all positions, which are shrunk toward the row's own top
-  probability (a draft that is right about its mode is accepted about that
-  often); each prior weighs `prior_weight` observations.
+  counts over all positions, shrunk toward all counts, shrunk toward `top`
+  itself (before any round: a draft that is right about its mode is
+  accepted about that often); each prior weighs `prior_weight`
+  observations. The middle level matters: a bin the rule stopped on is
+  rarely reached again, and its estimate must follow the pair's overall
+  acceptance rather than stay at the cold-start guess.
   """
-  b = _bin(history, row.top)
-  pooled = ((history.accepted[:, b].sum() + prior_weight * row.top)
+  b = _bin(history, top)
+  overall = ((history.accepted.sum() + prior_weight * top)
+             / (history.reached.sum() + prior_weight))
+  pooled = ((history.accepted[:, b].sum() + prior_weight * overall)
             / (history.reached[:, b].sum() + prior_weight))
   return float((history.accepted[position, b] + prior_weight * pooled)
                / (history.reached[position, b] + prior_weight))
@@ -146,8 +165,8 @@ class AdmissionContext(typing.NamedTuple):
   committed: tuple[int, ...]    # committed history before the round
   drafted: tuple[int, ...]      # x_1 .. x_{i-1}, already drawn
   load: float | None = None     # a load figure measured before the round
-  rows: tuple[RowStats, ...] = ()   # the draft's rows 0..i (i + 1 of them)
-                                    # when the drafter computes them
+  rows: tuple[RowStats, ...] = ()   # the draft's rows computed so far:
+                                    # 0..i (lookahead) or 0..i-1
   history: AcceptanceHistory | None = None   # earlier rounds' counts
 
 
@@ -175,26 +194,33 @@ class FixedDepth:
 class AdaptiveDepth:
   """Admit position i while its expected extra tokens pay for a step.
 
-  With a_j = `estimate(history, j, rows[j])`, position i is admitted iff
+  With a_j = `estimate(history, j, feature(rows, j, lookahead))`, position
+  i is admitted iff
 
       a_0 a_1 ... a_{i-1} * a_i  >=  marginal_i * rate,
 
   the left side the expected tokens that x_i adds (it counts only when
-  x_1..x_{i-1} are accepted), marginal_i = step_cost (admitting i means
-  computing row i + 1 to decide on it) or 0 at the last position (its row
-  is already computed), and rate the recorded rounds' tokens per target
-  pass (1, target-only, before any). A stop is final (`draft_chain`).
+  x_1..x_{i-1} are accepted) and rate the recorded rounds' tokens per
+  unit of cost (1, target-only, before any). Without lookahead (the
+  default) the rule decides before row i is computed, on rows 0..i-1, and
+  marginal_i = step_cost (row i); with lookahead it sees row i itself,
+  and marginal_i = step_cost for row i + 1, which it will need to decide
+  on i + 1 (0 at the last position), while a stop wastes row i. A stop is
+  final (`draft_chain`).
 
   Attributes:
     max_depth: the negotiated depth: position max_depth is never admitted.
     step_cost: one draft step's cost over one target pass (> 0).
     prior_weight: see `estimate`.
     min_depth: positions always admitted (0: the round may be target-only).
+    lookahead: whether position i's decision reads row i's statistics
+      (`draft_chain(lookahead=...)` must agree).
   """
   max_depth: int
   step_cost: float
-  prior_weight: float = 4.0
+  prior_weight: float = 16.0
   min_depth: int = 0
+  lookahead: bool = False
 
   def __post_init__(self) -> None:
     if not (self.max_depth >= 1 and 0 <= self.min_depth <= self.max_depth
@@ -211,18 +237,20 @@ class AdaptiveDepth:
       return False
     if i < self.min_depth:
       return True
-    if len(ctx.rows) != i + 1:
+    if len(ctx.rows) != i + self.lookahead:
       raise ValueError(f"AdaptiveDepth: position {i} needs the statistics "
-                       f"of rows 0..{i}, got {len(ctx.rows)}")
+                       f"of rows 0..{i + self.lookahead - 1}, got "
+                       f"{len(ctx.rows)}")
     history = ctx.history
     if history is None:
       history = acceptance_history(self.max_depth)
     gain = 1.0
-    for j, row in enumerate(ctx.rows):
-      gain *= estimate(history, j, row, self.prior_weight)
+    for j in range(i + 1):
+      gain *= estimate(history, j, feature(ctx.rows, j, self.lookahead),
+                       self.prior_weight)
     rate = history.tokens / history.cost if history.cost > 0 else 1.0
-    marginal = self.step_cost if i + 1 < self.max_depth else 0.0
-    return gain >= marginal * rate
+    last = self.lookahead and i + 1 == self.max_depth
+    return gain >= (0.0 if last else self.step_cost) * rate
 
 
 def draft_chain(rule: StoppingRule,
@@ -231,8 +259,8 @@ def draft_chain(rule: StoppingRule,
                 load: float | None = None,
                 row: typing.Callable[[int, tuple[int, ...]], RowStats]
                 | None = None,
-                history: AcceptanceHistory | None = None
-                ) -> tuple[int, ...]:
+                history: AcceptanceHistory | None = None,
+                lookahead: bool = True) -> tuple[int, ...]:
   """Draws a chain under a sequential stopping rule.
 
   Args:
@@ -243,9 +271,11 @@ def draft_chain(rule: StoppingRule,
     committed: the committed history, passed to the rule unchanged.
     load: optional load figure measured before the round.
     row: optional callable (position, drafted_prefix) -> `RowStats` of the
-      draft's row for that position, called before the rule is asked about
-      it (it sees the same prefix `draw` will, never the draw).
+      draft's row for that position (it sees the same prefix `draw` will,
+      never the draw), called before the rule is asked about that position
+      (`lookahead`) or once the rule admitted it, before `draw`.
     history: earlier rounds' counts, passed to the rule unchanged.
+    lookahead: see `row`; the context's `rows` hold rows 0..i, or 0..i-1.
 
   Returns:
     tuple of drawn tokens, length <= max_depth. The rule saw position i
@@ -255,12 +285,14 @@ def draft_chain(rule: StoppingRule,
   drafted: list[int] = []
   rows: list[RowStats] = []
   for i in range(max_depth):
-    if row is not None:
+    if row is not None and lookahead:
       rows.append(row(i, tuple(drafted)))
     ctx = AdmissionContext(position=i, committed=committed,
                            drafted=tuple(drafted), load=load,
                            rows=tuple(rows), history=history)
     if not rule.admit(ctx):
       break
+    if row is not None and not lookahead:
+      rows.append(row(i, tuple(drafted)))
     drafted.append(int(draw(i, tuple(drafted))))
   return tuple(drafted)

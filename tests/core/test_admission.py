@@ -1,5 +1,6 @@
 """Admission: fixed depth, sequential stopping rules, selection-bias toy."""
 
+import dataclasses
 from fractions import Fraction
 
 import jax
@@ -112,13 +113,16 @@ def test_adaptive_depth_validation_and_needs_rows():
       dj.AdaptiveDepth(**bad)
   rule = dj.AdaptiveDepth(max_depth=3, step_cost=0.1)
   with pytest.raises(ValueError, match="rows 0..0"):
-    rule.admit(dj.AdmissionContext(position=0, committed=(), drafted=()))
+    rule.admit(dj.AdmissionContext(position=1, committed=(), drafted=(4,)))
+  with pytest.raises(ValueError, match="rows 0..0"):
+    dataclasses.replace(rule, lookahead=True).admit(
+        dj.AdmissionContext(position=0, committed=(), drafted=()))
   assert dj.AdaptiveDepth(max_depth=3, step_cost=0.1, min_depth=1).admit(
       dj.AdmissionContext(position=0, committed=(), drafted=()))
 
 
 def test_adaptive_depth_stops_where_a_step_does_not_pay():
-  rule = dj.AdaptiveDepth(max_depth=4, step_cost=0.3)
+  rule = dj.AdaptiveDepth(max_depth=4, step_cost=0.3, lookahead=True)
   sure, unsure = adm.RowStats(0.95, 0.2), adm.RowStats(0.2, 1.5)
   seen = []
 
@@ -134,21 +138,38 @@ def test_adaptive_depth_stops_where_a_step_does_not_pay():
   last = adm.AdmissionContext(position=3, committed=(), drafted=(1, 2, 3),
                               rows=(unsure,) * 4)
   assert rule.admit(last)
+  # Without lookahead row i is computed only once i is admitted, and
+  # position i is judged by row i - 1: 1 (no row), 0.95, 0.95^2, then
+  # 0.95^2 * 0.2 < 0.3 stops before row 3 is computed.
+  seen.clear()
+  chain = dj.draft_chain(dataclasses.replace(rule, lookahead=False),
+                         lambda i, p: 5 + i, max_depth=4, row=row,
+                         lookahead=False)
+  assert chain == (5, 6, 7)
+  assert seen == [(0, ()), (1, (5,)), (2, (5, 6))]
+  assert [adm.draft_steps(3, 4, la) for la in (True, False)] == [4, 3]
 
 
 def test_acceptance_history_counts_reached_positions():
   h = adm.acceptance_history(3, bins=4)
   rows = [adm.RowStats(0.9, 0.1), adm.RowStats(0.3, 1.0),
           adm.RowStats(0.6, 0.5)]
-  h = adm.record_round(h, rows, accepted=1, step_cost=0.1)
+  h = adm.record_round(h, rows, accepted=1, step_cost=0.1, lookahead=True)
   # x_1 accepted, x_2 reached and rejected, x_3 never reached.
   assert h.reached[:, [3, 1, 2]].diagonal().tolist() == [1, 1, 0]
   assert h.accepted.sum() == 1 and h.tokens == 2
   assert h.cost == pytest.approx(1.3)
-  assert adm.estimate(h, 0, rows[0]) > adm.estimate(
-      adm.acceptance_history(3, bins=4), 0, rows[0])
+  # Before any round the estimate is the top probability; after, the
+  # accepted cell is estimated above the rejected one.
+  assert adm.estimate(adm.acceptance_history(3, bins=4), 0, 0.9) == 0.9
+  assert adm.estimate(h, 0, 0.9) > 0.5 > adm.estimate(h, 1, 0.3)
   with pytest.raises(ValueError, match="accepted"):
-    adm.record_round(h, rows[:1], accepted=2, step_cost=0.1)
+    adm.record_round(h, rows[:1], accepted=2, step_cost=0.1, lookahead=True)
+  # Without lookahead position i is binned by row i - 1 (1.0 at 0).
+  h = adm.record_round(adm.acceptance_history(3, bins=4), rows, accepted=1,
+                       step_cost=0.1, lookahead=False)
+  assert h.reached[:, [3, 3, 1]].diagonal().tolist() == [1, 1, 0]
+  assert h.cost == pytest.approx(1.3)
   assert adm.row_stats([1, 1, 2]) == pytest.approx((0.5, 1.0397207708399179))
   with pytest.raises(ValueError, match="row_stats"):
     adm.row_stats([0, 0])
@@ -168,7 +189,8 @@ def _honest_decisions(rule, depth, history):
     del x   # what an honest rule cannot see
     ctx = adm.AdmissionContext(
         position=i, committed=prefix[:1], drafted=tuple(prefix[1:]),
-        rows=tuple(_STATS[v] for v in prefix), history=history)
+        rows=tuple(_STATS[v] for v in prefix[:i + rule.lookahead]),
+        history=history)
     return rule.admit(ctx)
   return decide
 
@@ -267,7 +289,9 @@ def _suite(rule, depth, tv, floor, seed, history=None):
     total = sum(joint)
     assert [j / total for j in joint] == target[prev], (i, admitted, prev)
   events = {(i, a) for i, a, _ in cells}
-  assert {(0, True), (0, False), (1, True), (1, False)} <= events
+  # The toy exercises the rule: it admits and stops at the same position.
+  assert any((i, True) in events and (i, False) in events
+             for i in range(depth))
   mutant_cells, _ = _exact_cells(_peeking(decide), depth)
   tested = sorted(c for c, j in cells.items() if sum(j) >= floor)
   n = stats.samples_for_tv(tv, df=2, alpha=stats.ALPHA / len(tested))
@@ -296,20 +320,23 @@ def _suite(rule, depth, tv, floor, seed, history=None):
   assert not verdicts["peeking"], "the peeking mutant passed the suite"
 
 
-def test_conditional_frequency_suite_bounded():
+@pytest.mark.parametrize("lookahead", [False, True])
+def test_conditional_frequency_suite_bounded(lookahead):
   # Empty history: the estimates are the rows' top probabilities.
-  _suite(dj.AdaptiveDepth(max_depth=3, step_cost=0.45), depth=3, tv=0.2,
-         floor=0.05, seed=391)
+  _suite(dj.AdaptiveDepth(max_depth=3, step_cost=0.45, lookahead=lookahead),
+         depth=3, tv=0.2, floor=0.05, seed=391)
 
 
 @pytest.mark.slow
-def test_conditional_frequency_suite_long():
+@pytest.mark.parametrize("lookahead", [False, True])
+def test_conditional_frequency_suite_long(lookahead):
   # Depth 4 with estimates from earlier rounds (a recorded history in
   # which each row type was accepted at its own rate).
   history = adm.acceptance_history(4)
   for v in range(3):
     for _ in range(20):
       history = adm.record_round(history, [_STATS[v]] * 4, accepted=v,
-                                 step_cost=0.3)
-  _suite(dj.AdaptiveDepth(max_depth=4, step_cost=0.3), depth=4, tv=0.04,
+                                 step_cost=0.3, lookahead=lookahead)
+  _suite(dj.AdaptiveDepth(max_depth=4, step_cost=0.3, lookahead=lookahead),
+         depth=4, tv=0.04,
          floor=0.01, seed=392, history=history)
