@@ -3,7 +3,8 @@
 Depth is fixed before any draw by default. An adaptive policy may only be a
 sequential stopping rule: before x_i is drawn it decides from what already
 exists (committed history, measured load, x_1..x_{i-1}, the draft's rows
-for positions 0..i, estimates from earlier rounds) whether position i is
+for positions before i and optionally i itself, estimates from earlier
+rounds) whether position i is
 admitted; once it stops, it never reopens. `draft_chain` enforces this by
 construction: the rule is asked about position i while x_i does not exist
 yet, and `AdmissionContext` has no field that could carry it. The draft's
@@ -15,8 +16,9 @@ of it (`RowStats`) are eligible inputs.
 it admits position i while the expected number of extra tokens it brings,
 estimated from the rows' statistics and per-position acceptance counts of
 earlier rounds (`AcceptanceHistory`), pays for one more draft step at the
-session's measured rate (docs/numerics.md section 7 has the proof that the
-output distribution stays the target's).
+rate the recorded rounds achieved (docs/numerics.md section 7 has the
+proof that the output distribution stays the target's, and
+docs/benchmarks.md what it buys on the trained pair).
 
 Why it matters: admitting x_1 only when it is 0 (q = p uniform on {0, 1},
 target-only otherwise) outputs 0 with probability 3/4, not 1/2; no verifier
