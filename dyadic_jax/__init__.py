@@ -24,8 +24,8 @@ if typing.TYPE_CHECKING:
   from dyadic_jax import qrows
   from dyadic_jax import reference
   from dyadic_jax import rowops
-  from dyadic_jax.admission import (AdmissionContext, FixedDepth,
-                                    StoppingRule, draft_chain)
+  from dyadic_jax.admission import (AdaptiveDepth, AdmissionContext,
+                                    FixedDepth, StoppingRule, draft_chain)
   from dyadic_jax.allocation import allocate_dense, allocate_sparse
   from dyadic_jax.constants import (DEFAULT_VOCAB, LOG2_M, M, MAX_VOCAB,
                                     SEMANTIC_ID, TARGET_BITS, Status)
@@ -44,8 +44,8 @@ if typing.TYPE_CHECKING:
 # Public name -> the module that defines it (a submodule: itself).
 _WHERE = {
     **dict.fromkeys(("qrows", "reference", "rowops"), ""),
-    **dict.fromkeys(("AdmissionContext", "FixedDepth", "StoppingRule",
-                     "draft_chain"), "admission"),
+    **dict.fromkeys(("AdaptiveDepth", "AdmissionContext", "FixedDepth",
+                     "StoppingRule", "draft_chain"), "admission"),
     **dict.fromkeys(("allocate_dense", "allocate_sparse"), "allocation"),
     **dict.fromkeys(("DEFAULT_VOCAB", "LOG2_M", "M", "MAX_VOCAB",
                      "SEMANTIC_ID", "TARGET_BITS", "Status"), "constants"),
@@ -81,8 +81,8 @@ def __getattr__(name: str) -> typing.Any:
 
 
 __all__ = [
-    "AdmissionContext", "DEFAULT_VOCAB", "DenseQ", "Domain", "DyadicError",
-    "FixedDepth", "LOG2_M", "M", "MAX_VOCAB", "SEMANTIC_ID", "SparseQ",
+    "AdaptiveDepth", "AdmissionContext", "DEFAULT_VOCAB", "DenseQ", "Domain",
+    "DyadicError", "FixedDepth", "LOG2_M", "M", "MAX_VOCAB", "SEMANTIC_ID", "SparseQ",
     "Status", "StoppingRule", "TARGET_BITS", "allocate_dense",
     "allocate_sparse", "checked", "counts_to_q", "draft_chain",
     "draft_weights", "draw24", "draw64", "draw_key", "propose_dense",

@@ -452,3 +452,56 @@ def selection_bias_toy() -> dict[str, list[Fraction]]:
   inspecting = [Fraction(1, 2) * g + Fraction(1, 2) * t
                 for g, t in zip(given0, target_only)]
   return {"fixed_depth": fixed, "inspecting": inspecting}
+
+
+def admission_cells(p_rows: Sequence[Sequence[int]],
+                    count_rows: Sequence[Sequence[int]],
+                    decide: Any, depth: int, start: int
+                    ) -> dict[tuple[int, bool, int], list[Fraction]]:
+  """Exact joint law of (admission event, committed token) per position.
+
+  A bigram toy: the target's row after token v is P = p_rows[v] (integers,
+  `quantize_target`), the draft's q = count_rows[v] / M. One round starts
+  after the committed token `start`; position i's draft x_i ~ q(. | prev),
+  then `decide(i, prefix, x_i)` (prefix = (start, x_1..x_{i-1})) admits it
+  or stops. Admitted: the ideal speculative step (accept with min(1, p/q),
+  else a correction from max(p - q, 0)), and on acceptance position i + 1
+  follows. Stopped (or i = depth): the next token is drawn from p (the
+  bonus row). An honest rule ignores x_i; a mutant may read it.
+
+  Returns {(i, admitted, prev): [P(position i reached, that event, that
+  previous token, committed token v) for v]}, exact Fractions (ideal
+  draws: the implementation's 2^-64 draw error, section 6.4, is left out).
+  """
+  p = [target_distribution(row) for row in p_rows]
+  q = [[Fraction(c, M) for c in row] for row in count_rows]
+  vocab = len(p_rows)
+  cells: dict[tuple[int, bool, int], list[Fraction]] = {}
+
+  def add(cell, weight, dist):
+    row = cells.setdefault(cell, [Fraction(0)] * vocab)
+    for v in range(vocab):
+      row[v] += weight * dist[v]
+
+  def walk(prefix, weight):
+    i, prev = len(prefix) - 1, prefix[-1]
+    if i == depth:
+      add((i, False, prev), weight, p[prev])
+      return
+    residual = [max(a - b, Fraction(0)) for a, b in zip(p[prev], q[prev])]
+    mass = sum(residual)
+    for x in range(vocab):
+      if not q[prev][x]:
+        continue
+      w = weight * q[prev][x]
+      if not decide(i, tuple(prefix), x):
+        add((i, False, prev), w, p[prev])
+        continue
+      a = min(Fraction(1), p[prev][x] / q[prev][x])
+      add((i, True, prev), w * a, [Fraction(v == x) for v in range(vocab)])
+      if a < 1:
+        add((i, True, prev), w * (1 - a), [r / mass for r in residual])
+      walk(prefix + [x], w * a)
+
+  walk([start], Fraction(1))
+  return cells

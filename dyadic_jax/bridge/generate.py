@@ -40,6 +40,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from dyadic_jax import admission as admission_lib
 from dyadic_jax import models, rowops, verification
 from dyadic_jax.constants import M
 from dyadic_jax.bridge import engine as engine_lib
@@ -144,15 +145,21 @@ class Local:
                target: models.TargetModel, caps: hello.Capabilities, *,
                verify_fn: engine_lib.VerifyFn = verification.verify_batch,
                executor: rowops.Executor = rowops.LOCAL,
-               observe: typing.Callable[..., None] | None = None) -> None:
+               observe: typing.Callable[..., None] | None = None,
+               admission: admission_lib.AdaptiveDepth | None = None
+               ) -> None:
     """observe: called after each round with (rids, proposals, target rows,
-    outcomes (accepted, token)): what a benchmark screens (untimed)."""
+    outcomes (accepted, token)): what a benchmark screens (untimed).
+    admission: None (fixed depth), or an `AdaptiveDepth` the proposer
+    drafts under (`draft_proposer`): a round's chains then hold 1..depth
+    rows each, verified in groups of one length."""
     if draft.vocab != caps.vocab or target.vocab != caps.vocab:
       raise ValueError(f"Local: draft V {draft.vocab}, target V "
                        f"{target.vocab} and session V {caps.vocab} differ")
     self.caps = caps
     self.propose = proposer_lib.draft_proposer(draft, caps,
-                                               executor=executor)
+                                               executor=executor,
+                                               admission=admission)
     self.engine = engine_lib.Engine(caps, target, verify_fn=verify_fn)
     self.observe = observe
     self.requests: dict[int, _Request] = {}
@@ -211,6 +218,18 @@ class Local:
               proposals: list[qformats.Rows],
               logits: list[jax.Array]) -> list[tuple[int, int]]:
     """The engine's verification of the drawn rows (a refusal raises)."""
+    lengths = [len(p.tokens) for p in proposals]
+    if len(set(lengths)) > 1:
+      # Adaptive chains: each length verified on its own (its d rows,
+      # then the target row after the last one: correction or bonus).
+      out: list[tuple[int, int]] = [(0, 0)] * len(chains)
+      for d in sorted(set(lengths)):
+        group = [i for i, n in enumerate(lengths) if n == d]
+        for i, outcome in zip(group, self._verify(
+            [chains[i] for i in group], [proposals[i] for i in group],
+            [logits[i] for i in group])):
+          out[i] = outcome
+      return out
     rows = qformats.Rows(
         np.stack([p.tokens for p in proposals]),
         np.stack([np.asarray(p.n) for p in proposals]),

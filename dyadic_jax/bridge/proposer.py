@@ -24,9 +24,24 @@ run in the same jitted call as the q rows and the draws.
 With `out` (the `Rows` views of a REPLY frame, from `Propose.rows`) the
 proposer writes tokens, n and q straight into the frame: one copy from
 the draft's output to the wire.
+
+With `admission` (an `admission.AdaptiveDepth`; off by default) the chain
+is drawn under that sequential stopping rule (`admission.draft_chain`):
+one jitted draft step a position, the rule asked on the host (on the
+statistics of the rows before position i, or with `lookahead` of row i
+too), and only then x_i drawn; the proposal holds the d <=
+depth admitted rows (d >= 1). Where drafts go into a REPLY frame (`out`:
+the bridge's worker) the chain keeps the STEP's depth: the wire's
+fixed-depth contract is unchanged (this build's verifier takes a REPLY
+of exactly the STEP's depth), so only a one-process link
+(`generate.Local`) runs the rule. The acceptance
+of a request's previous proposal is read off its next call (the anchor
+moves by accepted + 1) and recorded in the proposer's
+`admission.AcceptanceHistory`, which the rule sees for later rounds only.
 """
 
 import collections
+import dataclasses
 import functools
 import typing
 
@@ -35,6 +50,7 @@ import jax.numpy as jnp
 from jax.experimental import multihost_utils
 import numpy as np
 
+from dyadic_jax import admission as admission_lib
 from dyadic_jax import models, rng, rowops
 from dyadic_jax.bridge import hello
 from dyadic_jax.bridge.hello import MAX_POSITION
@@ -115,7 +131,9 @@ def draft_proposer(
     backbone_fn: typing.Callable[[jax.Array, jax.Array, int], jax.Array]
     | None = None,
     executor: rowops.Executor = rowops.LOCAL,
-    max_states: int = 4096) -> "DraftProposer":
+    max_states: int = 4096,
+    admission: admission_lib.AdaptiveDepth | None = None
+) -> "DraftProposer":
   """A proposer `(seed, generation, round_id, anchor, last_token, depth,
   out=None, *, request=None, context=None) -> qformats.Rows` (see
   `Proposer`).
@@ -136,6 +154,10 @@ def draft_proposer(
     block, `caps.width` entries: `caps` of that rank's link).
   max_states: request handles kept between rounds (least recently used
     first out; a request whose handle went starts from `init_state`).
+  admission: None (fixed depth: every call draws `depth` rows), or an
+    `admission.AdaptiveDepth` with min_depth >= 1 (one device executor
+    only): each call without `out` draws the rows it admits, 1..depth of
+    them (see the module docstring).
 
   The returned proposer's `request` names whose handle to use and keep
   (None: a fresh handle, kept nowhere: the warm-up); `context` is the
@@ -147,6 +169,12 @@ def draft_proposer(
   model = models.as_draft(draft, backbone=backbone_fn, depth=caps.max_depth)
   states: collections.OrderedDict[int, models.State] = (
       collections.OrderedDict())
+  adaptive = None
+  if admission is not None:
+    if admission.min_depth < 1 or executor is not rowops.LOCAL:
+      raise ValueError("draft_proposer: adaptive admission needs min_depth "
+                       ">= 1 (a REPLY carries 1..D rows) and one device")
+    adaptive = _Adaptive(model, caps, admission, max_states)
 
   @functools.partial(jax.jit, static_argnums=(5,))
   def chain(seed: jax.Array, generation: jax.Array, round_id: jax.Array,
@@ -194,7 +222,8 @@ def draft_proposer(
     """One proposal per call, the draft's D steps of every request in one
     jitted call where the draft offers a slab (`DraftModel.batch`), else
     one call each."""
-    if slab is None:
+    if slab is None or adaptive is not None:
+      # The adaptive rule decides row by row on the host: one call each.
       return [propose(c.seed, c.generation, c.round_id, c.anchor,
                       c.last_token, depth, request=c.request,
                       context=c.context) for c in calls]
@@ -243,10 +272,18 @@ def draft_proposer(
       state = model.init_state()
     state = model.catch_up(state, context, int(last_token), int(anchor))
     with jax.enable_x64(True):
-      parts, state = chain(np.uint64(seed).view(np.int64),
-                           np.uint32(generation), np.uint32(round_id),
-                           np.int64(anchor), np.int32(last_token),
-                           int(depth), state)
+      # A REPLY frame (`out`) is laid out for the STEP's depth: the wire's
+      # fixed-depth contract holds whatever the rule (docs/wire.md).
+      if adaptive is not None and out is None:
+        parts, state = adaptive.chain(int(seed), int(generation),
+                                      int(round_id), int(anchor),
+                                      int(last_token), int(depth), state,
+                                      request, context)
+      else:
+        parts, state = chain(np.uint64(seed).view(np.int64),
+                             np.uint32(generation), np.uint32(round_id),
+                             np.int64(anchor), np.int32(last_token),
+                             int(depth), state)
     if request is not None:
       states[request] = state
       while len(states) > max_states:
@@ -282,3 +319,100 @@ class DraftProposer(typing.NamedTuple):
                context: np.ndarray | None = None) -> qformats.Rows:
     return self.propose(seed, generation, round_id, anchor, last_token,
                         depth, out, request=request, context=context)
+
+
+class _Sent(typing.NamedTuple):
+  """A request's last adaptive proposal, until its next call says how
+  many of its rows were accepted."""
+  generation: int
+  anchor: int
+  rows: tuple[admission_lib.RowStats, ...]
+
+
+class _Adaptive:
+  """`draft_proposer`'s chain under an `AdaptiveDepth` (host loop)."""
+
+  def __init__(self, model: models.DraftModel, caps: hello.Capabilities,
+               rule: admission_lib.AdaptiveDepth, max_states: int) -> None:
+    self.rule = rule
+    self.history = admission_lib.acceptance_history(caps.max_depth)
+    self.sent: collections.OrderedDict[int, _Sent] = (
+        collections.OrderedDict())
+    self.max_states = max_states
+    fmt = caps.format
+
+    @jax.jit
+    def row(state: models.State, prev: jax.Array) -> typing.Any:
+      logits, state = model.step(state, prev)
+      # Statistics of the row x_i is drawn from: computed before x_i is.
+      probs = jax.nn.softmax(logits.astype(jnp.float32))
+      entropy = -jnp.sum(jnp.where(probs > 0, probs * jnp.log(
+          jnp.where(probs > 0, probs, 1.0)), 0.0))
+      return logits, state, jnp.max(probs), entropy
+
+    @jax.jit
+    def draw(logits: jax.Array, key: jax.Array,
+             position: jax.Array) -> typing.Any:
+      bits = rng.proposal_draw(key, position) if fmt.sampled else None
+      return fmt.propose(logits, bits, caps.width, rowops.LOCAL)
+
+    self.row, self.draw = row, draw
+    self.round_key = jax.jit(rng.round_key)
+
+  def _learn(self, request: int | None, generation: int,
+             anchor: int) -> None:
+    """Records the request's previous proposal: its next anchor is the
+    old one plus accepted + 1 (anything else, e.g. a new generation, is
+    not recorded)."""
+    sent = self.sent.pop(request, None) if request is not None else None
+    if sent is None or sent.generation != generation:
+      return
+    accepted = anchor - sent.anchor - 1
+    if 0 <= accepted <= len(sent.rows):
+      self.history = admission_lib.record_round(
+          self.history, sent.rows, accepted, self.rule.step_cost,
+          self.rule.lookahead)
+
+  def chain(self, seed: int, generation: int, round_id: int, anchor: int,
+            last_token: int, depth: int, state: models.State,
+            request: int | None, context: np.ndarray | None
+            ) -> tuple[typing.Any, models.State]:
+    self._learn(request, generation, anchor)
+    rule = self.rule
+    if rule.max_depth != depth:
+      rule = dataclasses.replace(rule, max_depth=depth,
+                                 min_depth=min(rule.min_depth, depth))
+    key = self.round_key(np.uint64(seed).view(np.int64),
+                         np.uint32(generation), np.uint32(round_id))
+    prev = [np.int32(last_token)]
+    logits: list[jax.Array] = []
+    seen: list[admission_lib.RowStats] = []
+    out: list[typing.Any] = []
+    carry = [state]
+
+    def row_stats(i: int, drafted: tuple[int, ...]
+                  ) -> admission_lib.RowStats:
+      del drafted          # the handle holds them: prev[-1] is x_{i-1}
+      lg, carry[0], top, entropy = self.row(carry[0], prev[-1])
+      logits.append(lg)
+      seen.append(admission_lib.RowStats(float(top), float(entropy)))
+      return seen[-1]
+
+    def draw(i: int, drafted: tuple[int, ...]) -> int:
+      del drafted
+      parts = self.draw(logits[i], key, np.int64(anchor + i))
+      out.append(parts)
+      prev.append(parts[0])
+      return int(parts[0])
+
+    admission_lib.draft_chain(
+        rule, draw, max_depth=depth,
+        committed=() if context is None else tuple(int(t) for t in context),
+        row=row_stats, history=self.history, lookahead=rule.lookahead)
+    if request is not None:
+      # The admitted rows only: a stop's row was never verified.
+      self.sent[request] = _Sent(generation, anchor, tuple(seen[:len(out)]))
+      while len(self.sent) > self.max_states:
+        self.sent.popitem(last=False)
+    return tuple(jnp.stack(parts) if parts[0] is not None else None
+                 for parts in zip(*out)), carry[0]

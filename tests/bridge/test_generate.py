@@ -6,9 +6,11 @@ import functools
 import numpy as np
 import pytest
 
+import dyadic_jax as dj
 from dyadic_jax import bridge
 from dyadic_jax.bridge import generate
 from dyadic_jax.models import toy_pair
+from dyadic_jax.wire import qformats
 from dyadic_jax.wire.layouts import Representation
 import sharding
 from tests import bridge_harness as h
@@ -345,3 +347,83 @@ def test_slabs_commit_what_per_request_handles_commit(representation):
   for a, b in zip(one.tokens, slabs.tokens):
     np.testing.assert_array_equal(a, b)
   np.testing.assert_array_equal(one.accepted, slabs.accepted)
+
+
+def test_adaptive_depth_drafts_a_prefix_of_the_fixed_chain():
+  target, draft = _pair()
+  caps = _caps(Representation.SPARSE)
+  rule = dj.AdaptiveDepth(max_depth=4, step_cost=0.3, min_depth=1)
+  with pytest.raises(ValueError, match="min_depth"):
+    bridge.draft_proposer(draft, caps, admission=dj.AdaptiveDepth(
+        max_depth=4, step_cost=0.3))
+  fixed = bridge.draft_proposer(draft, caps)
+  adaptive = bridge.draft_proposer(draft, caps, admission=rule)
+  lengths = set()
+  same = drawn = 0
+  for r in range(12):
+    context = np.asarray(PROMPTS[r % 5], np.int32)
+    args = (7, 0, r + 1, len(context), int(context[-1]), 4)
+    full = fixed(*args, context=context)
+    short = adaptive(*args, context=context)
+    d = len(short.tokens)
+    lengths.add(d)
+    # The same PROPOSAL keys and draft: the admitted rows are the fixed
+    # chain's, up to the float32 logits of a step jitted on its own (a q
+    # count may move by a unit or two; each q is exact as shipped).
+    np.testing.assert_allclose(short.values, full.values[:d], atol=1e-5)
+    same += int((short.tokens == full.tokens[:d]).sum())
+    drawn += d
+    # Into a REPLY frame (the bridge's worker): the STEP's depth, always.
+    out = qformats.Rows(np.zeros(4, np.int32), np.zeros(4, np.int32),
+                        np.zeros((4, caps.width), np.int32),
+                        np.zeros((4, caps.width), np.float32))
+    adaptive(*args, out=out, context=context)
+    np.testing.assert_array_equal(out.tokens, full.tokens)
+  assert len(lengths) > 1 and lengths <= {1, 2, 3, 4}
+  assert same >= 0.9 * drawn
+
+
+def test_local_with_adaptive_depth_commits_short_chains():
+  rule = dj.AdaptiveDepth(max_depth=4, step_cost=0.3, min_depth=1)
+  rows = []
+
+  def observe(rids, proposals, logits, outcomes):
+    for p, (accepted, _) in zip(proposals, outcomes):
+      rows.append((len(p.tokens), accepted))
+
+  kw = dict(max_new_tokens=16, seed=3)
+  out = generate.generate(_local(Representation.DENSE, admission=rule,
+                                 observe=observe), PROMPTS, **kw)
+  again = generate.generate(_local(Representation.DENSE, admission=rule),
+                            PROMPTS, **kw)
+  assert [len(t) for t in out.tokens] == [16] * len(PROMPTS)
+  for a, b in zip(out.tokens, again.tokens):
+    np.testing.assert_array_equal(a, b)
+  assert len({d for d, _ in rows}) > 1     # several lengths in a batch
+  assert all(0 <= a <= d <= 4 for d, a in rows)
+
+
+def test_a_worker_with_adaptive_depth_keeps_the_wires_fixed_depth():
+  # Over the bridge every REPLY is laid out for its STEP's depth: a worker
+  # whose proposer has a rule draws that depth, and the session commits
+  # what a fixed-depth one-process link commits.
+  target, draft = _pair()
+  caps = _caps(Representation.SPARSE)
+  rule = dj.AdaptiveDepth(max_depth=4, step_cost=0.3, min_depth=1)
+  kw = dict(max_new_tokens=8, seed=4)
+  local = generate.generate(_local(Representation.SPARSE), PROMPTS[:2], **kw)
+  served = h.serve(bridge.Worker(
+      caps, bridge.draft_proposer(draft, caps, admission=rule),
+      secret=h.SECRET))
+  verifier = bridge.Verifier(caps, served.address, target=target,
+                             secret=h.SECRET, timeout_s=h.GENEROUS_S)
+  try:
+    verifier.open()
+    bridged = generate.generate(generate.Bridged(verifier), PROMPTS[:2],
+                                **kw)
+  finally:
+    served.close()
+    verifier.close()
+  assert verifier.counters.events("fallbacks") == 0
+  for a, b in zip(local.tokens, bridged.tokens):
+    np.testing.assert_array_equal(a, b)

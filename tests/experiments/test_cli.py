@@ -162,6 +162,9 @@ _BAD = [
      "force"),
     ("train_pair", ["--warmup=20", "--steps=20"], "warmup"),
     ("bench_pair", ["--model=/nonexistent/pair"], "model"),
+    ("adaptive_depth", ["--q=bogus"], "q"),
+    ("adaptive_depth", ["--max_depth=0"], "max_depth"),
+    ("adaptive_depth", ["--model=/nonexistent/pair"], "model"),
 ]
 
 
