@@ -409,10 +409,16 @@ def regime(entry: dict) -> str:
   r, even = entry["pass_ratio"], entry["break_even_pass_ratio"]
   kind = ("close to one step, as a weight-bound step is" if r < 1.5 else
           "well above one step, as a lean engine's on a CPU")
-  verdict = ("pays: r is below" if r < even
-             else "cannot pay: r is not below")
+  if even <= 0:
+    verdict = (f"cannot pay even with a free verify pass: the draft and "
+               f"the rest of a round cost {-even:.2f} steps more than the "
+               "tokens a round commits")
+  elif r < even:
+    verdict = f"pays: r is below the break-even {even:.2f}"
+  else:
+    verdict = f"cannot pay: r is not below the break-even {even:.2f}"
   return (f"a pass over D+1 rows costs r = {r:.2f} steps, {kind}; at this "
-          f"acceptance speculation {verdict} the break-even {even:.2f}")
+          f"acceptance speculation {verdict}")
 
 
 def versus_peer(record: dict) -> list[str]:
