@@ -33,6 +33,7 @@ target's distribution, and tests/models/test_batched.py bounds the
 difference per request in batches of mixed lengths.
 """
 
+import collections
 import functools
 import typing
 
@@ -67,8 +68,10 @@ def _decode(weights: transformer.Unstacked, slab: transformer.Slab,
 
 class _Slots:
   """Slot bookkeeping shared by the two slabs: which request holds which
-  slot (lowest free first), the tokens each slot's cache covers, and
-  feeding a slot alone (a request that lags its batch)."""
+  slot (lowest free first; when all are taken, the least recently used
+  request outside the call gives its slot up and is brought up again from
+  nothing when it returns: slower, never wrong), the tokens each slot's
+  cache covers, and feeding lagging slots together."""
 
   def __init__(self, name: str, params: transformer.Params,
                config: transformer.Config, capacity: int) -> None:
@@ -80,7 +83,9 @@ class _Slots:
     self.capacity = capacity
     self.slab = transformer.empty_slab(config, capacity)
     self.covered: dict[int, np.ndarray] = {}   # slot -> tokens it holds
-    self.slot_of: dict[int, int] = {}          # rid -> slot
+    # rid -> slot, least recently used first.
+    self.slot_of: collections.OrderedDict[int, int] = (
+        collections.OrderedDict())
     self.free = list(range(capacity))
 
   def drop(self, rid: int) -> None:
@@ -90,18 +95,28 @@ class _Slots:
       self.covered.pop(slot, None)
       self.free.append(slot)
 
-  def _slot(self, rid: int) -> int:
-    slot = self.slot_of.get(rid)
-    if slot is None:
-      if not self.free:
-        raise ValueError(f"{self.name}: request {rid} would be the "
-                         f"{self.capacity + 1}th held (capacity "
-                         f"{self.capacity}); drop one first")
-      slot = min(self.free)
-      self.free.remove(slot)
-      self.slot_of[rid] = slot
-      self.covered[slot] = np.zeros(0, np.int32)
-    return slot
+  def _slots(self, rids: typing.Sequence[int]) -> list[int]:
+    """The slot of each of a call's requests (distinct, at most
+    `capacity`), assigned where new."""
+    if len(set(rids)) != len(rids):
+      raise ValueError(f"{self.name}: a request appears twice in one call")
+    if len(rids) > self.capacity:
+      raise ValueError(f"{self.name}: {len(rids)} requests in one call, "
+                       f"capacity {self.capacity}")
+    slots = []
+    for rid in rids:
+      if rid not in self.slot_of:
+        if not self.free:
+          # Evict the least recently used request this call does not serve.
+          gone = next(r for r in self.slot_of if r not in rids)
+          self.drop(gone)
+        slot = min(self.free)
+        self.free.remove(slot)
+        self.slot_of[rid] = slot
+        self.covered[slot] = np.zeros(0, np.int32)
+      self.slot_of.move_to_end(rid)
+      slots.append(self.slot_of[rid])
+    return slots
 
   def _kept(self, slot: int, tokens: np.ndarray, most: int) -> int:
     """How many of `tokens` the slot holds already (at most `most`)."""
@@ -157,8 +172,6 @@ class SlabTarget(_Slots):
 
     extra: tokens the caller feeds after prefix[-1] (the context check).
     """
-    if len(set(rids)) != len(rids):
-      raise ValueError("SlabTarget: a request appears twice in one call")
     checked = []
     for rid, prefix in zip(rids, prefixes):
       prefix = np.asarray(prefix, np.int32)
@@ -173,13 +186,12 @@ class SlabTarget(_Slots):
         raise ValueError(f"request {rid}: the prefix holds ids outside "
                          f"[0, {self.vocab})")
       checked.append(prefix)
-    slots, todo = [], []
-    for rid, prefix in zip(rids, checked):
-      slot = self._slot(rid)
+    slots = self._slots(rids)
+    todo = []
+    for slot, prefix in zip(slots, checked):
       keep = self._kept(slot, prefix, prefix.size - 1)
       todo.append((slot, prefix[keep:-1], keep))
       self.covered[slot] = prefix[:-1].copy()
-      slots.append(slot)
     self._feed(todo)
     return slots
 
@@ -282,20 +294,20 @@ class SlabDraft(_Slots):
     if not 1 <= depth <= self.draft.max_depth:
       raise ValueError(f"SlabDraft: depth {depth} not in [1, "
                        f"{self.draft.max_depth}]")
-    if len(set(rids)) != len(rids):
-      raise ValueError("SlabDraft: a request appears twice in one call")
     max_len, c = self.config.max_len, depth + 1
     feed = DraftFeed(np.zeros((self.capacity, c), np.int32),
                      np.ones(self.capacity, np.int32),
                      np.full(self.capacity, max_len, np.int32))
-    slots, end = [], 1
-    lagging: list[tuple[int, np.ndarray, int]] = []
+    checked = []
     for rid, context in zip(rids, contexts):
       context = np.asarray(context, np.int32)
       if context.ndim != 1 or context.size == 0:
         raise ValueError(f"request {rid}: the context must be a non-empty "
                          "1-D array of token ids")
-      slot = self._slot(rid)
+      checked.append(context)
+    slots, end = self._slots(rids), 1
+    lagging: list[tuple[int, np.ndarray, int]] = []
+    for slot, context in zip(slots, checked):
       body = context[self.draft.window_start(context.size - 1):]
       keep = self._kept(slot, body, body.size - 1)
       lag = body.size - keep - c       # tokens the feed cannot hold
@@ -306,7 +318,6 @@ class SlabDraft(_Slots):
       feed.tokens[slot, :new.size] = new
       feed.counts[slot], feed.starts[slot] = new.size, keep
       self.covered[slot] = body.copy()
-      slots.append(slot)
       end = max(end, keep + new.size + depth - 1)
     self._feed(lagging)
     return feed, transformer.span_bucket(end, max_len), slots

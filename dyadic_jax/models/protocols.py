@@ -67,7 +67,9 @@ class TargetBatch(typing.Protocol):
            drafts: np.ndarray) -> jax.Array:
     """f32[B, D + 1, V]: row [b, i] scores the position after prefixes[b]
     + drafts[b, :i] (as `TargetModel.logits`, request by request; at most
-    `capacity` distinct rids, drafts int32[B, D])."""
+    `capacity` distinct rids a call, drafts int32[B, D]). A batch may hold
+    fewer handles than requests: one it gave up is rebuilt from the
+    prefix, slower, never different."""
     ...
 
   def decode(self, rids: typing.Sequence[int],

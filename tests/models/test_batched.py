@@ -104,16 +104,38 @@ def test_decode_draws_what_its_sampler_draws(params, reference):
     prefixes = [np.concatenate([p, t]) for p, t in zip(prefixes, tokens)]
 
 
-def test_capacity_and_bad_input_are_refused(params):
+def test_a_full_slab_evicts_the_least_recently_used(params, reference):
+  """Past capacity the least recently used request outside the call gives
+  its slot up; when it returns it is brought up from nothing, its rows
+  still those of recompute. A call of more requests than slots, or of one
+  request twice, is refused."""
   batch = pair.TransformerTarget(params, CONFIG).batch(2)
+  rng = np.random.default_rng(3)
+  prefixes = [rng.integers(0, V, n).astype(np.int32) for n in (5, 9, 7)]
+  draft = np.zeros((1, 1), np.int32)
+
+  def rows(rid):
+    got = np.asarray(batch.rows([rid], [prefixes[rid]], draft))[0]
+    full = np.append(prefixes[rid], 0)
+    n = len(prefixes[rid])
+    assert np.abs(got - reference(full, n - 1, n + 1)).max() < TOL
+
+  rows(0)
+  rows(1)
+  rows(0)                  # 1 is now the least recently used
+  rows(2)                  # evicts 1
+  assert set(batch.slot_of) == {0, 2}
+  rows(1)                  # evicts 0; 1 is fed again from nothing
+  assert set(batch.slot_of) == {1, 2}
   ok = np.zeros(3, np.int32)
-  batch.rows([0, 1], [ok, ok], np.zeros((2, 1), np.int32))
-  with pytest.raises(ValueError, match="capacity 2"):
-    batch.rows([2], [ok], np.zeros((1, 1), np.int32))
-  batch.drop(0)
-  batch.rows([2], [ok], np.zeros((1, 1), np.int32))   # its slot is free
+  with pytest.raises(ValueError, match="3 requests in one call, capacity 2"):
+    batch.rows([0, 1, 2], [ok] * 3, np.zeros((3, 1), np.int32))
   with pytest.raises(ValueError, match="appears twice"):
     batch.rows([1, 1], [ok, ok], np.zeros((2, 1), np.int32))
+
+
+def test_bad_input_is_refused(params):
+  batch = pair.TransformerTarget(params, CONFIG).batch(2)
   with pytest.raises(ValueError, match="exceed the target's max_len 320"):
     batch.rows([1], [np.zeros(318, np.int32)], np.zeros((1, 3), np.int32))
   with pytest.raises(ValueError, match="outside"):
