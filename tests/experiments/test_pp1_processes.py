@@ -22,11 +22,13 @@ processes), and a hang ends at a generous limit as a failure.
 
 import os
 import pathlib
+import shutil
 import signal
 import socket
 import stat
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 
@@ -42,9 +44,10 @@ class _Run:
   """`python -m experiments.pp1_pipeline FLAGS` with its own TMPDIR; its
   stderr read line by line (`wait_for`)."""
 
-  def __init__(self, tmp_path: pathlib.Path, *flags: str):
-    self.tmpdir = tmp_path / "tmp"
-    self.tmpdir.mkdir()
+  def __init__(self, tmp_path: pathlib.Path, *flags: str,
+               tmpdir: pathlib.Path | None = None):
+    self.tmpdir = tmpdir or tmp_path / "tmp"
+    self.tmpdir.mkdir(exist_ok=True)
     self.proc = subprocess.Popen(
         [sys.executable, "-m", "experiments.pp1_pipeline", "--json_out=",
          "--plot_out=", *paths.pipeline_flags(*flags)], cwd=paths.ROOT,
@@ -73,13 +76,17 @@ class _Run:
     return self.proc.returncode, "".join(self.lines) + rest
 
   def folder(self) -> pathlib.Path:
-    """The run's own folder (pp1-*), once it exists."""
-    while True:
+    """The run's own folder (pp1-*), once it exists (a guard, not a
+    timing: a run that never makes it under TMPDIR fails here)."""
+    deadline = time.monotonic() + _LIMIT_S
+    while time.monotonic() < deadline:
       found = list(self.tmpdir.glob("pp1-*"))
       if found:
         return found[0]
       assert self.proc.poll() is None, self.finish()
       threading.Event().wait(0.05)
+    self.proc.kill()
+    raise AssertionError(f"no pp1-* folder under {self.tmpdir}")
 
 
 def _descendants(pid: int) -> dict[int, str]:
@@ -153,8 +160,19 @@ def test_no_rank_is_told_a_port(tmp_path):
   processes."""
   # Tokens enough that the run is still in its rounds when the last rank
   # has started (the signal ends it).
-  run = _Run(tmp_path, "--vocab=1024", "--tokens=100000", "--timeout=30",
-             "--q=dense", "--worker_ranks=2", "--verifier_ranks=2")
+  # A short TMPDIR: under a long one (pytest's, with xdist) the run's
+  # unix sockets would not fit a sockaddr_un and its folder goes to /tmp
+  # instead (pp1/main.py, `_run_parent`), where this test would not look.
+  short = pathlib.Path(tempfile.mkdtemp(prefix="pp1t-", dir="/tmp"))
+  try:
+    _no_port_named(_Run(tmp_path, "--vocab=1024", "--tokens=100000",
+                        "--timeout=30", "--q=dense", "--worker_ranks=2",
+                        "--verifier_ranks=2", tmpdir=short))
+  finally:
+    shutil.rmtree(short, ignore_errors=True)
+
+
+def _no_port_named(run: "_Run") -> None:
   folder = run.folder()
   assert stat.S_IMODE(folder.stat().st_mode) == 0o700
   assert folder.stat().st_uid == os.getuid()
