@@ -10,8 +10,10 @@ fake proposer: no JAX), the verifier's session opened by a real HELLO and
 the worker then restarted (see `Pair`), through a sequence of operations
 decoded from the input (atheris.FuzzedDataProvider):
 
-  rounds          the verifier begins a round; the worker answers it; the
-                  answer is delivered intact, mutated (bytes flipped,
+  rounds          the verifier begins a round, or two in flight (the
+                  second before the first is answered); the worker
+                  answers each; they are delivered in either order,
+                  each intact, mutated (bytes flipped,
                   inserted, cut; then maybe resealed with the right key so
                   the mutation gets past authentication), duplicated,
                   dropped or delayed; the verifier polls a fuzzed clock,
@@ -269,7 +271,7 @@ class Pair(session_pair.SessionPair):
     fdp = self.fdp
     for effect in effects:
       if isinstance(effect, Stage):
-        assert self.verifier.exchange is not None
+        assert effect.key in self.verifier.exchanges
         assert effect.pending.any()
         effect = self.validate(effect, None if not fdp.ConsumeBool() else
                                np.zeros(effect.rows.tokens.shape, np.uint32))
@@ -293,6 +295,9 @@ class Pair(session_pair.SessionPair):
 
 
 def _round(pair, fdp):
+  """One round, or two in flight at once (disjoint groups of requests:
+  the second begun before the first's answer is delivered), their
+  answers delivered in a fuzzed order and fate."""
   v = pair.verifier
   if not v.is_open:
     pair.open(attempts=2)
@@ -303,26 +308,31 @@ def _round(pair, fdp):
     return
   if len(rids) > 1 and fdp.ConsumeBool():
     rids = rids[:1]
-  depth = fdp.ConsumeIntInRange(1, DEPTH)
-  step = pair.begin(rids, depth)
-  if fdp.ConsumeIntInRange(0, 3):
-    step = step if fdp.ConsumeBool() else _mutate(fdp, step, pair, False)
-    answers = pair.to_worker(step)
-  else:
-    answers = []
-  for answer in answers:
+  groups = [rids]
+  if len(rids) > 1 and fdp.ConsumeBool():
+    groups = [rids[:1], rids[1:]]
+  inbox = []
+  for group in groups:
+    depth = fdp.ConsumeIntInRange(1, DEPTH)
+    step = pair.begin(group, depth)
+    if fdp.ConsumeIntInRange(0, 3):
+      step = step if fdp.ConsumeBool() else _mutate(fdp, step, pair, False)
+      inbox += pair.to_worker(step)
+  if len(inbox) > 1 and fdp.ConsumeBool():
+    inbox.reverse()                               # the later round first
+  for answer in inbox:
     fate = fdp.ConsumeIntInRange(0, 5)
     if fate == 0:
       continue                                    # dropped
     message = answer if fate > 2 else _mutate(fdp, answer, pair, True)
     for _ in range(2 if fate == 5 else 1):        # maybe duplicated
-      if v.exchange is None:
+      if not v.exchanges:
         break
       pair.deliver(message)
-  while v.exchange is not None:   # time moves: the deadline comes
+  while v.exchanges:   # time moves: the deadlines come
     pair.now += 0.5 + fdp.ConsumeIntInRange(0, 1) * 0.5
     pair.effects(pair.poll())
-    if fdp.ConsumeIntInRange(0, 7) == 0 and v.exchange is not None:
+    if fdp.ConsumeIntInRange(0, 7) == 0 and v.exchanges:
       pair.deliver(_forge(fdp, pair))
 
 
@@ -355,11 +365,11 @@ def run_ops(data):
         reset = pair.remove(rid)
       elif rid not in v.requests:
         v.add_request(rid, [rid], seed=rid)
-      elif v.exchange is None:
+      elif not v.exchanges:
         reset = pair.reset(rid)
       if reset is not None:
         pair.to_worker(reset)
-    elif op == 8 and v.exchange is None:
+    elif op == 8 and not v.exchanges:
       v.reconnect()
       pair.open(attempts=2)
     elif op == 9:

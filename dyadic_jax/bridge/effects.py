@@ -82,19 +82,23 @@ class Plan(typing.NamedTuple):
 
 class Stage(typing.NamedTuple):
   """Validate the staged rows of an exchange, then call
-  `VerifierSession.staged(verdict)`.
+  `VerifierSession.staged(verdict, key)`.
 
   rows: the staging slot's Rows [R, D, ...] (tokens, n, ids, values);
   pending: bool[R], the requests whose rows arrived framed correctly (the
   others already failed, with `codes`); draws: uint32[R, D] PROPOSAL draws
-  of the sampling audit, or None (audit off, or a greedy session).
+  of the sampling audit, or None (audit off, or a greedy session); key:
+  the exchange's (`Exchange.key`: which of those in flight).
   """
   rows: qformats.Rows
   pending: np.ndarray
   codes: np.ndarray
   draws: np.ndarray | None = None
+  key: int = 0
 
 
 class Verify(typing.NamedTuple):
-  """Run `plan` on every rank, then call `VerifierSession.commit`."""
+  """Run `plan` on every rank, then call `VerifierSession.commit`. key:
+  the exchange it ends (`Exchange.key`; 0 for a round without one)."""
   plan: Plan
+  key: int = 0

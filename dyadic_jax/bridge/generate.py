@@ -78,6 +78,24 @@ class Link(typing.Protocol):
             ) -> list[Committed]:
     ...
 
+  @property
+  def in_flight(self) -> int:
+    """How many rounds (`start`ed, not yet `finish`ed) may be in flight."""
+    ...
+
+  def start(self, rids: typing.Sequence[int], depth: int) -> typing.Any:
+    """Begins a round of `rids` (no request of another round in flight);
+    returns its handle for `finish`."""
+    ...
+
+  def finish(self, handle: typing.Any) -> list[Committed]:
+    """Completes a round `start` began (in the order they began)."""
+    ...
+
+  def abandon(self) -> None:
+    """Forgets the rounds in flight (a call that ends early)."""
+    ...
+
 
 class Result(typing.NamedTuple):
   """What `generate` or `target_only` produced.
@@ -182,6 +200,20 @@ class Local:
     self.engine.drop(rid)
     self.propose.forget(rid)
 
+  # One process does both sides in turn: a round starts when it is
+  # finished.
+  in_flight = 1
+
+  def start(self, rids: typing.Sequence[int], depth: int
+            ) -> tuple[list[int], int]:
+    return [int(r) for r in rids], depth
+
+  def finish(self, handle: tuple[list[int], int]) -> list[Committed]:
+    return self.round(*handle)
+
+  def abandon(self) -> None:
+    pass
+
   def round(self, rids: typing.Sequence[int], depth: int
             ) -> list[Committed]:
     clock = self._clock
@@ -265,12 +297,31 @@ class Bridged:
   def remove(self, rid: int) -> None:
     self.verifier.remove_request(rid)
 
+  @property
+  def in_flight(self) -> int:
+    """The session's `max_slots`: the worker drafts one round's requests
+    while this side verifies another's."""
+    return self.caps.max_slots
+
   def round(self, rids: typing.Sequence[int], depth: int
             ) -> list[Committed]:
-    start = time.perf_counter()
-    results = self.verifier.round(rids, depth)
-    self.seconds["exchange"] += time.perf_counter() - start
+    return self.finish(self.start(rids, depth))
+
+  def start(self, rids: typing.Sequence[int], depth: int
+            ) -> "verifier_lib.InFlight":
+    begun = time.perf_counter()
+    flight = self.verifier.start(rids, depth)
+    self.seconds["exchange"] += time.perf_counter() - begun
+    return flight
+
+  def finish(self, handle: "verifier_lib.InFlight") -> list[Committed]:
+    begun = time.perf_counter()
+    results = self.verifier.finish(handle)
+    self.seconds["exchange"] += time.perf_counter() - begun
     return [Committed(r.rid, r.committed, r.accepted) for r in results]
+
+  def abandon(self) -> None:
+    self.verifier.abandon()
 
 
 def _check_int(caller: str, name: str, value: typing.Any, lo: int,
@@ -378,7 +429,7 @@ def generate(link: Link, prompts: typing.Sequence[typing.Any], *,
              depth: int | None = None, seed: int = 0,
              tokenizer: typing.Any = None,
              on_round: typing.Callable[[list[Committed]], None]
-             | None = None) -> Result:
+             | None = None, in_flight: int | None = None) -> Result:
   """Speculative decoding of every prompt until max_new_tokens or eos.
 
   Args:
@@ -390,9 +441,15 @@ def generate(link: Link, prompts: typing.Sequence[typing.Any], *,
     depth: drafted tokens per round (default: the session's max depth).
     seed: prompt i's requests draw with `request_seed(seed, i)`.
     on_round: called with each round's `Committed` list (streaming).
+    in_flight: rounds in flight at once, in [1, link.in_flight] (default
+      link.in_flight: 2 over the bridge where the session allows it, so
+      the worker drafts one group while the verifier verifies the other;
+      1 for `Local`).
 
-  Requests run in batches of at most `caps.max_requests`; one that is done
-  leaves its batch at once and the next prompt takes its place. A call
+  Requests run in `in_flight` groups of at most `caps.max_requests` each
+  (waiting prompts spread over them); one that is done leaves its group
+  at once and the next prompt takes its place. Which group a request is
+  in changes no token it commits: its keys are its own. A call
   that ends early (an exception, a KeyboardInterrupt) removes its requests
   from the link, so the link serves the next call.
 
@@ -415,31 +472,54 @@ def generate(link: Link, prompts: typing.Sequence[typing.Any], *,
                  max_new_tokens, depth)
   new: dict[int, list[int]] = {i: [] for i in range(len(encoded))}
   waiting = collections.deque(range(len(encoded)))
-  live: list[int] = []
+  slots = _check_int("generate", "in_flight", link.in_flight
+                     if in_flight is None else in_flight, 1, link.in_flight)
+  # One group of requests per round in flight; a group's next round
+  # starts as soon as its last one is finished, before the other
+  # groups' are, so the worker drafts one while this side verifies another.
+  groups: list[list[int]] = [[] for _ in range(slots)]
+  flying: collections.deque[tuple[int, typing.Any]] = collections.deque()
   accepted: list[int] = []
   rounds = 0
   before = collections.defaultdict(float, link.seconds)
   start = time.perf_counter()
   try:
-    while waiting or live:
-      while waiting and len(live) < caps.max_requests:
-        i = waiting.popleft()
-        link.add(i, encoded[i], request_seed(seed, i))
-        live.append(i)
-      done = link.round(live, depth)
+    while True:
+      busy = {g for g, _ in flying}
+      for g, live in enumerate(groups):
+        if g in busy:
+          continue
+        # Waiting prompts are spread over the groups (a group holds at
+        # most max_requests, and no more than its share).
+        share = -(-(len(waiting) + sum(map(len, groups))) // slots)
+        while waiting and len(live) < min(caps.max_requests, share):
+          i = waiting.popleft()
+          link.add(i, encoded[i], request_seed(seed, i))
+          live.append(i)
+        if live:
+          flying.append((g, link.start(live, depth)))
+      if not flying:
+        break
+      g, handle = flying.popleft()
+      done = link.finish(handle)
       rounds += 1
       for c in done:
         new[c.rid].extend(c.tokens)
         accepted.append(c.accepted)
       if on_round is not None:
         on_round(done)
+      live = groups[g]
       for i in [i for i in live if _finished(new[i], max_new_tokens, eos)]:
         live.remove(i)
         link.remove(i)
   except BaseException:
     # Interrupted: forget this call's requests, or the link would refuse
     # the next call's (same ids) as duplicates. The original error wins.
-    for i in live:
+    try:
+      link.abandon()
+    except Exception:  # pylint: disable=broad-except
+      pass
+    for i in [i for live in groups for i in live]:
       try:
         link.remove(i)
       except Exception:  # pylint: disable=broad-except

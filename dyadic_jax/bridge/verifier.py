@@ -71,7 +71,7 @@ from dyadic_jax.wire.refusals import Code, ProtocolError
 # answers: a worker that is back is heard again within this many rounds.
 MAX_BACKOFF_ROUNDS = 8
 
-__all__ = ["PlanSharer", "Request", "RoundHook", "RoundResult", "Validator",
+__all__ = ["InFlight", "PlanSharer", "Request", "RoundHook", "RoundResult", "Validator",
            "Verifier"]
 
 
@@ -127,6 +127,16 @@ class RoundHook:
   def around_exchange(self) -> contextlib.AbstractContextManager[None]:
     """The context each exchange runs in: STEP out to its verdict."""
     return contextlib.nullcontext()
+
+
+class InFlight(typing.NamedTuple):
+  """A round `Verifier.start` began, for `Verifier.finish`: its exchange
+  (None: a round without one, whose `plan` falls back whole), the
+  audit's PROPOSAL draws, when its STEP went out."""
+  exchange: Exchange | None
+  plan: Plan | None = None
+  draws: np.ndarray | None = None
+  begun: float = 0.0
 
 
 class Verifier:
@@ -189,8 +199,11 @@ class Verifier:
     self._failures = 0       # HELLOs in a row that got no session
     self._skip = 0           # rounds left before the next HELLO
     # Per exchange: seconds from its STEP to its answer (or its deadline),
-    # before validation: what the link took.
+    # before validation: what the link took (with two in flight, what it
+    # took until this side came to read it).
     self.seconds: list[float] = []
+    # Effects of exchanges that ended while another was awaited, by key.
+    self._ended: dict[int, Stage | Verify] = {}
 
   # -- plumbing --------------------------------------------------------------
 
@@ -338,6 +351,19 @@ class Verifier:
   def round(self, rids: typing.Sequence[int],
             depth: int | None = None) -> list[RoundResult]:
     """Runs one round for requests `rids`; returns their RoundResults."""
+    return self.finish(self.start(rids, depth))
+
+  def start(self, rids: typing.Sequence[int],
+            depth: int | None = None) -> InFlight:
+    """Begins a round of requests `rids`: its STEP goes out now, and the
+    worker drafts while this side does other work (verifies another
+    round); `finish` waits for its answer, verifies and commits it.
+
+    At most `caps.max_slots` rounds are in flight (the HELLO's; 1 keeps
+    one exchange at a time), each on requests of no other; rounds are
+    finished in the order they were started. A round that finds no open
+    session (and cannot open one) falls back whole, as `round` does.
+    """
     depth = depth or self.caps.max_depth
     if self._lost or (self.endpoint is not None and self.endpoint.broken()):
       self._drop_link()
@@ -355,54 +381,76 @@ class Verifier:
           self._failures += 1
           self._skip = min(2 ** (self._failures - 1), MAX_BACKOFF_ROUNDS) - 1
           self._lost = True           # a new socket for the next attempt
-      if not self.session.is_open:
-        for hook in self.hooks:
-          hook.begin(None)
-        return self.execute(self.session.fallback(rids, code).plan)
-    with contextlib.ExitStack() as scope:
+    if not self.session.is_open:
       for hook in self.hooks:
-        scope.enter_context(hook.around_exchange())
-      verify = self.exchange(rids, depth)
-    return self.execute(verify.plan)
-
-  def exchange(self, rids: typing.Sequence[int], depth: int) -> Verify:
-    """STEP out, answers in, judged by the validator: the round's `Verify`
-    (its Plan). Never waits past the exchange's deadline."""
+        hook.begin(None)
+      return InFlight(None, self.session.fallback(rids, code).plan)
     session = self.session
     if self.deadline is not None:
       session.timeout_s = self.deadline.seconds()
-    start = self.clock()
-    send = session.begin(rids, depth, start)
-    exchange = session.exchange
-    assert exchange is not None      # `begin` made it
+    begun = self.clock()
+    send = session.begin(rids, depth, begun)
+    exchange = next(reversed(session.exchanges.values()))   # just begun
     for hook in self.hooks:
       hook.begin(exchange)
-    sent = self._send(send)
+    if not self._send(send):
+      exchange.deadline = -math.inf     # never left: it falls back now
     draws = None
     if session.audit:     # computed while the worker drafts
-      seeds, generations, rounds, anchors = session.draw_inputs()
-      draws = audit_lib.proposal_draws(seeds, generations, rounds, anchors,
+      draws = audit_lib.proposal_draws(*session.draw_inputs(exchange.key),
                                        depth, pad_to=self.caps.max_requests)
-    effects = [] if sent else session.poll(math.inf)
-    while not effects:
+    return InFlight(exchange, None, draws, begun)
+
+  def finish(self, flight: InFlight) -> list[RoundResult]:
+    """Waits for the answer of a round `start` began (never past its
+    deadline), judges it (the validator), verifies and commits it;
+    returns its RoundResults. Answers of other rounds in flight that
+    arrive meanwhile are kept for their own `finish`."""
+    if flight.plan is not None:
+      return self.execute(flight.plan)
+    with contextlib.ExitStack() as scope:
+      for hook in self.hooks:
+        scope.enter_context(hook.around_exchange())
+      verify = self._judge(flight)
+    return self.execute(verify.plan)
+
+  def _judge(self, flight: InFlight) -> Verify:
+    """The round's `Verify` (its Plan): answers in, judged by the
+    validator."""
+    session, exchange = self.session, flight.exchange
+    assert exchange is not None
+    key = exchange.key
+    while key not in self._ended:
+      if key not in session.exchanges:
+        raise RuntimeError(f"finish: round {key} is not in flight")
       left = exchange.deadline - self.clock()
-      assert self.endpoint is not None    # `sent` went through it
-      got = self.endpoint.recv(left) if left > 0 else None
+      got = (self.endpoint.recv(max(left, 0.0)) if self.endpoint is not None
+             else None)
       if got is not None:
         effects = session.receive(got[1], self.clock())
       else:     # a lost connection ends the exchange now, as its deadline
-        effects = session.poll(exchange.deadline if self.endpoint.broken()
-                               else self.clock())
-    self.seconds.append(self.clock() - start)
-    effect = effects[0]
+        lost = self.endpoint is None or self.endpoint.broken()
+        effects = session.poll(exchange.deadline if lost else self.clock(),
+                               None if lost else key)
+      for effect in effects:
+        self._ended[effect.key] = effect
+    effect = self._ended.pop(key)
+    self.seconds.append(self.clock() - flight.begun)
     if self.deadline is not None and isinstance(effect, Stage):
       self.deadline.observe(self.seconds[-1])     # answered in full
-    verdict = self.validator.validate(effect, draws, exchange)
+    verdict = self.validator.validate(effect, flight.draws, exchange)
     if not isinstance(effect, Stage):
+      assert isinstance(effect, Verify)
       return effect
     if verdict is None:
       raise RuntimeError("the validator judged no Stage")
-    return session.staged(verdict)
+    return session.staged(verdict, key)
+
+  def abandon(self) -> None:
+    """Forgets the rounds in flight, unfinished (a caller that gives up
+    on them removes or resets their requests next)."""
+    self.session.abandon()
+    self._ended.clear()
 
   def execute(self, plan: Plan) -> list[RoundResult]:
     """Shares a round's plan with the other ranks (the sharer), runs it,

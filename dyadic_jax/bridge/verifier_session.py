@@ -61,6 +61,7 @@ exchange in flight is the only per-round state.
 """
 
 import dataclasses
+import math
 import os
 import typing
 
@@ -119,7 +120,8 @@ class Exchange:
 
   def __init__(self, rids: typing.Sequence[int],
                tags: dict[int, tuple[int, int]], depth: int, deadline: float,
-               slot: staging.Slot) -> None:
+               slot: staging.Slot, key: int = 0) -> None:
+    self.key = key                # which of the session's exchanges
     self.rids = list(rids)
     self.index = {rid: i for i, rid in enumerate(rids)}
     self.tags = tags              # rid -> (generation, round)
@@ -183,16 +185,31 @@ class VerifierSession:
     self.refused: Code | None = None      # the Code of a refused HELLO
     self.requests: dict[int, Request] = {}
     self._retired: dict[int, int] = {}    # removed rid -> next generation
-    self.exchange: Exchange | None = None   # the round in flight
+    # The rounds in flight (at most `caps.max_slots`), oldest first, by
+    # key; and which one each request of theirs is in.
+    self.exchanges: dict[int, Exchange] = {}
+    self._owner: dict[int, Exchange] = {}
+    self._keys = 0
     # Allocated once a HELLO agrees.
     self.slots: list[staging.Slot] | None = None
-    self._next_slot = 0
     self.max_message = self.bounds.max_reply_message
     self.max_frames = 2 * caps.max_requests
 
   @property
   def is_open(self) -> bool:
     return self.state == OPEN
+
+  @property
+  def exchange(self) -> Exchange | None:
+    """The oldest exchange in flight (None: none is)."""
+    return next(iter(self.exchanges.values()), None)
+
+  def abandon(self) -> None:
+    """Forgets every exchange in flight, with no fallback and nothing
+    counted (a driver that gives up on its rounds; their requests keep
+    the tags they were sent with, so a late answer is stale)."""
+    self.exchanges.clear()
+    self._owner.clear()
 
   def open_keys(self) -> tuple[int, auth.Keys]:
     """(session id, keys) of the open session (RuntimeError: none is)."""
@@ -269,14 +286,18 @@ class VerifierSession:
   def reconnect(self) -> None:
     """A new session: every request moves to a new generation (in-flight
     keys are void); send `hello()` next."""
-    self.state, self.keys, self.exchange = CLOSED, None, None
+    self.close()
     for req in self.requests.values():
       self._bump(req)
     self.counters.event("reconnects")
 
   def close(self) -> None:
-    """The transport is gone: the next round opens a new session."""
+    """The transport is gone: the next round opens a new session. No
+    answer to an exchange in flight can come any more: each falls back
+    at the next `poll` (TIMEOUT)."""
     self.state, self.keys = CLOSED, None
+    for ex in self.exchanges.values():
+      ex.deadline = -math.inf
 
   def _opening(self, frames: list[memoryview]) -> None:
     if len(frames) != 1:
@@ -347,14 +368,18 @@ class VerifierSession:
     """Starts the round of requests `rids`; returns the STEP message."""
     if not self.is_open:
       raise RuntimeError("begin: the session is not open (send hello())")
-    if self.exchange is not None:
-      raise RuntimeError("begin: a round is in flight")
+    if len(self.exchanges) >= self.caps.max_slots:
+      raise RuntimeError(f"begin: {len(self.exchanges)} rounds in flight, "
+                         f"the session's max_slots")
     rids = [int(r) for r in rids]
     if not 1 <= len(rids) <= self.caps.max_requests or len(set(rids)) != len(
         rids) or not 1 <= depth <= self.caps.max_depth:
       raise ValueError(f"begin: {len(rids)} distinct requests in [1, "
                        f"{self.caps.max_requests}] and depth {depth} in "
                        f"[1, {self.caps.max_depth}] needed")
+    busy = [r for r in rids if r in self._owner]
+    if busy:
+      raise ValueError(f"begin: requests {busy} are in a round in flight")
     reqs = [self.requests[r] for r in rids]
     tags: dict[int, tuple[int, int]] = {}
     for req in reqs:
@@ -364,10 +389,17 @@ class VerifierSession:
       tags[req.rid] = (req.generation, req.round)
     assert self.slots is not None   # allocated when the session opened
     session, keys = self.open_keys()
-    slot = self.slots[self._next_slot]
-    self._next_slot = (self._next_slot + 1) % len(self.slots)
-    ex = self.exchange = Exchange(rids, tags, depth, now + self.timeout_s,
-                                  slot)
+    # A slot no exchange in flight holds (one is free: len(slots) is
+    # max_slots); a Verify's rows are copied out of its slot, so a driver
+    # runs each Verify before it begins another round.
+    held = [ex.slot for ex in self.exchanges.values()]
+    slot = next(s for s in self.slots if all(s is not h for h in held))
+    if self.exchanges:
+      self.counters.event("overlapped")   # the worker drafts it meanwhile
+    self._keys += 1
+    ex = Exchange(rids, tags, depth, now + self.timeout_s, slot, self._keys)
+    self.exchanges[ex.key] = ex
+    self._owner.update((r, ex) for r in rids)
     for j, req in enumerate(reqs):
       ex.expected[j] = (req.rid, depth, 0, 0, req.generation, req.round,
                         req.anchor, req.context_version)
@@ -382,7 +414,7 @@ class VerifierSession:
               "last_token": req.tokens[-1], "seed": req.seed,
               "anchor": req.anchor, "context_version": req.context_version,
               "prefix_digest": req.digest}))
-    self.exchange.step_tag = auth.tag_of(frames[0])   # what a refusal keys
+    ex.step_tag = auth.tag_of(frames[0])   # what a refusal keys
     message = b"".join(frames)
     self.counters.event("bytes_out", len(message))
     return Send(message)
@@ -403,18 +435,22 @@ class VerifierSession:
         session=session, generation=req.generation, round_id=req.round,
         request=req.rid, tokens=req.tokens, send=keys.send)]
 
-  def draw_inputs(self) -> tuple[np.ndarray, np.ndarray, np.ndarray,
-                                 np.ndarray]:
-    """(seeds, generations, rounds, anchors) of the exchange's requests:
-    what the PROPOSAL draws of the sampling audit are computed from."""
-    ex = self.exchange
+  def draw_inputs(self, key: int | None = None
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(seeds, generations, rounds, anchors) of exchange `key`'s requests
+    (None: the oldest in flight): what the PROPOSAL draws of the sampling
+    audit are computed from."""
+    ex = self._find(key)
     if ex is None:
-      raise RuntimeError("draw_inputs: no exchange in flight")
+      raise RuntimeError(f"draw_inputs: no exchange {key} in flight")
     reqs = [self.requests[r] for r in ex.rids]
     return (np.array([q.seed for q in reqs], np.uint64),
             np.array([ex.tags[q.rid][0] for q in reqs], np.int64),
             np.array([ex.tags[q.rid][1] for q in reqs], np.int64),
             np.array([q.anchor for q in reqs], np.int64))
+
+  def _find(self, key: int | None) -> Exchange | None:
+    return self.exchange if key is None else self.exchanges.get(key)
 
   def fallback(self, rids: typing.Sequence[int], code: int) -> Verify:
     """A round with no exchange (no session): every request falls back."""
@@ -460,12 +496,11 @@ class VerifierSession:
       return []
     _, keys = self.open_keys()
     if not all(auth.check(f, keys.recv) for f in frames):
-      ex = self.exchange
-      if ex is not None and len(frames) == 1 and (
-          headers[0].kind == Kind.RESET) and auth.check(
-              frames[0], auth.refusal_keys(self._secret, ex.step_tag,
-                                           auth.VERIFIER).recv):
-        return self._refusal(frames[0], headers[0], now)
+      if len(frames) == 1 and headers[0].kind == Kind.RESET:
+        for ex in self.exchanges.values():
+          if auth.check(frames[0], auth.refusal_keys(
+              self._secret, ex.step_tag, auth.VERIFIER).recv):
+            return self._refusal(ex, frames[0], headers[0], now)
       self.counters.reject(Code.AUTH_FAILED, "worker message")
       return []
     if headers[0].kind == Kind.HELLO and len(frames) == 1:
@@ -474,8 +509,8 @@ class VerifierSession:
     self._frames(frames, headers)
     return self._progress(now)
 
-  def _refusal(self, frame: memoryview, header: layouts.Header,
-               now: float) -> list[Stage | Verify]:
+  def _refusal(self, ex: Exchange, frame: memoryview,
+               header: layouts.Header, now: float) -> list[Stage | Verify]:
     try:
       body = codec.decode(frame, codec.HELLO_BOUNDS).body
     except ProtocolError as e:
@@ -486,9 +521,8 @@ class VerifierSession:
       self.counters.reject(Code.BAD_STATUS, f"RESET reason {body.reason} "
                            f"code {body.code}")
       return []
-    ex = self.exchange
     tag = (header.generation, header.round)
-    if ex is None or tag != ex.tags[ex.rids[0]]:
+    if tag != ex.tags[ex.rids[0]]:
       late = self._late(tag)
       self.counters.reject(late or Code.BAD_SEQUENCE,
                            f"late RESET ({code.name})")
@@ -501,8 +535,9 @@ class VerifierSession:
     return self._progress(now)
 
   def _classify(self, rid: int, tag: tuple[int, int]) -> Code | None:
-    """None if `tag` is this exchange's tag of `rid`, else the refusal."""
-    ex = self.exchange
+    """None if `tag` is the tag of `rid` in its exchange in flight, else
+    the refusal."""
+    ex = self._owner.get(rid)
     want = None if ex is None else ex.tags.get(rid)
     if want is None:      # a request of no exchange in flight: late if older
       req = self.requests.get(rid)
@@ -521,18 +556,15 @@ class VerifierSession:
   def _late(self, tag: tuple[int, int]) -> Code | None:
     """STALE_GENERATION / DUPLICATE_ROUND if `tag` is no request's current
     tag but an older one of some request in flight; else None."""
-    ex = self.exchange
-    if ex is None:
+    if not self._owner:
       return None
-    codes = [self._classify(rid, tag) for rid in ex.rids]
+    codes = [self._classify(rid, tag) for rid in self._owner]
     if None in codes:
       return None
     older = [c for c in codes if c != Code.BAD_SEQUENCE]
     return older[0] if older else None
 
-  def _fail(self, i: int, code: int, detail: str) -> None:
-    ex = self.exchange
-    assert ex is not None
+  def _fail(self, ex: Exchange, i: int, code: int, detail: str) -> None:
     self.counters.reject(code, detail)
     ex.answered[i], ex.codes[i] = True, code
 
@@ -578,9 +610,16 @@ class VerifierSession:
 
   def _broken(self, code: int, header: layouts.Header, detail: str) -> None:
     """An authenticated frame that cannot be attributed to one request:
-    it fails every unanswered request of this exchange it claims."""
-    late = self._late((header.generation, header.round))
-    ex = self.exchange
+    it fails every unanswered request of the exchange it claims (the
+    oldest open one with a request of its tag; else the oldest open one:
+    a worker answers STEP messages in the order they came)."""
+    tag = (header.generation, header.round)
+    late = self._late(tag)
+    open_ = [ex for ex in self.exchanges.values()
+             if not ex.staging and not ex.complete]
+    ex = next((e for e in open_ if any(
+        e.tags[r] == tag and not e.answered[e.index[r]] for r in e.rids)),
+              open_[0] if open_ else None)
     if late or ex is None:
       self.counters.reject(late or code, detail)
       return
@@ -597,8 +636,10 @@ class VerifierSession:
         int(records["generation"][0]), int(records["round"][0])):
       self._broken(Code.BAD_SEQUENCE, f.header, "PACKED header tag")
       return
-    ex = self.exchange
     r = len(records)
+    # The exchange its first record's request is in (a worker answers one
+    # STEP message with one PACKED frame).
+    ex = self._owner.get(int(records["request"][0])) if r else None
     good = np.zeros(r, bool)
     if ex is not None and f.body.depth == ex.depth:
       m = min(r, len(ex.rids))
@@ -615,19 +656,17 @@ class VerifierSession:
       if rows.values is not None and ex.rows.values is not None:
         ex.rows = ex.rows._replace(values=rows.values)
         rows = rows._replace(values=None)
-      self._take(slice(None), rows, slice(None))
+      self._take(ex, slice(None), rows, slice(None))
       return
     if good.any():
       assert ex is not None
       index = np.flatnonzero(good)
-      self._take(index, rows, index)
+      self._take(ex, index, rows, index)
     for j in np.flatnonzero(~good):
       self._record(f, int(j))
 
-  def _take(self, into: slice | np.ndarray, rows: qformats.Rows,
-            src: slice | np.ndarray) -> None:
-    ex = self.exchange
-    assert ex is not None
+  def _take(self, ex: Exchange, into: slice | np.ndarray,
+            rows: qformats.Rows, src: slice | np.ndarray) -> None:
     staged = ex.rows
     staged.tokens[into] = rows.tokens[src]
     staged.n[into] = rows.n[src]
@@ -644,74 +683,72 @@ class VerifierSession:
     rec = records[j]
     rid = int(rec["request"])
     tag = (int(rec["generation"]), int(rec["round"]))
-    i = self._open_slot(rid, tag, "record")
-    if i is None:
+    slot = self._open_slot(rid, tag, "record")
+    if slot is None:
       return
-    ex = self.exchange
-    assert ex is not None
+    ex, i = slot
     req = self.requests[rid]
     what = f"request {rid} {tag}"
     status = int(rec["status"])
     if status:
-      self._fail(i, Code.parse(status) or Code.BAD_STATUS,
+      self._fail(ex, i, Code.parse(status) or Code.BAD_STATUS,
                  f"{what}: the worker refused the STEP (status {status})")
     elif (int(rec["anchor"]), int(rec["context_version"])) != (
         req.anchor, req.context_version):
-      self._fail(i, Code.STATE_MISMATCH, f"{what}: anchor or context")
+      self._fail(ex, i, Code.STATE_MISMATCH, f"{what}: anchor or context")
     elif int(rec["depth"]) != ex.depth or f.body.depth != ex.depth:
-      self._fail(i, Code.BAD_SEQUENCE, f"{what}: depth")
+      self._fail(ex, i, Code.BAD_SEQUENCE, f"{what}: depth")
     else:
-      self._take(np.array([i]), f.rows, np.array([j]))
+      self._take(ex, np.array([i]), f.rows, np.array([j]))
 
   def _open_slot(self, rid: int, tag: tuple[int, int],
-                 what: str) -> int | None:
-    """The exchange's index of request `rid` if an answer tagged `tag` may
+                 what: str) -> tuple[Exchange, int] | None:
+    """(exchange, index) of request `rid` if an answer tagged `tag` may
     fill it; else None, the answer refused and counted (a BAD_SEQUENCE one
     still closes the request's slot, unanswered, with its code)."""
     code = self._classify(rid, tag)
-    ex = self.exchange
+    ex = self._owner.get(rid)
     if code is not None:
       self.counters.reject(code, f"{what} of request {rid} {tag}")
-      if code == Code.BAD_SEQUENCE and ex is not None and rid in ex.index:
+      if code == Code.BAD_SEQUENCE and ex is not None and not ex.staging:
         i = ex.index[rid]
         if not ex.answered[i]:
           ex.answered[i], ex.codes[i] = True, code
       return None
-    assert ex is not None         # the tag is this exchange's (_classify)
+    assert ex is not None         # the tag is its exchange's (_classify)
     i = ex.index[rid]
     if ex.answered[i]:          # the same exchange answered twice (a retry)
       self.counters.reject(Code.DUPLICATE_ROUND, f"second {what} of {rid}")
       return None
-    return i
+    return ex, i
 
   def _answer(self, reply: codec.Frame | None, reply_code: int | None,
               done: codec.Frame) -> None:
     body = done.body
     rid, tag = body.request, done.tag
-    i = self._open_slot(rid, tag, "reply")
-    if i is None:
+    slot = self._open_slot(rid, tag, "reply")
+    if slot is None:
       return
-    ex = self.exchange
-    assert ex is not None
+    ex, i = slot
     req = self.requests[rid]
     what = f"request {rid} {tag}"
     if body.status:
-      self._fail(i, Code.parse(body.status) or Code.BAD_STATUS,
+      self._fail(ex, i, Code.parse(body.status) or Code.BAD_STATUS,
                  f"{what}: the worker refused the STEP (status "
                  f"{body.status})")
     elif (body.anchor, body.context_version) != (req.anchor,
                                                   req.context_version):
-      self._fail(i, Code.STATE_MISMATCH, f"{what}: anchor or context")
+      self._fail(ex, i, Code.STATE_MISMATCH, f"{what}: anchor or context")
     elif reply_code is not None:
-      self._fail(i, reply_code, f"{what}: REPLY")
+      self._fail(ex, i, reply_code, f"{what}: REPLY")
     elif reply is None or body.depth != ex.depth or (
         reply.body.request, reply.tag, reply.body.depth) != (rid, tag,
                                                               ex.depth):
-      self._fail(i, Code.BAD_SEQUENCE, f"{what}: rows")
+      self._fail(ex, i, Code.BAD_SEQUENCE, f"{what}: rows")
     elif body.reply_bytes != len(reply.raw):
-      self._fail(i, Code.UNEXPECTED_SIZE, f"{what}: reply bytes")
+      self._fail(ex, i, Code.UNEXPECTED_SIZE, f"{what}: reply bytes")
     elif body.reply_tag != reply.header.tag:
-      self._fail(i, Code.CHECKSUM_MISMATCH, f"{what}: REPLY vs COMPLETION")
+      self._fail(ex, i, Code.CHECKSUM_MISMATCH, f"{what}: REPLY vs COMPLETION")
     else:
       rows = ex.rows
       got = reply.rows
@@ -725,56 +762,68 @@ class VerifierSession:
       ex.answered[i] = True
 
   def _progress(self, now: float) -> list[Stage | Verify]:
-    ex = self.exchange
-    if ex is None:
-      return []
-    if not ex.complete:
-      return self.poll(now)
-    pending = ex.codes == 0
-    if not pending.any():
-      return [self._verify()]
-    ex.staging = True
-    return [Stage(ex.rows, pending, ex.codes.copy())]
+    """The effects of every exchange that ended: answered in full (a
+    Stage, or a Verify when every request already failed) or past its
+    deadline (`poll`), oldest first."""
+    effects: list[Stage | Verify] = []
+    for ex in list(self.exchanges.values()):
+      if ex.staging:
+        continue
+      if not ex.complete:
+        effects += self.poll(now, ex.key)
+      elif not (ex.codes == 0).any():
+        effects.append(self._verify(ex))
+      else:
+        ex.staging = True
+        effects.append(Stage(ex.rows, ex.codes == 0, ex.codes.copy(),
+                             key=ex.key))
+    return effects
 
-  def poll(self, now: float) -> list[Stage | Verify]:
-    """The watchdog: past the deadline, the whole batch falls back.
+  def poll(self, now: float, key: int | None = None
+           ) -> list[Stage | Verify]:
+    """The watchdog: an exchange past its deadline falls back whole.
 
-    TIMEOUT is counted for every request whose proposal this discards
-    (answered in time or not), except those refused with a code of their
-    own.
+    key: that exchange only (None: every one in flight). TIMEOUT is
+    counted for every request whose proposal this discards (answered in
+    time or not), except those refused with a code of their own.
     """
-    ex = self.exchange
-    if ex is None or ex.staging or now < ex.deadline:
-      return []
-    for i, rid in enumerate(ex.rids):
-      if ex.codes[i] == 0:
-        self.counters.reject(Code.TIMEOUT, f"request {rid}")
-        ex.codes[i] = Code.TIMEOUT
-    ex.answered[:] = True
-    return [self._verify()]
+    effects: list[Stage | Verify] = []
+    for ex in list(self.exchanges.values()):
+      if ex.staging or now < ex.deadline or key not in (None, ex.key):
+        continue
+      for i, rid in enumerate(ex.rids):
+        if ex.codes[i] == 0:
+          self.counters.reject(Code.TIMEOUT, f"request {rid}")
+          ex.codes[i] = Code.TIMEOUT
+      ex.answered[:] = True
+      effects.append(self._verify(ex))
+    return effects
 
-  def staged(self, verdict: qformats.Verdict) -> Verify:
-    """The Plan of the exchange, from the verdicts of its staged rows.
+  def staged(self, verdict: qformats.Verdict,
+             key: int | None = None) -> Verify:
+    """The Plan of an exchange, from the verdicts of its staged rows.
 
     verdict: a `qformats.Verdict` of the Stage's rows (counts [R, D, w],
-    codes [R, D]). A request is verified only if every one of its rows is
-    valid; else its first refused row's code is counted and it falls back.
+    codes [R, D]); key: the Stage's (None: the oldest exchange in
+    flight). A request is verified only if every one of its rows is
+    valid; else its first refused row's code is counted and it falls
+    back.
     """
-    ex = self.exchange
-    if ex is None:
-      raise RuntimeError("staged: no exchange in flight")
+    ex = self._find(key)
+    if ex is None or not ex.staging:
+      raise RuntimeError(f"staged: no exchange {key} awaits its verdict")
     codes = np.asarray(verdict.codes)
     # One pass finds the refused requests (rare); each is then counted.
     for i in np.flatnonzero(codes.any(-1) & (ex.codes == 0)):
       bad = np.flatnonzero(codes[i])
-      self._fail(int(i), int(codes[i, bad[0]]), f"request {ex.rids[i]} "
+      self._fail(ex, int(i), int(codes[i, bad[0]]), f"request {ex.rids[i]} "
                  f"row {bad[0]}")
-    return self._verify(verdict.counts)
+    return self._verify(ex, verdict.counts)
 
-  def _verify(self, counts: Counts = None) -> Verify:
-    ex = self.exchange
-    assert ex is not None
-    self.exchange = None
+  def _verify(self, ex: Exchange, counts: Counts = None) -> Verify:
+    del self.exchanges[ex.key]
+    for rid in ex.rids:
+      del self._owner[rid]
     reqs = [self.requests[r] for r in ex.rids]
     plan = empty_plan(self.caps, ex.rids, [ex.tags[q.rid] for q in reqs],
                       ex.codes, ex.depth)
@@ -791,7 +840,7 @@ class VerifierSession:
       # Counts stay as validated (a JAX array, perhaps split over a mesh):
       # only the rows of requests whose code is 0 are ever read.
       plan = plan._replace(counts=counts)
-    return Verify(plan)
+    return Verify(plan, ex.key)
 
   def commit(self, plan: Plan, outcomes: typing.Sequence[typing.Sequence[int]]
              ) -> tuple[list[RoundResult], Send | None]:

@@ -268,7 +268,7 @@ class SessionPair:
     device: the jitted path, as `bridge.verifier.Validator` takes it."""
     verdict = self.caps.format.validate(stage.rows, vocab=self.caps.vocab,
                                         draws=draws, device=device)
-    return self.verifier.staged(verdict)
+    return self.verifier.staged(verdict, stage.key)
 
   def outcome(self, inbox: collections.deque, *,
               draws: DrawsFn | None = proposal_draws,
@@ -285,7 +285,7 @@ class SessionPair:
     if v.exchange is None:
       raise RuntimeError("outcome: no round in flight (begin first)")
     effects: list[Stage | Verify] = []
-    while v.exchange is not None and not effects:
+    while v.exchanges and not effects:
       if inbox:
         effects = self.to_verifier(inbox.popleft())
       else:
@@ -296,7 +296,7 @@ class SessionPair:
     effect = effects[0]
     if isinstance(effect, Stage):
       audit_draws = None if draws is None else draws(
-          *v.draw_inputs(), effect.rows.tokens.shape[-1])
+          *v.draw_inputs(effect.key), effect.rows.tokens.shape[-1])
       effect = self.validate(effect, audit_draws, device)
     return effect.plan
 

@@ -147,7 +147,7 @@ def test_worker_survives_every_field_extreme(served, kind):
       before = served.counters.total_errors()
       if kind == Kind.STEP:
         message = s.begin([0], h.DEPTH, time.monotonic()).message
-        s.exchange = None       # the client does not wait for this round
+        s.abandon()       # the client does not wait for this round
         tagger = s.keys.send
       elif kind == Kind.COMMIT:
         # Each edit on a request of its own (ids 100 and up), so that the
@@ -198,7 +198,7 @@ def test_anchor_2_63_is_refused_not_fatal(served):
     for anchor in (2 ** 63, 2 ** 64 - 1, bridge.hello.MAX_POSITION):
       s = client.session
       message = s.begin([0], h.DEPTH, time.monotonic()).message
-      s.exchange = None
+      s.abandon()
       client.send(_reseal_field(message, Kind.STEP, "anchor", anchor,
                                 s.keys.send))
       frames = h.frames(client.recv())
@@ -442,7 +442,7 @@ def test_a_peer_that_never_reads_cannot_hang_the_worker():
     for _ in range(40):           # 40 x 1.6 MB answers nobody reads
       sink.endpoint.socket.send(sink.session.begin([0, 1], h.DEPTH,
                                                    0.0).message)
-      sink.session.exchange = None
+      sink.session.abandon()
     deadline = time.monotonic() + h.GENEROUS_S
     while worker.counters.events("proposals") < 80:
       assert time.monotonic() < deadline, worker.counters.snapshot()
@@ -585,7 +585,7 @@ def test_views_are_bounded_without_removal():
   for rid in range(100):
     client.add_request(rid, [1], seed=rid)
     answer = session.receive(client.begin([rid], 1, 0.0).message)
-    client.exchange = None
+    client.abandon()
     for p in answer.propose:
       p.rows.n[:] = 0
     session.finish(answer, {p.entry: Code.PROPOSER_FAILED
@@ -660,7 +660,7 @@ def test_replays_across_sessions_fail_authentication():
     new.receive(bytes(send.message))
   new.add_request(0, [1], seed=1)
   worker.finish(worker.receive(new.begin([0], 2, 0.0).message))
-  new.exchange = None
+  new.abandon()
   # The old session's STEP, replayed into the new session: its session id
   # is no longer known (UNKNOWN_SESSION); forged into the new session's
   # id it fails the MAC (AUTH_FAILED); reflected to its sender, too.
@@ -745,7 +745,7 @@ def _context_step(client, rid):
   s = client.session
   s.requests[rid].context_sent = None
   message = s.begin([rid], h.DEPTH, time.monotonic()).message
-  s.exchange = None
+  s.abandon()
   frames = h.frames(message)
   assert [codec.peek(f)[0] for f in frames] == [Kind.CONTEXT, Kind.STEP]
   return frames

@@ -98,7 +98,10 @@ def _bridged_with_fallbacks_and_follower():
                            sharer=sharer)
   try:
     leader.open()
-    out = generate.generate(generate.Bridged(leader), PROMPTS, **RUN)
+    # One round in flight: the sharer's faults hit every third plan, and
+    # with two groups the plans hold other requests.
+    out = generate.generate(generate.Bridged(leader), PROMPTS, in_flight=1,
+                            **RUN)
     leader.stop_followers()
   finally:
     served.close()
