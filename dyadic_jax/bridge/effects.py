@@ -58,6 +58,18 @@ class Propose(typing.NamedTuple):
   context: np.ndarray | None = None
 
 
+class Call(typing.NamedTuple):
+  """One request's part of a batched draw (`proposer.DraftProposer.many`;
+  the worker driver batches a STEP message's draws with it)."""
+  seed: int
+  generation: int
+  round_id: int
+  anchor: int
+  last_token: int
+  request: int
+  context: np.ndarray      # int32[anchor], ending in last_token
+
+
 class Plan(typing.NamedTuple):
   """What every verifier rank does in one round (fixed shapes, R requests).
 

@@ -299,9 +299,10 @@ class Bridged:
 
   @property
   def in_flight(self) -> int:
-    """The session's `max_slots`: the worker drafts one round's requests
-    while this side verifies another's."""
-    return self.caps.max_slots
+    """The verifier's (`Verifier.in_flight`: the session's `max_slots`):
+    the worker drafts one round's requests while this side verifies
+    another's."""
+    return self.verifier.in_flight
 
   def round(self, rids: typing.Sequence[int], depth: int
             ) -> list[Committed]:

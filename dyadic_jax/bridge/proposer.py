@@ -53,6 +53,7 @@ import numpy as np
 from dyadic_jax import admission as admission_lib
 from dyadic_jax import models, rng, rowops
 from dyadic_jax.bridge import hello
+from dyadic_jax.bridge.effects import Call
 from dyadic_jax.bridge.hello import MAX_POSITION
 from dyadic_jax.errors import raise_for_status
 from dyadic_jax.wire import qformats
@@ -74,17 +75,6 @@ class Proposer(typing.Protocol):
     int32[D, k] of sparse rows (ascending, padding -1) or None, values
     float32[D, w] q rows or None (greedy)."""
     ...
-
-
-class Call(typing.NamedTuple):
-  """One request's part of a batched draw (`Proposer.many`)."""
-  seed: int
-  generation: int
-  round_id: int
-  anchor: int
-  last_token: int
-  request: int
-  context: np.ndarray      # int32[anchor], ending in last_token
 
 
 def check_step(caps: hello.Capabilities, seed: int, generation: int,

@@ -97,6 +97,8 @@ class ProposalBroadcast(worker.DrawHook):
   """The draw hook of a TP-n worker's leader: before each proposal, the
   other ranks get its inputs (they draw with it and send their blocks)."""
 
+  batched = False     # every rank draws each proposal with the leader
+
   def warmup(self, depth: int) -> None:
     ranks.broadcast(_params(_U64, 0, 0, 0, 0, depth, 0, _WARM), True)
 
@@ -409,6 +411,8 @@ class RankValidator(verifier.Validator):
   this rank's block [R, D, w] -> the global array [R, D, n w] split over
   "vocab" (`sharding.from_blocks`). Dense q only.
   """
+
+  overlaps = False    # the ranks agree on one exchange at a time
 
   def __init__(self, caps: hello.Capabilities, *,
                executor: rowops.Executor, assemble: Assemble) -> None:

@@ -77,7 +77,11 @@ __all__ = ["InFlight", "PlanSharer", "Request", "RoundHook", "RoundResult", "Val
 
 class Validator:
   """Judges a round's answer: the q format's kernel on the staged rows (the
-  dense batch in one jitted pass) and the sampling audit."""
+  dense batch in one jitted pass) and the sampling audit. overlaps:
+  whether it judges rounds whose exchanges overlap (two in flight); a
+  rank links' check agrees with the other ranks on one at a time."""
+
+  overlaps = True
 
   def __init__(self, caps: hello.Capabilities) -> None:
     self.caps = caps
@@ -210,6 +214,12 @@ class Verifier:
   @property
   def counters(self) -> Counters:
     return self.session.counters
+
+  @property
+  def in_flight(self) -> int:
+    """How many rounds may be in flight at once (`start`): the session's
+    `max_slots`, 1 under a validator that judges one at a time."""
+    return self.caps.max_slots if self.validator.overlaps else 1
 
   @property
   def requests(self) -> dict[int, Request]:
@@ -365,6 +375,9 @@ class Verifier:
     session (and cannot open one) falls back whole, as `round` does.
     """
     depth = depth or self.caps.max_depth
+    if len(self.session.exchanges) >= self.in_flight:
+      raise RuntimeError(f"start: {self.in_flight} rounds in flight already "
+                         "(finish one first)")
     if self._lost or (self.endpoint is not None and self.endpoint.broken()):
       self._drop_link()
     if not self.session.is_open:

@@ -23,7 +23,7 @@ import zmq
 
 from dyadic_jax.bridge import hello
 from dyadic_jax.bridge.counters import Counters
-from dyadic_jax.bridge.effects import Propose, Send
+from dyadic_jax.bridge.effects import Call, Propose, Send
 from dyadic_jax.bridge.transport import Curve, Endpoint
 from dyadic_jax.bridge.worker_session import WorkerSession
 from dyadic_jax.wire import layouts
@@ -36,7 +36,10 @@ if typing.TYPE_CHECKING:     # the proposer is JAX's; this driver is not
 class DrawHook:
   """Told before the worker draws (no-ops here): a tensor-parallel worker's
   leader tells its other ranks, which draw with it
-  (`rank_links.ProposalBroadcast`)."""
+  (`rank_links.ProposalBroadcast`). batched: whether the worker may draw a
+  message's proposals in one batched call (the ranks draw one by one)."""
+
+  batched = True
 
   def warmup(self, depth: int) -> None:
     """Before the warm-up draw (a throwaway seed, `depth` rows)."""
@@ -98,6 +101,8 @@ class Worker:
     """Answers one message: the list of `Send`s (no socket involved)."""
     answer = self.session.receive(message)
     failed: dict[int, int] = {}
+    if self._draw_many(answer.propose):
+      return self.session.finish(answer, failed)
     for p in answer.propose:
       start = time.perf_counter()
       try:
@@ -111,6 +116,37 @@ class Worker:
       self.counters.event("propose_us",
                           int((time.perf_counter() - start) * 1e6))
     return self.session.finish(answer, failed)
+
+  def _draw_many(self, props: typing.Sequence[Propose]) -> bool:
+    """Draws every proposal of a STEP message in one batched draft call
+    (the proposer's `many`, a `proposer.DraftProposer` whose draft has a
+    slab) when each holds its request's committed prefix and all have one
+    depth; False (nothing drawn) otherwise, or when the batch call fails:
+    then each is drawn alone, so a failure fails its own request only.
+    The rows are those of the per-request draws (the same keys)."""
+    many = getattr(self.propose, "many", None)
+    if (many is None or not self.draw_hook.batched or len(props) < 2 or any(p.context is None
+                                              for p in props)
+        or len({p.depth for p in props}) != 1):
+      return False
+    start = time.perf_counter()
+    try:
+      drawn = many([Call(
+          p.seed, p.generation, p.round, p.anchor, p.last_token, p.request,
+          typing.cast(np.ndarray, p.context)) for p in props], props[0].depth)
+    except Exception as e:  # pylint: disable=broad-except
+      logging.log_every_n_seconds(logging.ERROR, "batched draw failed, "
+                                  "drawing one by one: %r", 1.0, e)
+      return False
+    for p, rows in zip(props, drawn):
+      for name in ("tokens", "n", "ids", "values"):
+        into = getattr(p.rows, name)
+        if into is not None:
+          into[...] = getattr(rows, name)
+    self.counters.event("propose_us",
+                        int((time.perf_counter() - start) * 1e6))
+    self.counters.event("batched_draws")
+    return True
 
   def draw(self, p: Propose) -> None:
     """Draws one proposal into its REPLY rows (the draw hook first)."""

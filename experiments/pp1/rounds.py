@@ -2,6 +2,7 @@
 tokens, or the distribution check's first tokens and their tests; the
 progress bar they draw."""
 
+import collections
 import functools
 import logging
 import sys
@@ -83,8 +84,12 @@ def generate(verifier: bridge.Verifier, progress: Progress,
              drill: Drill | None = None) -> Run:
   """Rounds until every request has --tokens new tokens.
 
-  A request leaves the batch as soon as it has them. `drill` may run
-  rounds of its own (the --kill_worker_at fault drill).
+  The requests are split into `verifier.in_flight` groups (two where the
+  session allows it) whose rounds overlap: a group's next round starts
+  as soon as its last one is committed, so the worker drafts it while
+  the verifier verifies the other group's. A request leaves its group as
+  soon as it has its tokens. `drill` may run rounds of its own (the
+  --kill_worker_at fault drill: the run then keeps one round in flight).
   """
   caps, tokens = verifier.caps, flags.TOKENS.value
   rids = list(range(caps.max_requests))
@@ -93,15 +98,20 @@ def generate(verifier: bridge.Verifier, progress: Progress,
   start = {rid: len(verifier.requests[rid].tokens) for rid in rids}
   new = lambda r: len(verifier.requests[r].tokens) - start[r]
   results, rounds = [], 0
-  live = rids
-  while live:
-    results += verifier.round(live)
+  slots = 1 if drill else min(verifier.in_flight, len(rids))
+  flying = collections.deque((group, verifier.start(group)) for group in (
+      rids[g::slots] for g in range(slots)))
+  while flying:
+    group, handle = flying.popleft()
+    results += verifier.finish(handle)
     rounds += 1
-    live = [r for r in live if new(r) < tokens]
-    if drill and (lost := drill(verifier, rounds, live)):
+    group = [r for r in group if new(r) < tokens]
+    if drill and (lost := drill(verifier, rounds, group)):
       results += lost
       rounds += 1
-      live = [r for r in live if new(r) < tokens]
+      group = [r for r in group if new(r) < tokens]
+    if group:
+      flying.append((group, verifier.start(group)))
     progress.update(sum(min(new(r), tokens) for r in rids),
                     f"fallbacks {verifier.counters.events('fallbacks')}")
   progress.close()

@@ -435,3 +435,36 @@ def test_a_worker_with_adaptive_depth_keeps_the_wires_fixed_depth():
   assert verifier.counters.events("fallbacks") == 0
   for a, b in zip(local.tokens, bridged.tokens):
     np.testing.assert_array_equal(a, b)
+
+
+def test_the_bridge_on_slabs_commits_what_one_process_commits():
+  """The shipped pair over the bridge: the worker draws each STEP
+  message's proposals in one batched draft call (its proposer's `many`),
+  two rounds in flight; the same tokens as `Local` in one process."""
+  p = _stdlib()
+  caps = bridge.Capabilities(vocab=p.target.vocab, max_depth=3,
+                             max_requests=2,
+                             representation=Representation.SPARSE,
+                             max_support=16)
+  kw = dict(max_new_tokens=10, seed=6, tokenizer=p.tokenizer)
+  prompts = STDLIB_PROMPTS + ["for k in d:\n"]
+  local = generate.generate(generate.Local(p.draft, p.target, caps),
+                            prompts, **kw)
+  worker = bridge.Worker(caps, bridge.draft_proposer(p.draft, caps),
+                         secret=h.SECRET, wants_context=True)
+  served = h.serve(worker)
+  verifier = bridge.Verifier(caps, served.address, target=p.target,
+                             secret=h.SECRET, timeout_s=h.GENEROUS_S)
+  try:
+    verifier.open()
+    bridged = generate.generate(generate.Bridged(verifier), prompts, **kw)
+  finally:
+    served.close()
+    verifier.close()
+  assert verifier.counters.events("fallbacks") == 0
+  assert verifier.counters.events("overlapped") > 0
+  assert worker.counters.events("batched_draws") > 0
+  for a, b in zip(local.tokens, bridged.tokens):
+    np.testing.assert_array_equal(a, b)
+  np.testing.assert_array_equal(np.sort(local.accepted),
+                                np.sort(bridged.accepted))
