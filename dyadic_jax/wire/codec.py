@@ -45,6 +45,7 @@ _RECORD_BYTES = layouts.PACKED_RECORD.itemsize
 _KINDS = {int(k): k for k in Kind}
 _REPRESENTATIONS = {int(r): r for r in Representation}
 _MAX_FIXED = max(FIXED_BYTES[k] for k in _FIXED_KINDS)
+_PACKED_BODY = layouts.BODY_STRUCTS[Kind.PACKED]
 
 
 class Bounds(typing.NamedTuple):
@@ -485,6 +486,36 @@ class Packed(typing.NamedTuple):
   rows: qformats.Rows
 
 
+def packed_layout(out: bytearray | memoryview, *, bounds: Bounds,
+                  requests: int, depth: int) -> Packed:
+  """Views of a PACKED frame of `requests` records of `depth` rows at the
+  start of `out` (nothing is written): the frame, its records and rows.
+
+  A sender that answers batches of the same shape from the same buffer
+  keeps these views and writes only what changes (`write_packed`).
+  """
+  length = bounds.packed_bytes(requests, depth)
+  buf = _frame_space(out, length, "packed_layout")
+  fixed = FIXED_BYTES[Kind.PACKED]
+  records = np.frombuffer(buf, layouts.PACKED_RECORD, requests, fixed)
+  rows = _batch_rows(bounds.format, buf, fixed + _RECORD_BYTES * requests,
+                     requests, depth, bounds.width)
+  return Packed(buf, records, rows)
+
+
+def write_packed(packed: Packed, *, bounds: Bounds, session: int,
+                 generation: int, round_id: int) -> None:
+  """Writes the header (tag `generation`, `round_id`: the first record's)
+  and body of a laid-out PACKED frame (`packed_layout`)."""
+  fmt = bounds.format
+  requests, depth = packed.rows.tokens.shape
+  _write_header(packed.frame, Kind.PACKED, len(packed.frame), session,
+                generation, round_id)
+  _PACKED_BODY.pack_into(packed.frame, HEADER_BYTES, int(requests),
+                         int(depth), int(fmt.representation), 0,
+                         int(bounds.width), fmt.mass)
+
+
 def begin_packed(out: bytearray | memoryview, *, bounds: Bounds,
                  session: int, generation: int, round_id: int,
                  requests: int, depth: int) -> Packed:
@@ -494,18 +525,10 @@ def begin_packed(out: bytearray | memoryview, *, bounds: Bounds,
   body are written; fill the records and rows in place, then seal the
   frame with `auth.seal(frame, tagger)`.
   """
-  fmt = bounds.format
-  length = bounds.packed_bytes(requests, depth)
-  buf = _frame_space(out, length, "begin_packed")
-  _write_header(buf, Kind.PACKED, length, session, generation, round_id)
-  fixed = FIXED_BYTES[Kind.PACKED]
-  layouts.BODY_STRUCTS[Kind.PACKED].pack_into(
-      buf, HEADER_BYTES, int(requests), int(depth),
-      int(fmt.representation), 0, int(bounds.width), fmt.mass)
-  records = np.frombuffer(buf, layouts.PACKED_RECORD, requests, fixed)
-  rows = _batch_rows(fmt, buf, fixed + _RECORD_BYTES * requests, requests,
-                     depth, bounds.width)
-  return Packed(buf, records, rows)
+  packed = packed_layout(out, bounds=bounds, requests=requests, depth=depth)
+  write_packed(packed, bounds=bounds, session=session,
+               generation=generation, round_id=round_id)
+  return packed
 
 
 def peek(frame: layouts.Buffer) -> tuple[int, int, int, int] | None:
