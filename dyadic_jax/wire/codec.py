@@ -46,6 +46,7 @@ _KINDS = {int(k): k for k in Kind}
 _REPRESENTATIONS = {int(r): r for r in Representation}
 _MAX_FIXED = max(FIXED_BYTES[k] for k in _FIXED_KINDS)
 _PACKED_BODY = layouts.BODY_STRUCTS[Kind.PACKED]
+_NO_TAG = bytes(layouts.TAG_BYTES)    # a frame's tag before it is sealed
 
 
 class Bounds(typing.NamedTuple):
@@ -372,23 +373,26 @@ def _write_header(buf: bytearray | memoryview, kind: Kind, length: int,
                   session: int, generation: int, round_id: int) -> None:
   layouts.HEADER_STRUCT.pack_into(
       buf, 0, layouts.MAGIC, layouts.WIRE_VERSION, int(kind), length, 0,
-      int(session), int(generation), int(round_id), bytes(layouts.TAG_BYTES))
+      int(session), int(generation), int(round_id), _NO_TAG)
 
 
-_FIELDS = {kind: (t._fields, frozenset(t._fields), tuple(
-    b"" if typ is bytes else 0 for typ in t.__annotations__.values()))
-           for kind, t in layouts.BODY_TYPES.items()}
+class _Fixed(typing.NamedTuple):
+  """How `encode` writes one fixed-size kind: header and body in one
+  struct, the body's fields in order with their defaults (zeros)."""
+  kind: int
+  length: int
+  struct: struct.Struct        # HEADER_STRUCT's fields, then the body's
+  defaults: dict[str, typing.Any]
+  known: frozenset[str]
 
 
-def _body_values(kind: Kind, fields: dict[str, typing.Any]
-                 ) -> list[typing.Any]:
-  names, known, defaults = _FIELDS[kind]
-  if fields.keys() - known:
-    raise ValueError(f"encode: {kind.name} has no fields "
-                     f"{sorted(fields.keys() - known)}")
-  return [fields.get(n, d) for n, d in zip(names, defaults)]
-
-
+_FIXED = {int(kind): _Fixed(
+    int(kind), FIXED_BYTES[kind],
+    struct.Struct(layouts.HEADER_STRUCT.format
+                  + layouts.BODY_STRUCTS[kind].format.lstrip("<")),
+    {name: b"" if typ is bytes else 0 for name, typ in
+     layouts.BODY_TYPES[kind].__annotations__.items()},
+    frozenset(layouts.BODY_TYPES[kind]._fields)) for kind in _FIXED_KINDS}
 @typing.overload
 def encode(kind: int, *, session: int, generation: int, round_id: int,
            body: dict[str, typing.Any] | None = None,
@@ -414,19 +418,26 @@ def encode(kind: int, *, session: int, generation: int, round_id: int,
   `auth.Tagger` that seals it (None: tag left zero, tests only). out: a
   writable buffer to write into (its start); returns bytes without it.
   """
-  kind = Kind(kind)
-  if kind in (Kind.REPLY, Kind.PACKED, Kind.CONTEXT):
+  spec = _FIXED.get(kind)
+  if spec is None:
+    kind = Kind(kind)         # ValueError for a value that is no kind
     maker = ("encode_context" if kind == Kind.CONTEXT
              else f"begin_{kind.name.lower()}")
     raise ValueError(f"encode: a {kind.name} is built with {maker}")
-  length = FIXED_BYTES[kind]
+  length = spec.length
   buf: bytearray | memoryview = (
       bytearray(length) if out is None else memoryview(out).cast("B")[:length])
   if len(buf) < length:
     raise ValueError(f"encode: out holds {len(buf)} bytes, need {length}")
-  _write_header(buf, kind, length, session, generation, round_id)
-  layouts.BODY_STRUCTS[kind].pack_into(buf, HEADER_BYTES,
-                                       *_body_values(kind, body or {}))
+  fields = spec.defaults
+  if body:
+    if not spec.known.issuperset(body):
+      raise ValueError(f"encode: {Kind(spec.kind).name} has no fields "
+                       f"{sorted(body.keys() - spec.known)}")
+    fields = {**fields, **body}     # the layout's order; zeros for the rest
+  spec.struct.pack_into(buf, 0, layouts.MAGIC, layouts.WIRE_VERSION,
+                        spec.kind, length, 0, int(session), int(generation),
+                        int(round_id), _NO_TAG, *fields.values())
   if send is not None:
     auth.seal(buf, send)
   return bytes(buf) if out is None else memoryview(buf)
