@@ -566,7 +566,7 @@ class WorkerSession:
                             body.depth, body.anchor, body.context_version,
                             int(status)))
       offset += (0 if reply is None else len(reply)) + _COMPLETION
-      self.counters.event("proposals")
+    self.counters.event("proposals", len(entries))
     return WorkerAnswer(sends, proposals, slot, tuple(entries))
 
   def _fresh_view(self, f: codec.Frame, view: _View) -> int:
@@ -619,7 +619,7 @@ class WorkerSession:
             self._draw_context(view, body, session)))
       entries.append(_Entry(body.request, tag, j, None, rows, depth,
                             body.anchor, body.context_version, int(status)))
-      self.counters.event("proposals")
+    self.counters.event("proposals", len(entries))
     return WorkerAnswer(sends, proposals, slot, tuple(entries), packed)
 
   def _packed_layout(self, slot: int, requests: int, depth: int
