@@ -33,14 +33,16 @@ if typing.TYPE_CHECKING:
 
 # A staged batch of at most this many entries (R x D x k) is judged on the
 # host on any backend. On CPU the host verdict won at every size measured
-# (with the audit, the jitted call's host copies included; medians of 7
-# interleaved x 30 calls on 2 loaded cores; host vs jitted: R x D x k =
-# 1 x 1 x 32: 102 vs 182 us; 4 x 5 x 32: 104 vs 193; 64 x 5 x 32: 284 vs
-# 594; 4 x 5 x 256: 163 vs 479; 64 x 8 x 1024: 5.5 vs 11.0 ms), so a CPU
-# backend always uses it. On an accelerator (not measured) the
-# jitted pass pays a dispatch and two copies, ~100 us, then runs at memory
-# speed, while numpy costs ~7 ns an entry: past ~2^14 entries (a k = 32
-# batch of 512 rows) the device should win.
+# (with the audit, the jitted call's host copies included; medians of 7 x
+# 200 calls on 2 loaded cores; compiled host pass vs the numpy one it
+# replaced vs jitted: R x D x k = 1 x 1 x 32: 4.6 vs 33 vs 53 us; 4 x 5 x
+# 32: 3.9 vs 60 vs 56; 64 x 5 x 32: 14 vs 144 vs 192; 4 x 5 x 256: 6.6 vs
+# 121 vs 155; 64 x 8 x 1024: 1.6 vs 4.3 vs 7.6 ms), so a CPU backend
+# always uses it. On an accelerator (not measured) the jitted pass pays a
+# dispatch and two copies, ~100 us, then runs at memory speed, while the
+# host pass costs ~3 ns an entry: past ~2^15 entries the device should
+# win; the bound stays at 2^14 (set when numpy cost ~7 ns an entry), where
+# the host pass is now about twice as far ahead.
 HOST_ENTRIES = 1 << 14
 
 
