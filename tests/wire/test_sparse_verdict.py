@@ -14,6 +14,7 @@ mutations of them (bits, ids, n, tokens and draws: a small fuzz); on
 read-only, strided and unaligned views, with one compiled signature.
 """
 
+# pylint: disable=protected-access
 import numpy as np
 import pytest
 
@@ -118,9 +119,9 @@ def test_every_class_is_the_kernels_and_the_oracles(vocab, k):
   """test_qformats' sparse cases (each refusal class, padding past n),
   with and without the audit, against the kernels and the oracle."""
   rng = np.random.default_rng(11)
-  values, ids, n, tokens = cases._sparse_cases(rng, vocab, k, 340)  # pylint: disable=protected-access
+  values, ids, n, tokens = cases._sparse_cases(rng, vocab, k, 340)
   if k > 1:
-    extra = cases._sparse_padding_cases(rng, vocab, k)  # pylint: disable=protected-access
+    extra = cases._sparse_padding_cases(rng, vocab, k)
     values, ids, n, tokens = (np.concatenate([a, b]) for a, b in zip(
         (values, ids, n, tokens), extra))
   draws = _edge_draws(rng, values, ids, n, tokens)
@@ -135,7 +136,7 @@ def test_every_class_is_the_kernels_and_the_oracles(vocab, k):
     if code == 0:
       assert got.counts[b].tolist() == want, b
       at = int(np.flatnonzero(ids[b, :n[b]] == tokens[b])[0])
-      if not cases._audit_oracle(want, at, draws[b].astype(np.int32)):  # pylint: disable=protected-access
+      if not cases._audit_oracle(want, at, draws[b].astype(np.int32)):
         code = int(Code.SAMPLING_MISMATCH)
     assert codes[b] == code, (b, codes[b], code)
   seen = set(codes.tolist())
@@ -295,7 +296,7 @@ def test_any_layout_one_signature():
     got = sparse_host.verdict(rows, d, vocab)
     np.testing.assert_array_equal(got.codes.reshape(-1), want.codes)
     np.testing.assert_array_equal(got.counts.reshape(r, k), want.counts)
-  assert len(sparse_host._compiled.signatures) == 1   # pylint: disable=protected-access
+  assert len(sparse_host._compiled.signatures) == 1 
 
 
 def test_long_unsorted_rows_cost_a_sort_not_a_square():

@@ -92,10 +92,7 @@ _OK = np.int32(0)
 (_C_NAN, _C_INF, _C_NEGATIVE, _C_ABOVE_ONE, _C_NON_DYADIC,
  _C_FINE) = range(6)
 
-_JIT = {"cache": True, "boundscheck": False, "nogil": True}
-
-
-@numba.njit(inline="always", **_JIT)
+@numba.njit(cache=True, boundscheck=False, nogil=True, inline="always")
 def _count(b: np.uint32) -> np.int64:   # pragma: no cover
   """A fine entry's count (0 for +-0.0), else -1."""
   if (b & _MAGNITUDE) == _ZERO:
@@ -108,7 +105,7 @@ def _count(b: np.uint32) -> np.int64:   # pragma: no cover
   return np.int64(c) if (c << shift) == sig2 else _NOT_FINE
 
 
-@numba.njit(inline="always", **_JIT)
+@numba.njit(cache=True, boundscheck=False, nogil=True, inline="always")
 def _class(b: np.uint32) -> int:   # pragma: no cover
   """`qrows.classify`'s class of an entry that is not fine."""
   mag = b & _MAGNITUDE
@@ -123,8 +120,9 @@ def _class(b: np.uint32) -> int:   # pragma: no cover
   return _C_NON_DYADIC
 
 
-@numba.njit(**_JIT)
-def _ids(ids: np.ndarray, r: int, n: int, vocab: int) -> np.int32:   # pragma: no cover
+@numba.njit(cache=True, boundscheck=False, nogil=True)
+def _ids(ids: np.ndarray, r: int, n: int,
+         vocab: int) -> np.int32:   # pragma: no cover
   """The ids' verdict of row r's n live ids (1 <= n <= k), or OK."""
   ascending = True
   for i in range(n):
@@ -207,7 +205,7 @@ _compiled = numba.njit(
         _array(types.uint32, 2), _array(types.int32, 2),
         _array(types.int32, 1), _array(types.int32, 1),
         _array(types.uint32, 1), types.boolean, types.int64),
-    **_JIT)(_verdict)
+    cache=True, boundscheck=False, nogil=True)(_verdict)
 _NO_DRAWS = np.zeros(0, np.uint32)
 
 
