@@ -96,24 +96,6 @@ def _assert_same(rows, draws, vocab):
   return got.codes
 
 
-def _edge_draws(rng, values, ids, n, tokens):
-  """Draws of the rows: uniform, and on every other row one at an end of
-  the token's interval (prefix - 1, prefix, prefix + c - 1, prefix + c)
-  or above 2^31 (negative as int32)."""
-  r, k = values.shape
-  draws = rng.integers(0, M, r).astype(np.uint32)
-  for b in range(0, r, 2):
-    live = min(max(int(n[b]), 0), k)
-    c = np.round(values[b, :live].astype(np.float64) * M)
-    at = np.flatnonzero(ids[b, :live] == tokens[b])
-    if at.size and np.isfinite(c).all():
-      lo = int(np.nansum(c[:at[0]]))
-      draws[b] = [lo, lo + int(c[at[0]]) - 1, max(lo - 1, 0),
-                  lo + int(c[at[0]]), 2 ** 31 + lo,
-                  2 ** 32 - 1][(b // 2) % 6] % 2 ** 32
-  return draws
-
-
 @pytest.mark.parametrize("vocab,k", [(1000, 8), (40, 32), (5000, 3)])
 def test_every_class_is_the_kernels_and_the_oracles(vocab, k):
   """test_qformats' sparse cases (each refusal class, padding past n),
@@ -124,7 +106,7 @@ def test_every_class_is_the_kernels_and_the_oracles(vocab, k):
     extra = cases._sparse_padding_cases(rng, vocab, k)
     values, ids, n, tokens = (np.concatenate([a, b]) for a, b in zip(
         (values, ids, n, tokens), extra))
-  draws = _edge_draws(rng, values, ids, n, tokens)
+  draws = cases.edge_draws(rng, values, ids, n, tokens)
   rows = qformats.Rows(tokens, n, ids, np.ascontiguousarray(values))
   _assert_same(rows, None, vocab)
   codes = _assert_same(rows, draws, vocab)
@@ -221,7 +203,7 @@ def test_random_valid_batches_and_their_mutations(vocab, k, seed):
   rng = np.random.default_rng(seed)
   count = 240 if k <= 32 else 60
   values, ids, n, tokens = _valid_rows(rng, vocab, k, count)
-  draws = _edge_draws(rng, values, ids, n, tokens)
+  draws = cases.edge_draws(rng, values, ids, n, tokens)
   rows = qformats.Rows(tokens, n, ids, values)
   assert not _assert_same(rows, None, vocab).any()
   codes = _assert_same(rows, draws, vocab)
@@ -274,7 +256,7 @@ def test_any_layout_one_signature():
   rng = np.random.default_rng(4)
   vocab, k = 500, 16
   values, ids, n, tokens = _valid_rows(rng, vocab, k, 20)
-  draws = _edge_draws(rng, values, ids, n, tokens)
+  draws = cases.edge_draws(rng, values, ids, n, tokens)
   want = sparse_host.verdict(qformats.Rows(tokens, n, ids, values), draws,
                              vocab)
   # A message: tokens | n | ids | values, one byte off alignment.
