@@ -46,6 +46,9 @@ _KINDS = {int(k): k for k in Kind}
 _REPRESENTATIONS = {int(r): r for r in Representation}
 _MAX_FIXED = max(FIXED_BYTES[k] for k in _FIXED_KINDS)
 _PACKED_BODY = layouts.BODY_STRUCTS[Kind.PACKED]
+_PACKED_KIND = int(Kind.PACKED)
+_HEADER, _HEADER_STRUCT = layouts.Header, layouts.HEADER_STRUCT
+_MAGIC, _VERSION = layouts.MAGIC, layouts.WIRE_VERSION
 _NO_TAG = bytes(layouts.TAG_BYTES)    # a frame's tag before it is sealed
 
 
@@ -187,10 +190,10 @@ def header(frame: memoryview) -> layouts.Header:
   if len(frame) < HEADER_BYTES:
     raise ProtocolError(Code.TRUNCATED, f"{len(frame)} bytes, header needs "
                         f"{HEADER_BYTES}")
-  h = layouts.Header._make(layouts.HEADER_STRUCT.unpack_from(frame))
-  if h.magic != layouts.MAGIC:
+  h = _HEADER._make(_HEADER_STRUCT.unpack_from(frame))
+  if h.magic != _MAGIC:
     raise ProtocolError(Code.BAD_MAGIC, repr(h.magic))
-  if h.version != layouts.WIRE_VERSION:
+  if h.version != _VERSION:
     raise ProtocolError(Code.UNSUPPORTED_VERSION, str(h.version))
   if h.kind not in _KINDS:
     raise ProtocolError(Code.UNKNOWN_KIND, str(h.kind))
@@ -217,21 +220,24 @@ def decode(frame: layouts.Buffer, bounds: Bounds,
   if recv is not None and not auth.check(frame, recv):
     raise ProtocolError(Code.AUTH_FAILED, f"{Kind(h.kind).name} frame")
   kind = _KINDS[h.kind]
-  if (kind == Kind.PACKED) != bounds.packed and (
-      kind == Kind.PACKED or kind in _PER_FRAME):
+  # Plain ints below: an IntEnum compare costs a Python call.
+  packed = h.kind == _PACKED_KIND
+  if packed != bounds.packed and (packed or h.kind in _PER_FRAME):
     raise ProtocolError(Code.UNKNOWN_KIND, f"{kind.name} frame on a "
                         f"{'packed' if bounds.packed else 'per-frame'} "
                         "session")
-  if kind == Kind.PACKED:
+  if packed:
     return _packed(h, frame, bounds, validate_rows)
+  spec = _FIXED.get(h.kind)
+  if spec is not None:
+    if h.length != spec.length:
+      raise ProtocolError(Code.UNEXPECTED_SIZE, f"{kind.name} of {h.length} "
+                          "bytes")
+    return Frame(h, spec.body._make(spec.body_struct.unpack_from(
+        frame, HEADER_BYTES)), frame)
   if kind == Kind.CONTEXT:
     return _context(h, frame, bounds)
   fixed = FIXED_BYTES[kind]
-  if kind in _FIXED_KINDS:
-    if h.length != fixed:
-      raise ProtocolError(Code.UNEXPECTED_SIZE, f"{kind.name} of {h.length} "
-                          "bytes")
-    return Frame(h, _body(kind, frame), frame)
   if h.length < fixed:
     raise ProtocolError(Code.TRUNCATED, "REPLY body cut short")
   body = _body(kind, frame)
@@ -384,6 +390,8 @@ class _Fixed(typing.NamedTuple):
   struct: struct.Struct        # HEADER_STRUCT's fields, then the body's
   defaults: dict[str, typing.Any]
   known: frozenset[str]
+  body: typing.Any               # decode's: the body's type and struct
+  body_struct: struct.Struct
 
 
 _FIXED = {int(kind): _Fixed(
@@ -392,7 +400,8 @@ _FIXED = {int(kind): _Fixed(
                   + layouts.BODY_STRUCTS[kind].format.lstrip("<")),
     {name: b"" if typ is bytes else 0 for name, typ in
      layouts.BODY_TYPES[kind].__annotations__.items()},
-    frozenset(layouts.BODY_TYPES[kind]._fields)) for kind in _FIXED_KINDS}
+    frozenset(layouts.BODY_TYPES[kind]._fields), layouts.BODY_TYPES[kind],
+    layouts.BODY_STRUCTS[kind]) for kind in _FIXED_KINDS}
 @typing.overload
 def encode(kind: int, *, session: int, generation: int, round_id: int,
            body: dict[str, typing.Any] | None = None,
