@@ -190,6 +190,7 @@ class WorkerSession:
     context_budget: the most context tokens kept over all views."""
     self.caps = caps
     self.bounds = caps.bounds
+    self._greedy = caps.greedy    # read per STEP (a property of caps)
     self.counters = counters or Counters("worker")
     self._secret = secret
     self._entropy = entropy
@@ -374,7 +375,7 @@ class WorkerSession:
     contexts: dict[int, np.ndarray] = {}
     held: codec.Frame | None = None
     for f in frames:
-      if f.kind == Kind.CONTEXT:
+      if f.header.kind == Kind.CONTEXT:   # no Kind() per frame
         if held is not None:
           return None
         held = f
@@ -450,8 +451,8 @@ class WorkerSession:
     """0, or the Code refusing a STEP whose fields are out of bounds."""
     if body.policy not in _POLICIES:
       return Code.BAD_STATUS
-    if (body.policy == Policy.SAMPLED) == self.caps.greedy:
-      return (Code.SAMPLED_ON_GREEDY if self.caps.greedy
+    if (body.policy == Policy.SAMPLED) == self._greedy:
+      return (Code.SAMPLED_ON_GREEDY if self._greedy
               else Code.BAD_SEQUENCE)
     if not 1 <= body.depth <= self.caps.max_depth:
       return Code.ABSURD_LENGTH

@@ -53,8 +53,7 @@ def host_verdict(rows: base.Rows, draws: ArrayLike | None,
   same counts and codes, the classes in the kernel's order)."""
   # numba loads on first use, as for the dense host pass.
   from dyadic_jax.wire.qformats import sparse_host  # pylint: disable=g-import-not-at-top
-  return sparse_host.verdict(rows, None if draws is None else np.asarray(
-      draws), vocab)
+  return sparse_host.verdict(rows, draws, vocab)
 
 
 class SparseFormat(base.QFormat):

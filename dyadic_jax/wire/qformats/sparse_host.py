@@ -60,6 +60,7 @@ class, on random valid batches and on mutations of them.
 import numba
 from numba import types
 import numpy as np
+from numpy.typing import ArrayLike
 
 from dyadic_jax.constants import LOG2_M, M
 from dyadic_jax.wire.qformats import base
@@ -209,7 +210,7 @@ _compiled = numba.njit(
 _NO_DRAWS = np.zeros(0, np.uint32)
 
 
-def verdict(rows: base.Rows, draws: np.ndarray | None,
+def verdict(rows: base.Rows, draws: ArrayLike | None,
             vocab: int) -> base.Verdict:
   """The Verdict of sparse rows [..., D, k] (see the module docstring).
 
