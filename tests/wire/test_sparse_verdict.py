@@ -297,7 +297,7 @@ def test_long_unsorted_rows_cost_a_sort_not_a_square():
                             int(Code.DUPLICATE_ID)] * 4
 
 
-def test_shapes_are_checked():
+def test_shapes_and_dtypes_are_checked():
   rows = qformats.Rows(np.zeros(3, np.int32), np.ones(3, np.int32),
                        np.zeros((3, 4), np.int32),
                        np.zeros((3, 4), np.float32))
@@ -308,5 +308,10 @@ def test_shapes_are_checked():
   with pytest.raises(ValueError, match="shapes"):
     sparse_host.verdict(rows._replace(ids=np.zeros((3, 5), np.int32)), None,
                         10)
+  for field, dtype in (("values", np.float64), ("ids", np.int64),
+                       ("n", np.int64), ("tokens", np.uint32)):
+    with pytest.raises(TypeError, match="int32"):
+      sparse_host.verdict(rows._replace(**{field: getattr(rows, field).astype(
+          dtype)}), None, 10)
   assert sparse.host_verdict(rows, None, 10).codes.tolist() == [
       int(Code.WRONG_MASS)] * 3

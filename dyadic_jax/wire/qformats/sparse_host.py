@@ -219,6 +219,13 @@ def verdict(rows: base.Rows, draws: ArrayLike | None,
   """
   tokens, n, ids, values = rows
   assert ids is not None and values is not None    # sparse rows
+  if values.dtype != np.float32 or not (
+      tokens.dtype == n.dtype == ids.dtype == np.int32):
+    # The loop reads bits and ids by one k (no bounds checks): no other
+    # width may reach it.
+    raise TypeError(f"sparse_host.verdict: rows must be int32 tokens, n and "
+                    f"ids and float32 values, got {tokens.dtype}, {n.dtype},"
+                    f" {ids.dtype}, {values.dtype}")
   shape, k = tokens.shape, values.shape[-1]
   if n.shape != shape or ids.shape != values.shape or (
       values.shape[:-1] != shape):
