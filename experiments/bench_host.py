@@ -35,6 +35,11 @@ Phases (the order of a round):
                        the host validator on CPU)
   verifier  plan       `VerifierSession.staged`: the verdict's codes, the
                        Plan (rows copied out of the slot)
+  verifier  commit     `VerifierSession.commit` of the round's outcomes
+                       (every drafted token accepted, a bonus token): the
+                       results and the COMMIT message
+  worker    commit     `WorkerSession.receive` of the COMMIT: the views move
+                       (anchor, digest, last token)
 
 The PROPOSAL draws are looked up, untimed (a verifier computes them while
 the worker drafts). Floors in the same run, over the same bytes (the
@@ -42,8 +47,8 @@ answer message): `numpy_pass` (one numpy reduction over them), `memcpy`
 (np.copyto of them) and `numpy_call` (one numpy call on a 1-element
 array: the fixed cost every numpy call pays); each phase is reported in
 microseconds and as multiples of them. Target (issue 38): each side's
-host work <= 0.4 ms (worker: receive + write + finish; verifier: begin +
-receive + validate + plan).
+host work <= 0.4 ms (worker: receive + write + finish + commit; verifier:
+begin + receive + validate + plan + commit).
 """
 
 import gc
@@ -77,8 +82,9 @@ from dyadic_jax.wire import qformats
 from dyadic_jax.wire.layouts import Representation
 # pylint: enable=g-import-not-at-top,g-bad-import-order
 
-_SIDES = {"worker": ("w_receive", "w_write", "w_finish"),
-          "verifier": ("v_begin", "v_receive", "v_validate", "v_plan")}
+_SIDES = {"worker": ("w_receive", "w_write", "w_finish", "w_commit"),
+          "verifier": ("v_begin", "v_receive", "v_validate", "v_plan",
+                       "v_commit")}
 _FLOORS = ("numpy_pass", "memcpy", "numpy_call")
 
 
@@ -96,6 +102,7 @@ def phases(requests, depth, vocab, k, rng, rounds_n):
   v, w = pair.verifier, pair.worker
   fmt = caps.format
   rids = list(range(requests))
+  outcomes = [(depth, 1)] * requests
   state = {}
 
   def v_begin():
@@ -129,9 +136,16 @@ def phases(requests, depth, vocab, k, rng, rounds_n):
   def settle():    # untimed: every round must verify
     bench_bridge._accepted(state["plan"])   # pylint: disable=protected-access
 
+  def v_commit():  # every drafted token accepted, then a bonus token
+    state["commit"] = v.commit(state["plan"], outcomes)[1].message
+
+  def w_commit():
+    w.receive(state["commit"], pair.now)
+
   for fn in (v_begin, w_receive, w_write, w_finish, draws, v_receive,
-             v_validate, v_plan, settle):
+             v_validate, v_plan, settle, v_commit, w_commit):
     fn()
+  commits = w.counters.events("commits")
   # The staged batch's verdict is the loose kernel's (numpy, unaudited).
   want = fmt.validate(state["stage"].rows, vocab=vocab)
   if not (np.array_equal(want.counts, np.asarray(state["verdict"].counts))
@@ -146,11 +160,17 @@ def phases(requests, depth, vocab, k, rng, rounds_n):
   stages = {"v_begin": v_begin, "w_receive": w_receive, "w_write": w_write,
             "w_finish": w_finish, "draws": draws, "v_receive": v_receive,
             "v_validate": v_validate, "v_plan": v_plan, "settle": settle,
+            "v_commit": v_commit, "w_commit": w_commit,
             "numpy_pass": lambda: np.add.reduce(src),
             "memcpy": lambda: np.copyto(dst, data),
             "numpy_call": lambda: np.add(one, one)}
   samples = bench_bridge.interleaved(stages, rounds_n, warmup=warmup)
   del samples["draws"], samples["settle"]
+  # Every COMMIT moved the worker's views, none resynced a view.
+  if (w.counters.events("commits") - commits != requests * (warmup + rounds_n)
+      or w.counters.events("resyncs") or w.counters.total_errors()):
+    raise RuntimeError(f"bench_host: the worker's commits went wrong: "
+                       f"{w.counters.snapshot()}")
   sizes = {"step_bytes": len(state["step"]), "reply_bytes": len(message),
            "q_bytes": int(sum(p.values.nbytes + p.ids.nbytes
                               for p in props))}

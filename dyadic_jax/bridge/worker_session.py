@@ -765,8 +765,8 @@ class WorkerSession:
       self.counters.reject(Code.BAD_SEQUENCE, f"COMMIT of {rid}: accepted "
                            f"{body.accepted} of {len(proposal)}")
       return
-    committed = [] if proposal is None else [
-        int(t) for t in proposal[:body.accepted]]
+    committed = [] if proposal is None else (
+        proposal[:body.accepted].tolist())   # Python ints, one call
     committed.append(int(body.next_token))
     view.digest = (None if view.digest is None or (
         view.proposal is None and not fallback) else

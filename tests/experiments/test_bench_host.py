@@ -13,11 +13,12 @@ from tests import paths
 from tests.paths import ROOT as _ROOT
 
 _PHASES = ("v_begin", "w_receive", "w_write", "w_finish", "v_receive",
-           "v_validate", "v_plan")
+           "v_validate", "v_plan", "v_commit", "w_commit")
 _FLOORS = ("numpy_pass", "memcpy", "numpy_call")
 _RATIOS = tuple(f"x_{f}" for f in _FLOORS)
-_SIDES = {"worker": ("w_receive", "w_write", "w_finish"),
-          "verifier": ("v_begin", "v_receive", "v_validate", "v_plan")}
+_SIDES = {"worker": ("w_receive", "w_write", "w_finish", "w_commit"),
+          "verifier": ("v_begin", "v_receive", "v_validate", "v_plan",
+                       "v_commit")}
 
 
 def _positive(value, where):
