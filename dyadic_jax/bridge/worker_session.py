@@ -89,6 +89,7 @@ _COMPLETION = FIXED_BYTES[Kind.COMPLETION]
 # cannot evict the session a verifier is opening unless the replayer holds
 # this many distinct recorded HELLOs.
 MAX_PENDING = 4
+_POLICIES = frozenset(int(p) for p in Policy)
 
 
 class _Session(typing.NamedTuple):
@@ -189,6 +190,7 @@ class WorkerSession:
     context_budget: the most context tokens kept over all views."""
     self.caps = caps
     self.bounds = caps.bounds
+    self._greedy = caps.greedy    # read per STEP (a property of caps)
     self.counters = counters or Counters("worker")
     self._secret = secret
     self._entropy = entropy
@@ -210,6 +212,12 @@ class WorkerSession:
         collections.OrderedDict())
     self.slots: list[bytearray] | None = None   # after a HELLO
     self._epoch = [0] * caps.max_slots
+    # Per slot, the views of its last PACKED answer's layout: (requests,
+    # depth), the frame's views and each request's rows. A batch of the
+    # same shape (every round, usually) reuses them (`_packed_layout`).
+    self._layouts: list[tuple[tuple[int, int], codec.Packed,
+                              tuple[qformats.Rows, ...]] | None] = (
+        [None] * caps.max_slots)
     self._busy = [False] * caps.max_slots
     self._next = 0
     # A session that agreed on CONTEXT frames decodes with these.
@@ -367,7 +375,7 @@ class WorkerSession:
     contexts: dict[int, np.ndarray] = {}
     held: codec.Frame | None = None
     for f in frames:
-      if f.kind == Kind.CONTEXT:
+      if f.header.kind == Kind.CONTEXT:   # no Kind() per frame
         if held is not None:
           return None
         held = f
@@ -441,12 +449,10 @@ class WorkerSession:
 
   def _check_step(self, body: layouts.Body) -> int:
     """0, or the Code refusing a STEP whose fields are out of bounds."""
-    try:
-      policy = Policy(body.policy)
-    except ValueError:
+    if body.policy not in _POLICIES:
       return Code.BAD_STATUS
-    if (policy == Policy.SAMPLED) == self.caps.greedy:
-      return (Code.SAMPLED_ON_GREEDY if self.caps.greedy
+    if (body.policy == Policy.SAMPLED) == self._greedy:
+      return (Code.SAMPLED_ON_GREEDY if self._greedy
               else Code.BAD_SEQUENCE)
     if not 1 <= body.depth <= self.caps.max_depth:
       return Code.ABSURD_LENGTH
@@ -468,6 +474,7 @@ class WorkerSession:
       # The transport still holds its last message (a peer that does not
       # read): leave that buffer to it, take a new one. No waiting.
       self._buffers()[slot] = bytearray(self.bounds.max_reply_message)
+      self._layouts[slot] = None    # views of the old buffer
       self._busy[slot] = False
       self.counters.event("slots_reclaimed")
     self._epoch[slot] += 1      # every reply cached in it is gone
@@ -560,7 +567,7 @@ class WorkerSession:
                             body.depth, body.anchor, body.context_version,
                             int(status)))
       offset += (0 if reply is None else len(reply)) + _COMPLETION
-      self.counters.event("proposals")
+    self.counters.event("proposals", len(entries))
     return WorkerAnswer(sends, proposals, slot, tuple(entries))
 
   def _fresh_view(self, f: codec.Frame, view: _View) -> int:
@@ -597,25 +604,40 @@ class WorkerSession:
                              f"batch of depth {depth}")
     slot = self._take_slot()
     first = fresh[0][0].tag
-    packed = codec.begin_packed(
-        self._buffers()[slot], bounds=self.bounds, session=session.id,
-        generation=first[0], round_id=first[1], requests=len(fresh),
-        depth=depth)
+    packed, each = self._packed_layout(slot, len(fresh), depth)
+    codec.write_packed(packed, bounds=self.bounds, session=session.id,
+                       generation=first[0], round_id=first[1])
     proposals: list[Propose] = []
     entries: list[_Entry] = []
     for j, ((f, view), status) in enumerate(zip(fresh, statuses)):
       body, tag = f.body, f.tag
       rows = None
       if not status:
-        rows = codec.select(packed.rows, j)
+        rows = each[j]
         proposals.append(Propose(
             j, body.request, body.seed, tag[0], tag[1], body.anchor,
             body.last_token, depth, rows,
             self._draw_context(view, body, session)))
       entries.append(_Entry(body.request, tag, j, None, rows, depth,
                             body.anchor, body.context_version, int(status)))
-      self.counters.event("proposals")
+    self.counters.event("proposals", len(entries))
     return WorkerAnswer(sends, proposals, slot, tuple(entries), packed)
+
+  def _packed_layout(self, slot: int, requests: int, depth: int
+                     ) -> tuple[codec.Packed, tuple[qformats.Rows, ...]]:
+    """The views of a PACKED answer of `requests` x `depth` in `slot`'s
+    buffer and each request's rows: the slot's last ones when the shape is
+    the same (no numpy call), else laid out anew (`codec.packed_layout`).
+    One shape is kept per slot: memory stays bounded by the slots."""
+    held, buf = self._layouts[slot], self._buffers()[slot]
+    if held is not None and held[0] == (requests, depth) and (
+        held[1].frame.obj is buf):
+      return held[1], held[2]
+    packed = codec.packed_layout(buf, bounds=self.bounds,
+                                 requests=requests, depth=depth)
+    each = tuple(codec.select(packed.rows, j) for j in range(requests))
+    self._layouts[slot] = ((requests, depth), packed, each)
+    return packed, each
 
   def _end_spent(self, step: codec.Frame, session: _Session,
                  sends: list[Send]) -> WorkerAnswer:
@@ -637,12 +659,16 @@ class WorkerSession:
     assert answer.slot is not None
     frame, records, rows = answer.packed
     epoch = self._epoch[answer.slot]
+    # The drafted tokens, copied once (each view keeps its request's row
+    # of the copy, for the COMMIT), and the records written at once.
+    drafted = list(np.array(rows.tokens))
+    table = []
     for j, e in enumerate(answer.entries):
       status = e.status or int(failed.get(j, 0))
       if status and e.status == 0:
         self.counters.reject(status, f"proposal of request {e.request}")
-      records[j] = (e.request, 0 if status else e.depth, status, 0, e.tag[0],
-                    e.tag[1], e.anchor, e.context)
+      table.append((e.request, 0 if status else e.depth, status, 0, e.tag[0],
+                    e.tag[1], e.anchor, e.context))
       if status:    # no rows: zeros, not a previous message's bytes
         for a in rows:
           if a is not None:
@@ -650,7 +676,8 @@ class WorkerSession:
       view = self.views.get(e.request)
       if view is not None and (view.generation, view.round) == e.tag:
         view.cached = (answer.slot, epoch, 0, len(frame))
-        view.proposal = None if status else np.array(rows.tokens[j])
+        view.proposal = None if status else drafted[j]
+    records[:] = table
     auth.seal(frame, session.keys.send)
     self._busy[answer.slot] = True
     return list(answer.send) + [Send(frame, answer.slot)]
@@ -738,8 +765,8 @@ class WorkerSession:
       self.counters.reject(Code.BAD_SEQUENCE, f"COMMIT of {rid}: accepted "
                            f"{body.accepted} of {len(proposal)}")
       return
-    committed = [] if proposal is None else [
-        int(t) for t in proposal[:body.accepted]]
+    committed = [] if proposal is None else (
+        proposal[:body.accepted].tolist())   # Python ints, one call
     committed.append(int(body.next_token))
     view.digest = (None if view.digest is None or (
         view.proposal is None and not fallback) else

@@ -45,6 +45,11 @@ _RECORD_BYTES = layouts.PACKED_RECORD.itemsize
 _KINDS = {int(k): k for k in Kind}
 _REPRESENTATIONS = {int(r): r for r in Representation}
 _MAX_FIXED = max(FIXED_BYTES[k] for k in _FIXED_KINDS)
+_PACKED_BODY = layouts.BODY_STRUCTS[Kind.PACKED]
+_PACKED_KIND = int(Kind.PACKED)
+_HEADER, _HEADER_STRUCT = layouts.Header, layouts.HEADER_STRUCT
+_MAGIC, _VERSION = layouts.MAGIC, layouts.WIRE_VERSION
+_NO_TAG = bytes(layouts.TAG_BYTES)    # a frame's tag before it is sealed
 
 
 class Bounds(typing.NamedTuple):
@@ -185,10 +190,10 @@ def header(frame: memoryview) -> layouts.Header:
   if len(frame) < HEADER_BYTES:
     raise ProtocolError(Code.TRUNCATED, f"{len(frame)} bytes, header needs "
                         f"{HEADER_BYTES}")
-  h = layouts.Header._make(layouts.HEADER_STRUCT.unpack_from(frame))
-  if h.magic != layouts.MAGIC:
+  h = _HEADER._make(_HEADER_STRUCT.unpack_from(frame))
+  if h.magic != _MAGIC:
     raise ProtocolError(Code.BAD_MAGIC, repr(h.magic))
-  if h.version != layouts.WIRE_VERSION:
+  if h.version != _VERSION:
     raise ProtocolError(Code.UNSUPPORTED_VERSION, str(h.version))
   if h.kind not in _KINDS:
     raise ProtocolError(Code.UNKNOWN_KIND, str(h.kind))
@@ -215,21 +220,24 @@ def decode(frame: layouts.Buffer, bounds: Bounds,
   if recv is not None and not auth.check(frame, recv):
     raise ProtocolError(Code.AUTH_FAILED, f"{Kind(h.kind).name} frame")
   kind = _KINDS[h.kind]
-  if (kind == Kind.PACKED) != bounds.packed and (
-      kind == Kind.PACKED or kind in _PER_FRAME):
+  # Plain ints below: an IntEnum compare costs a Python call.
+  packed = h.kind == _PACKED_KIND
+  if packed != bounds.packed and (packed or h.kind in _PER_FRAME):
     raise ProtocolError(Code.UNKNOWN_KIND, f"{kind.name} frame on a "
                         f"{'packed' if bounds.packed else 'per-frame'} "
                         "session")
-  if kind == Kind.PACKED:
+  if packed:
     return _packed(h, frame, bounds, validate_rows)
+  spec = _FIXED.get(h.kind)
+  if spec is not None:
+    if h.length != spec.length:
+      raise ProtocolError(Code.UNEXPECTED_SIZE, f"{kind.name} of {h.length} "
+                          "bytes")
+    return Frame(h, spec.body._make(spec.body_struct.unpack_from(
+        frame, HEADER_BYTES)), frame)
   if kind == Kind.CONTEXT:
     return _context(h, frame, bounds)
   fixed = FIXED_BYTES[kind]
-  if kind in _FIXED_KINDS:
-    if h.length != fixed:
-      raise ProtocolError(Code.UNEXPECTED_SIZE, f"{kind.name} of {h.length} "
-                          "bytes")
-    return Frame(h, _body(kind, frame), frame)
   if h.length < fixed:
     raise ProtocolError(Code.TRUNCATED, "REPLY body cut short")
   body = _body(kind, frame)
@@ -371,23 +379,29 @@ def _write_header(buf: bytearray | memoryview, kind: Kind, length: int,
                   session: int, generation: int, round_id: int) -> None:
   layouts.HEADER_STRUCT.pack_into(
       buf, 0, layouts.MAGIC, layouts.WIRE_VERSION, int(kind), length, 0,
-      int(session), int(generation), int(round_id), bytes(layouts.TAG_BYTES))
+      int(session), int(generation), int(round_id), _NO_TAG)
 
 
-_FIELDS = {kind: (t._fields, frozenset(t._fields), tuple(
-    b"" if typ is bytes else 0 for typ in t.__annotations__.values()))
-           for kind, t in layouts.BODY_TYPES.items()}
+class _Fixed(typing.NamedTuple):
+  """How `encode` writes one fixed-size kind: header and body in one
+  struct, the body's fields in order with their defaults (zeros)."""
+  kind: int
+  length: int
+  struct: struct.Struct        # HEADER_STRUCT's fields, then the body's
+  defaults: dict[str, typing.Any]
+  known: frozenset[str]
+  body: typing.Any               # decode's: the body's type and struct
+  body_struct: struct.Struct
 
 
-def _body_values(kind: Kind, fields: dict[str, typing.Any]
-                 ) -> list[typing.Any]:
-  names, known, defaults = _FIELDS[kind]
-  if fields.keys() - known:
-    raise ValueError(f"encode: {kind.name} has no fields "
-                     f"{sorted(fields.keys() - known)}")
-  return [fields.get(n, d) for n, d in zip(names, defaults)]
-
-
+_FIXED = {int(kind): _Fixed(
+    int(kind), FIXED_BYTES[kind],
+    struct.Struct(layouts.HEADER_STRUCT.format
+                  + layouts.BODY_STRUCTS[kind].format.lstrip("<")),
+    {name: b"" if typ is bytes else 0 for name, typ in
+     layouts.BODY_TYPES[kind].__annotations__.items()},
+    frozenset(layouts.BODY_TYPES[kind]._fields), layouts.BODY_TYPES[kind],
+    layouts.BODY_STRUCTS[kind]) for kind in _FIXED_KINDS}
 @typing.overload
 def encode(kind: int, *, session: int, generation: int, round_id: int,
            body: dict[str, typing.Any] | None = None,
@@ -413,19 +427,26 @@ def encode(kind: int, *, session: int, generation: int, round_id: int,
   `auth.Tagger` that seals it (None: tag left zero, tests only). out: a
   writable buffer to write into (its start); returns bytes without it.
   """
-  kind = Kind(kind)
-  if kind in (Kind.REPLY, Kind.PACKED, Kind.CONTEXT):
+  spec = _FIXED.get(kind)
+  if spec is None:
+    kind = Kind(kind)         # ValueError for a value that is no kind
     maker = ("encode_context" if kind == Kind.CONTEXT
              else f"begin_{kind.name.lower()}")
     raise ValueError(f"encode: a {kind.name} is built with {maker}")
-  length = FIXED_BYTES[kind]
+  length = spec.length
   buf: bytearray | memoryview = (
       bytearray(length) if out is None else memoryview(out).cast("B")[:length])
   if len(buf) < length:
     raise ValueError(f"encode: out holds {len(buf)} bytes, need {length}")
-  _write_header(buf, kind, length, session, generation, round_id)
-  layouts.BODY_STRUCTS[kind].pack_into(buf, HEADER_BYTES,
-                                       *_body_values(kind, body or {}))
+  fields = spec.defaults
+  if body:
+    if not spec.known.issuperset(body):
+      raise ValueError(f"encode: {Kind(spec.kind).name} has no fields "
+                       f"{sorted(body.keys() - spec.known)}")
+    fields = {**fields, **body}     # the layout's order; zeros for the rest
+  spec.struct.pack_into(buf, 0, layouts.MAGIC, layouts.WIRE_VERSION,
+                        spec.kind, length, 0, int(session), int(generation),
+                        int(round_id), _NO_TAG, *fields.values())
   if send is not None:
     auth.seal(buf, send)
   return bytes(buf) if out is None else memoryview(buf)
@@ -485,6 +506,36 @@ class Packed(typing.NamedTuple):
   rows: qformats.Rows
 
 
+def packed_layout(out: bytearray | memoryview, *, bounds: Bounds,
+                  requests: int, depth: int) -> Packed:
+  """Views of a PACKED frame of `requests` records of `depth` rows at the
+  start of `out` (nothing is written): the frame, its records and rows.
+
+  A sender that answers batches of the same shape from the same buffer
+  keeps these views and writes only what changes (`write_packed`).
+  """
+  length = bounds.packed_bytes(requests, depth)
+  buf = _frame_space(out, length, "packed_layout")
+  fixed = FIXED_BYTES[Kind.PACKED]
+  records = np.frombuffer(buf, layouts.PACKED_RECORD, requests, fixed)
+  rows = _batch_rows(bounds.format, buf, fixed + _RECORD_BYTES * requests,
+                     requests, depth, bounds.width)
+  return Packed(buf, records, rows)
+
+
+def write_packed(packed: Packed, *, bounds: Bounds, session: int,
+                 generation: int, round_id: int) -> None:
+  """Writes the header (tag `generation`, `round_id`: the first record's)
+  and body of a laid-out PACKED frame (`packed_layout`)."""
+  fmt = bounds.format
+  requests, depth = packed.rows.tokens.shape
+  _write_header(packed.frame, Kind.PACKED, len(packed.frame), session,
+                generation, round_id)
+  _PACKED_BODY.pack_into(packed.frame, HEADER_BYTES, int(requests),
+                         int(depth), int(fmt.representation), 0,
+                         int(bounds.width), fmt.mass)
+
+
 def begin_packed(out: bytearray | memoryview, *, bounds: Bounds,
                  session: int, generation: int, round_id: int,
                  requests: int, depth: int) -> Packed:
@@ -494,18 +545,10 @@ def begin_packed(out: bytearray | memoryview, *, bounds: Bounds,
   body are written; fill the records and rows in place, then seal the
   frame with `auth.seal(frame, tagger)`.
   """
-  fmt = bounds.format
-  length = bounds.packed_bytes(requests, depth)
-  buf = _frame_space(out, length, "begin_packed")
-  _write_header(buf, Kind.PACKED, length, session, generation, round_id)
-  fixed = FIXED_BYTES[Kind.PACKED]
-  layouts.BODY_STRUCTS[Kind.PACKED].pack_into(
-      buf, HEADER_BYTES, int(requests), int(depth),
-      int(fmt.representation), 0, int(bounds.width), fmt.mass)
-  records = np.frombuffer(buf, layouts.PACKED_RECORD, requests, fixed)
-  rows = _batch_rows(fmt, buf, fixed + _RECORD_BYTES * requests, requests,
-                     depth, bounds.width)
-  return Packed(buf, records, rows)
+  packed = packed_layout(out, bounds=bounds, requests=requests, depth=depth)
+  write_packed(packed, bounds=bounds, session=session,
+               generation=generation, round_id=round_id)
+  return packed
 
 
 def peek(frame: layouts.Buffer) -> tuple[int, int, int, int] | None:

@@ -446,3 +446,38 @@ def test_the_usual_answer_is_staged_where_it_arrived(rep):
     plan = pair.verifier.staged(verdict).plan
     assert plan.codes.tolist() == ([0, 0] if in_place else
                                    [0, Code.PROPOSER_FAILED])
+
+
+def test_a_slot_reuses_its_layout_for_its_shape_only():
+  """The worker keeps each slot's PACKED layout and per-request rows and
+  reuses them for a batch of the same shape: its answers are byte for
+  byte those of a worker that lays every answer out anew, through batches
+  of other sizes and depths, and slots replaced while the transport holds
+  them (reclaimed); each is accepted."""
+  caps = h.caps(features=Feature.PACKED_REPLY, max_requests=3, max_slots=2)
+  pairs = [session_pair.SessionPair(
+      caps, secret=h.SECRET, proposer=_draw,
+      worker_entropy=session_pair.CountingEntropy(1),
+      verifier_entropy=session_pair.CountingEntropy(2)) for _ in range(2)]
+  for pair in pairs:
+    assert pair.open()
+    for rid in range(3):
+      pair.verifier.add_request(rid, [rid + 1], seed=rid)
+  cached, fresh = pairs
+  for rids, depth, release in [
+      ([0, 1, 2], 2, True), ([0, 1], 2, True), ([0, 1, 2], 2, True),
+      ([0, 1, 2], 3, True), ([0, 1, 2], 3, False), ([0, 1, 2], 3, False),
+      ([2], 1, True), ([0, 1, 2], 3, True), ([1, 2], 3, True)]:
+    fresh.worker._layouts = [None] * caps.max_slots   # pylint: disable=protected-access
+    got = []
+    for pair in pairs:
+      answer = pair.worker.receive(pair.begin(rids, depth), pair.now)
+      pair.proposer(answer.propose)
+      (send,) = pair.worker.finish(answer, {})
+      got.append(bytes(send.message))
+      if release:
+        pair.worker.released(send.slot)
+      plan = _outcome(pair, got[-1])
+      assert not plan.codes.any() and len(plan.rids) == len(rids)
+    assert got[0] == got[1], (rids, depth)
+  assert cached.worker.counters.events("slots_reclaimed") == 2

@@ -3,8 +3,8 @@
 The dense batch path (one jitted pass on the staging slot) must accept
 exactly the rows `qrows.dense` accepts, with the same counts, and report
 the kernel's code for the others; the sparse path is the kernel itself,
-and the verifier's sparse host verdict (numpy alone) is the jitted kernel
-and the oracle bit for bit.
+and the verifier's sparse host verdict (one compiled loop; in full:
+test_sparse_verdict.py) is the jitted kernel and the oracle bit for bit.
 The sampling audit must accept exactly the token `dyadic_jax.sample_counts`
 draws. Every rejection class is exercised, subnormals included (XLA CPU
 flushes them to zero in float compares).
@@ -259,10 +259,28 @@ def _sparse_padding_cases(rng, vocab, k):
   return values, ids, n, tokens
 
 
+def edge_draws(rng, values, ids, n, tokens):
+  """Draws of the rows: uniform, and on every other row one at an end of
+  the token's interval (prefix - 1, prefix, prefix + c - 1, prefix + c)
+  or above 2^31 (negative as int32)."""
+  r, k = values.shape
+  draws = rng.integers(0, M, r).astype(np.uint32)
+  for b in range(0, r, 2):
+    live = min(max(int(n[b]), 0), k)
+    c = np.round(values[b, :live].astype(np.float64) * M)
+    at = np.flatnonzero(ids[b, :live] == tokens[b])
+    if at.size and np.isfinite(c).all():
+      lo = int(np.nansum(c[:at[0]]))
+      draws[b] = [lo, lo + int(c[at[0]]) - 1, max(lo - 1, 0),
+                  lo + int(c[at[0]]), 2 ** 31 + lo,
+                  2 ** 32 - 1][(b // 2) % 6] % 2 ** 32
+  return draws
+
+
 @pytest.mark.parametrize("vocab,k", [(1000, 8), (40, 32)])
 def test_sparse_host_verdict_is_the_jitted_kernel_and_the_oracle(vocab, k):
-  """The verifier's host verdict (`sparse.host_verdict`, numpy alone), the
-  jitted kernel and `reference.sparse_q_counts` give the same code, counts
+  """The verifier's host verdict (`sparse.host_verdict`, one compiled
+  loop), the jitted kernel and `reference.sparse_q_counts` give the same code, counts
   and audit on every class, padding, and draws on both sides of the
   drawn token's interval."""
   rng = np.random.default_rng(7)
@@ -271,15 +289,7 @@ def test_sparse_host_verdict_is_the_jitted_kernel_and_the_oracle(vocab, k):
   values, ids, n, tokens = (np.concatenate([a, b]) for a, b in zip(
       (values, ids, n, tokens), extra))
   r = len(values)
-  draws = rng.integers(0, M, r).astype(np.uint32)
-  for b in range(0, r, 3):   # every third row: the drawn token's ends
-    live = min(max(int(n[b]), 0), k)
-    c = np.round(values[b, :live].astype(np.float64) * M)
-    at = np.flatnonzero(ids[b, :live] == tokens[b])
-    if at.size and np.isfinite(c).all():
-      lo = int(np.nansum(c[:at[0]]))
-      draws[b] = [lo, lo + int(c[at[0]]) - 1, max(lo - 1, 0),
-                  lo + int(c[at[0]])][b % 4] % M
+  draws = edge_draws(rng, values, ids, n, tokens)
   rows = qformats.Rows(tokens[:, None], n[:, None], ids[:, None],
                        np.ascontiguousarray(values[:, None]))
   host = sparse.host_verdict(rows, draws[:, None], vocab)
@@ -299,7 +309,7 @@ def test_sparse_host_verdict_is_the_jitted_kernel_and_the_oracle(vocab, k):
     if code == 0:
       assert host.counts[b, 0].tolist() == want, b
       at = int(np.flatnonzero(ids[b, :n[b]] == tokens[b])[0])
-      if not _audit_oracle(want, at, draws[b]):
+      if not _audit_oracle(want, at, draws[b].astype(np.int32)):
         code = int(Code.SAMPLING_MISMATCH)
     else:
       assert not host.counts[b].any(), b

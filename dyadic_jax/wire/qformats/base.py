@@ -251,8 +251,9 @@ class QFormat:
     draws: uint32[..., D] 24-bit PROPOSAL draws: a valid row whose token is
     not the one its draw selects gets SAMPLING_MISMATCH (None: no audit).
     device: the verifier's staged batch: the format's fast path (dense:
-    one jitted call, counts a JAX array; sparse: numpy alone when small or
-    on CPU, else one jitted call) instead of the loose numpy kernel.
+    one jitted call, counts a JAX array; sparse: one compiled host loop
+    when small or on CPU, else one jitted call) instead of the loose numpy
+    kernel.
 
     Raises:
       TypeError: values not float32, or a non-integer tokens, n or ids.

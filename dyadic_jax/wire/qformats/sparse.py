@@ -6,7 +6,8 @@ Row i holds n[i] live entries (1 <= n <= k), ids strictly ascending in
 padding (-1, 0)). Validation is
 `dyadic_jax.qrows.sparse` on the bit patterns: with numpy for one row or
 a loose batch. The verifier's staged batch (`device=True`) is judged by
-`host_verdict` (numpy, no JAX) on a CPU backend or when it is small, else
+`host_verdict` (one numba-compiled loop, `sparse_host`; no JAX) on a CPU
+backend or when it is small, else
 by the same kernel under one jitted call with the sampling audit
 (`kernels.sparse_verdict`): docs/numerics.md section 4.
 """
@@ -21,7 +22,6 @@ from numpy.typing import ArrayLike
 from dyadic_jax.constants import M
 from dyadic_jax.wire import layouts, status
 from dyadic_jax.wire.qformats import base
-from dyadic_jax.wire.refusals import Code
 
 if typing.TYPE_CHECKING:
   import jax
@@ -33,73 +33,27 @@ if typing.TYPE_CHECKING:
 
 # A staged batch of at most this many entries (R x D x k) is judged on the
 # host on any backend. On CPU the host verdict won at every size measured
-# (with the audit, the jitted call's host copies included; medians of 7
-# interleaved x 30 calls on 2 loaded cores; host vs jitted: R x D x k =
-# 1 x 1 x 32: 102 vs 182 us; 4 x 5 x 32: 104 vs 193; 64 x 5 x 32: 284 vs
-# 594; 4 x 5 x 256: 163 vs 479; 64 x 8 x 1024: 5.5 vs 11.0 ms), so a CPU
-# backend always uses it. On an accelerator (not measured) the
-# jitted pass pays a dispatch and two copies, ~100 us, then runs at memory
-# speed, while numpy costs ~7 ns an entry: past ~2^14 entries (a k = 32
-# batch of 512 rows) the device should win.
+# (with the audit, the jitted call's host copies included; medians of 7 x
+# 200 calls on 2 loaded cores; compiled host pass vs the numpy one it
+# replaced vs jitted: R x D x k = 1 x 1 x 32: 4.6 vs 33 vs 53 us; 4 x 5 x
+# 32: 3.9 vs 60 vs 56; 64 x 5 x 32: 14 vs 144 vs 192; 4 x 5 x 256: 6.6 vs
+# 121 vs 155; 64 x 8 x 1024: 1.6 vs 4.3 vs 7.6 ms), so a CPU backend
+# always uses it. On an accelerator (not measured) the jitted pass pays a
+# dispatch and two copies, ~100 us, then runs at memory speed, while the
+# host pass costs ~3 ns an entry: past ~2^15 entries the device should
+# win; the bound stays at 2^14 (set when numpy cost ~7 ns an entry), where
+# the host pass is now about twice as far ahead.
 HOST_ENTRIES = 1 << 14
-# A live entry that is not fine counts this (`qrows.fine_counts`): above M,
-# so one such entry puts its row's exact sum above M.
-_BAD_ENTRY = M + 1
 
 
 def host_verdict(rows: base.Rows, draws: ArrayLike | None,
                  vocab: int) -> base.Verdict:
-  """`qrows.sparse`'s verdict and the audit, in a dozen numpy passes.
-
-  One pass decides which rows are valid: a row is iff 1 <= n <= k, its
-  token is in [0, V), its live ids strictly ascend from >= 0 to < V (so
-  none repeats or lies outside), the int64 sum of its live e
-  (`qrows.fine_counts`: the count if fine, M + 1 otherwise, all >= 0) is
-  exactly M, and its token is a live id with e > 0: each of the kernel's
-  checks, so this accepts exactly the rows the kernel accepts, with the
-  same counts. The audit reads that same cumulative sum. Rows refused here
-  (rare) go through the kernel itself (numpy) for their code, in its order.
-  """
-  assert rows.ids is not None and rows.values is not None   # has_ids
-  tokens = np.asarray(rows.tokens)
-  shape, k = tokens.shape, rows.ids.shape[-1]
-  t = tokens.reshape(-1)
-  # The kernel's own int32 view of n and ids (`qrows._sparse_rows`).
-  n = np.asarray(rows.n).reshape(-1).astype(np.int32, copy=False)
-  ids = np.asarray(rows.ids).reshape(-1, k).astype(np.int32, copy=False)
-  bits = np.asarray(rows.values).reshape(-1, k).view(np.uint32)
-  from dyadic_jax import qrows  # pylint: disable=g-import-not-at-top
-  index = np.arange(t.size)
-  live = np.arange(k) < n[:, None]
-  e = np.where(live, qrows.fine_counts(bits, _BAD_ENTRY, np),
-               np.int32(0)).astype(np.int32, copy=False)
-  cum = np.cumsum(e, -1, dtype=np.int64)
-  hit = live & (ids == t.astype(np.int32)[:, None])
-  at_token = hit.argmax(-1)
-  at = e[index, at_token]
-  ok = ((n >= 1) & (n <= k) & (t >= 0) & (t < vocab) & (ids[:, 0] >= 0)
-        & (ids[index, (n - 1) % k] < vocab)   # the last live id (1 <= n <= k)
-        & ((ids[:, 1:] > ids[:, :-1]) | ~live[:, 1:]).all(-1)
-        & (cum[:, -1] == M) & hit[index, at_token] & (at > 0))
-  codes = np.zeros(t.size, np.int32)
-  u = None
-  if draws is not None:
-    # `base.audit`'s int32 view of the draws; exact sums (int64) here.
-    u = np.asarray(draws, np.uint32).reshape(-1).astype(np.int32)
-    before = cum[index, at_token] - at
-    codes[ok & ~((before <= u) & (u < before + at))] = Code.SAMPLING_MISMATCH
-  if not ok.all():
-    bad = np.flatnonzero(~ok)
-    counts, row_status = qrows.sparse(bits[bad], ids[bad], n[bad], t[bad],
-                                      vocab=int(vocab), xp=np)
-    sub = status.codes(row_status)
-    if u is not None:
-      sub = base.with_audit(sub, base.audit(
-          counts, base.support_position(ids[bad], n[bad], t[bad], np),
-          u[bad], np))
-    codes[bad] = sub
-    e[bad] = counts
-  return base.Verdict(e.reshape(shape + (k,)), codes.reshape(shape))
+  """`qrows.sparse`'s verdict (codes by `status.codes`) and the audit
+  (`base.with_audit`), in one compiled call (`sparse_host.verdict`: the
+  same counts and codes, the classes in the kernel's order)."""
+  # numba loads on first use, as for the dense host pass.
+  from dyadic_jax.wire.qformats import sparse_host  # pylint: disable=g-import-not-at-top
+  return sparse_host.verdict(rows, draws, vocab)
 
 
 class SparseFormat(base.QFormat):
