@@ -23,7 +23,10 @@ temperature 1:
    at batch --requests (one draft call and one target call per round), in
    one process; with --bridge also over the bridge on loopback (a worker
    process, `experiments.bridge_worker --model`, authenticated, the q on
-   the wire) for the best one-process format. Each run's time split (draft
+   the wire) for the best one-process format, with one round in flight
+   and with two (the worker drafts one group while the verifier verifies
+   the other: the share of the worker's turn hidden, and the round's wall
+   against the busier side's busy time, `overlap`). Each run's time split (draft
    steps, verify pass, verification, exchange, host), and the speedup the
    standard cost model predicts from the measured acceptance alpha, the
    draft's cost per drafted token c, the verify pass's r and the rest of a
@@ -51,6 +54,7 @@ temperature 1:
 Same prompts, same seeds and the same batch (--requests) in every run.
 """
 
+import contextlib
 import json
 import logging
 import os
@@ -89,6 +93,11 @@ _SEED = flags.DEFINE_integer("seed", 0, "Seed of the prompts and the "
 _BRIDGE = flags.DEFINE_bool("bridge", True, "Also decode over the bridge "
                             "on loopback (a worker process) with the best "
                             "one-process format.")
+_SPLIT_CPUS = flags.DEFINE_bool(
+    "split_cpus", True, "Over the bridge, give the worker process half of "
+    "this machine's CPUs and the verifier the other half (CPU affinity), "
+    "as two hosts would have: else both sides share every core and each "
+    "side's work slows the other's.")
 _JSON_OUT = flags.DEFINE_string("json_out", "bench_pair.json", "Where the "
                                 "record goes ('' for none).")
 _PLOT_OUT = flags.DEFINE_string("plot_out", "bench_pair.png", "Where the "
@@ -241,16 +250,49 @@ def warm(link, prompts) -> None:
                     max_new_tokens=_NEW_TOKENS.value, seed=_SEED.value + 1)
 
 
-def start_worker(name: str, tmp: str):
-  """A worker process serving the pair with format `name`; (process,
-  address, keys dir)."""
+def cpu_halves() -> tuple[set[int], set[int]] | None:
+  """(the worker's CPUs, the verifier's) under --split_cpus: this
+  process's CPUs in two halves; None without the flag or with one CPU."""
+  cpus = sorted(os.sched_getaffinity(0))
+  if not _SPLIT_CPUS.value or len(cpus) < 2:
+    return None
+  half = len(cpus) // 2
+  return set(cpus[:half]), set(cpus[half:])
+
+
+@contextlib.contextmanager
+def pinned(cpus: set[int] | None):
+  """Every thread of this process (XLA's pools included) on `cpus` for
+  the block (None: unchanged)."""
+  if cpus is None:
+    yield
+    return
+  tasks = [int(t) for t in os.listdir("/proc/self/task")]
+  before = {t: os.sched_getaffinity(t) for t in tasks}
+  for t in tasks:
+    os.sched_setaffinity(t, cpus)
+  try:
+    yield
+  finally:
+    for t, mask in before.items():
+      try:
+        os.sched_setaffinity(t, mask)
+      except OSError:       # the thread has ended
+        pass
+
+
+def start_worker(name: str, tmp: str, cpus: set[int] | None = None):
+  """A worker process serving the pair with format `name` (on `cpus`
+  where given); (process, address, keys dir)."""
   keys_dir = str(keys_lib.make(os.path.join(tmp, "keys")))
   q = ["--q=dense"] if name == "dense" else ["--q=sparse", f"--k={name}"]
   proc = subprocess.Popen(
       [sys.executable, "-m", "experiments.bridge_worker",
        f"--model={cli.model_name(_MODEL.value)}", f"--depth={_DEPTH.value}",
        f"--requests={_REQUESTS.value}", f"--keys_dir={keys_dir}", *q],
-      stdout=subprocess.PIPE, text=True)
+      stdout=subprocess.PIPE, text=True,
+      preexec_fn=None if cpus is None else (
+          lambda: os.sched_setaffinity(0, cpus)))
   assert proc.stdout is not None
   line = proc.stdout.readline().split()
   if line[:1] != ["READY"]:
@@ -260,10 +302,17 @@ def start_worker(name: str, tmp: str):
 
 
 def over_bridge(name: str, pair: pair_lib.Pair, prompts) -> dict:
-  """The prompts decoded over the bridge on loopback with format `name`."""
+  """The prompts decoded over the bridge on loopback with format `name`,
+  with one round in flight and with two (the worker drafts one group
+  while this side verifies the other): each leg's record, the verifier's
+  wait for answers per round, and the overlap (`overlap`)."""
   caps = caps_of(name, pair.target.vocab)
-  with tempfile.TemporaryDirectory(prefix="bench_pair-") as tmp:
-    proc, address, keys_dir = start_worker(name, tmp)
+  legs = {}
+  halves = cpu_halves()
+  with tempfile.TemporaryDirectory(prefix="bench_pair-") as tmp, pinned(
+      None if halves is None else halves[1]):
+    proc, address, keys_dir = start_worker(
+        name, tmp, None if halves is None else halves[0])
     loaded = keys_lib.load(keys_dir, "verifier")
     verifier = bridge.Verifier(caps, address, target=pair.target,
                                secret=loaded.secret, curve=loaded.curve,
@@ -272,18 +321,55 @@ def over_bridge(name: str, pair: pair_lib.Pair, prompts) -> dict:
       verifier.open()
       link = generate.Bridged(verifier)
       warm(link, prompts)
-      worker_cpu = child_cpu_s(proc.pid)
-      out, cpu_s = timed(generate.generate, link, prompts,
-                         max_new_tokens=_NEW_TOKENS.value, seed=_SEED.value)
-      worker_cpu = child_cpu_s(proc.pid) - worker_cpu
-      fallbacks = verifier.counters.events("fallbacks")
+      for in_flight in (1, 2):
+        worker_cpu = child_cpu_s(proc.pid)
+        waited = verifier.waited_s
+        fallbacks = verifier.counters.events("fallbacks")
+        out, cpu_s = timed(generate.generate, link, prompts,
+                           max_new_tokens=_NEW_TOKENS.value,
+                           seed=_SEED.value, in_flight=in_flight)
+        worker_cpu = child_cpu_s(proc.pid) - worker_cpu
+        # Both processes' CPU: the verifier's (this one) and the worker's.
+        legs[in_flight] = dict(
+            run_record(out, cpu_s + worker_cpu), format=name,
+            in_flight=in_flight, worker_cpu_s=worker_cpu,
+            waited_s=verifier.waited_s - waited,
+            fallbacks=verifier.counters.events("fallbacks") - fallbacks)
     finally:
       verifier.close()
       proc.terminate()
       proc.wait(30)
-  # Both processes' CPU: the verifier's (this one) and the worker's.
-  return dict(run_record(out, cpu_s + worker_cpu), format=name,
-              fallbacks=fallbacks, worker_cpu_s=worker_cpu)
+  one, two = legs[1], legs[2]
+  two["cpus"] = (None if halves is None else
+                 {"worker": sorted(halves[0]), "verifier": sorted(halves[1])})
+  two["one_in_flight"] = one
+  two["overlap"] = overlap(one, two)
+  return two
+
+
+def overlap(one: dict, two: dict) -> dict:
+  """What two rounds in flight hid, from the two legs of one run.
+
+  With one in flight the verifier waits out the worker's whole turn (its
+  draft and the link) every round: that wait per request-round is the
+  worker's busy time. With two it waits only for what is not hidden
+  behind its own work. hidden: the share of the worker's turn hidden;
+  busy: per request-round, the verifier's own work (wall less its wait)
+  and the worker's turn; wall_over_busier: the two-in-flight round's wall
+  over the busier side's busy time (1: perfect overlap).
+  """
+  def per(leg, seconds):
+    return seconds / max(leg["tokens"], 1)
+
+  worker = per(one, one["waited_s"])
+  verifier = per(two, two["seconds"]["wall"] - two["waited_s"])
+  wall = per(two, two["seconds"]["wall"])
+  return {"worker_ms_per_token": 1e3 * worker,
+          "verifier_ms_per_token": 1e3 * verifier,
+          "wall_ms_per_token": 1e3 * wall,
+          "exposed_ms_per_token": 1e3 * per(two, two["waited_s"]),
+          "hidden": 1.0 - per(two, two["waited_s"]) / max(worker, 1e-12),
+          "wall_over_busier": wall / max(worker, verifier, 1e-12)}
 
 
 def peer(pair_dir, prompts) -> dict:
@@ -382,8 +468,8 @@ def main(argv):
   if _BRIDGE.value:
     cli.progress(f"speculative decoding over the bridge, q {best}")
     bridged = over_bridge(best, pair, prompts)
-    bridged["speedup"] = (bridged["tokens_per_second"]
-                          / base.tokens_per_second)
+    for leg in (bridged, bridged["one_in_flight"]):
+      leg["speedup"] = leg["tokens_per_second"] / base.tokens_per_second
     record["bridge"] = bridged
   if _HF.hf.value:
     cli.progress("the transformers peer on the same weights and prompts")
@@ -496,10 +582,13 @@ def print_tables(record: dict) -> None:
           f"{e['pass_ratio']:.2f}, u {e['rest_ratio']:.2f}) | "
           f"{split(e['seconds'])} |")
   if "bridge" in record:
-    b = record["bridge"]
-    print(f"| dyadic-jax bridge, q {b['format']} | "
-          f"{b['tokens_per_second']:.1f} | {b['tokens_per_cpu_second']:.1f} "
-          f"| {b['speedup']:.2f} | | {split(b['seconds'])} |")
+    two = record["bridge"]
+    for b in (two["one_in_flight"], two):
+      print(f"| dyadic-jax bridge, q {b['format']}, {b['in_flight']} in "
+            f"flight | {b['tokens_per_second']:.1f} | "
+            f"{b['tokens_per_cpu_second']:.1f} | "
+            f"{b['tokens_per_second'] / base['tokens_per_second']:.2f} | | "
+            f"{split(b['seconds'])} |")
   p = record.get("peer", {})
   for key, label in _PEER_LEGS:
     if key in p:
@@ -514,6 +603,30 @@ def print_tables(record: dict) -> None:
     print(line)
   best = record["formats"][record["best_format"]]
   print(f"regime (q {record['best_format']}): {regime(best)}")
+  if "bridge" in record:
+    for line in bridge_lines(record):
+      print(line)
+
+
+def bridge_lines(record: dict) -> list[str]:
+  """The bridge legs against the one-process rate of the same format, and
+  what two in flight hid."""
+  two = record["bridge"]
+  one, o = two["one_in_flight"], two["overlap"]
+  local = record["formats"][two["format"]]["tokens_per_second"]
+  return [
+      f"bridge, q {two['format']}: {one['tokens_per_second'] / local:.2f}x "
+      f"the one-process rate with one round in flight, "
+      f"{two['tokens_per_second'] / local:.2f}x with two "
+      f"({two['fallbacks'] + one['fallbacks']} fallbacks; "
+      + (f"worker on CPUs {two['cpus']['worker']}, verifier on "
+         f"{two['cpus']['verifier']})" if two["cpus"] else
+         "both sides on every CPU)"),
+      f"overlap: per token the worker's turn {o['worker_ms_per_token']:.2f}"
+      f" ms, the verifier's own work {o['verifier_ms_per_token']:.2f} ms, "
+      f"the wall {o['wall_ms_per_token']:.2f} ms "
+      f"({o['wall_over_busier']:.2f}x the busier side); "
+      f"{100 * o['hidden']:.0f}% of the worker's turn hidden"]
 
 
 def plot(record: dict, path: str) -> None:

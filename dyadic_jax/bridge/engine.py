@@ -48,6 +48,7 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from dyadic_jax import models, rng, verification
+from dyadic_jax.models import pool
 from dyadic_jax.bridge import hello
 from dyadic_jax.bridge.effects import Counts
 from dyadic_jax.errors import raise_for_status
@@ -164,10 +165,13 @@ class Engine:
     self.verify_fn = verify_fn
     self.sample_fn = sample_fn
     self.states: dict[int, models.State] = {}    # rid -> target handle
-    # One slab for every request where the target offers it.
-    self.batch: models.TargetBatch | None = (
-        target.batch(caps.max_requests) if hasattr(target, "batch")
-        else None)
+    # Where the target offers slabs: one per group of requests in flight
+    # (`max_slots`), each of `max_requests` slots.
+    self.batch: pool.TargetPool | None = None
+    if hasattr(target, "batch"):
+      batch = typing.cast(typing.Any, target).batch
+      self.batch = pool.TargetPool(lambda: batch(caps.max_requests),
+                                   caps.max_slots)
 
   def drop(self, rid: int) -> None:
     """Forgets request `rid`'s target handle."""

@@ -52,6 +52,7 @@ import numpy as np
 
 from dyadic_jax import admission as admission_lib
 from dyadic_jax import models, rng, rowops
+from dyadic_jax.models import pool
 from dyadic_jax.bridge import hello
 from dyadic_jax.bridge.effects import Call
 from dyadic_jax.bridge.hello import MAX_POSITION
@@ -191,25 +192,28 @@ def draft_proposer(
     return tuple(jnp.stack(parts) if parts[0] is not None else None
                  for parts in zip(*out)), state
 
-  slab = model.batch(caps.max_requests) if hasattr(model, "batch") else None
+  # One draft slab per group of requests in flight (`models.pool`).
+  slabs = (pool.SlabPool(lambda: typing.cast(typing.Any, model).batch(
+      caps.max_requests), caps.max_slots) if hasattr(model, "batch")
+           else None)
 
-  @functools.partial(jax.jit, static_argnames=("depth", "span"),
+  @functools.partial(jax.jit, static_argnames=("depth", "span", "kind"),
                      donate_argnames="slab_")
   def chains(weights: typing.Any, slab_: typing.Any, feed: typing.Any,
              seeds: jax.Array, generations: jax.Array, rounds: jax.Array,
-             anchors: jax.Array, *, depth: int, span: int
+             anchors: jax.Array, *, depth: int, span: int, kind: typing.Any
              ) -> tuple[tuple[typing.Any, ...], typing.Any]:
-    # Every slot's chain at once (idle slots too: their rows are dropped).
-    assert slab is not None
+    # Every slot's chain at once (idle slots too: their rows are dropped);
+    # kind: the slab's class (its traced halves are static methods).
     keys = jax.vmap(rng.round_key)(seeds, generations, rounds)
     propose_row = jax.vmap(lambda logits, draw: fmt.propose(
         logits, draw, caps.width, executor))
     out = []
-    logits, slab_ = slab.first(weights, slab_, feed, span)
+    logits, slab_ = kind.first(weights, slab_, feed, span)
     prev = None
     for i in range(depth):
       if i:
-        logits, slab_ = slab.step(weights, slab_, feed, prev, i, span)
+        logits, slab_ = kind.step(weights, slab_, feed, prev, i, span)
       draw = (jax.vmap(rng.proposal_draw)(keys, anchors + i)
               if fmt.sampled else None)
       prev, *row = propose_row(logits, draw)
@@ -221,7 +225,7 @@ def draft_proposer(
     """One proposal per call, the draft's D steps of every request in one
     jitted call where the draft offers a slab (`DraftModel.batch`), else
     one call each."""
-    if slab is None or adaptive is not None:
+    if slabs is None or adaptive is not None:
       # The adaptive rule decides row by row on the host: one call each.
       return [propose(c.seed, c.generation, c.round_id, c.anchor,
                       c.last_token, depth, request=c.request,
@@ -229,6 +233,7 @@ def draft_proposer(
     for c in calls:
       check_step(caps, int(c.seed), int(c.generation), int(c.round_id),
                  int(c.anchor), int(c.last_token), int(depth))
+    slab = slabs.pick([c.request for c in calls])
     feed, span, slots = slab.prepare([c.request for c in calls],
                                      [c.context for c in calls], depth)
     # Idle slots draw with zero coordinates; their rows are dropped.
@@ -240,7 +245,7 @@ def draft_proposer(
       parts, slab.slab = chains(
           slab.weights, slab.slab, feed, coords[0],
           coords[1].astype(np.uint32), coords[2].astype(np.uint32),
-          coords[3], depth=int(depth), span=span)
+          coords[3], depth=int(depth), span=span, kind=type(slab))
     index = np.asarray(slots)
     tokens, status, values, ids, n = [
         None if p is None else np.asarray(p)[index] for p in parts]
@@ -256,8 +261,8 @@ def draft_proposer(
   def forget(request: int) -> None:
     """Drops request `request`'s handle (both the per-call and the slab's)."""
     states.pop(request, None)
-    if slab is not None:
-      slab.drop(request)
+    if slabs is not None:
+      slabs.drop(request)
 
   def propose(seed: int, generation: int, round_id: int, anchor: int,
               last_token: int, depth: int,
@@ -299,17 +304,20 @@ def draft_proposer(
       write(out, proposal)
     return proposal
 
-  return DraftProposer(propose, many, forget)
+  return DraftProposer(propose, many, forget,
+                       slabs is not None and adaptive is None)
 
 
 class DraftProposer(typing.NamedTuple):
   """`draft_proposer`'s result: a `Proposer` (call it as one), plus
   `many(calls, depth)`, the proposals of a batch of requests (`Call`s) in
   one draft call where the draft offers a slab, and `forget(request)`,
-  which drops a request's handle (a slab has `max_requests` slots)."""
+  which drops a request's handle (a slab has `max_requests` slots, one
+  slab per round in flight)."""
   propose: Proposer
   many: typing.Callable[[typing.Sequence[Call], int], list[qformats.Rows]]
   forget: typing.Callable[[int], None]
+  batched: bool = False    # `many` is one draft call (else one per call)
 
   def __call__(self, seed: int, generation: int, round_id: int, anchor: int,
                last_token: int, depth: int,

@@ -206,6 +206,9 @@ class Verifier:
     # before validation: what the link took (with two in flight, what it
     # took until this side came to read it).
     self.seconds: list[float] = []
+    # Seconds this side spent blocked on the worker's answers (the rest
+    # of a run's wall is its own work: what two in flight overlaps).
+    self.waited_s = 0.0
     # Effects of exchanges that ended while another was awaited, by key.
     self._ended: dict[int, Stage | Verify] = {}
 
@@ -437,8 +440,10 @@ class Verifier:
       if key not in session.exchanges:
         raise RuntimeError(f"finish: round {key} is not in flight")
       left = exchange.deadline - self.clock()
+      waiting = time.perf_counter()
       got = (self.endpoint.recv(max(left, 0.0)) if self.endpoint is not None
              else None)
+      self.waited_s += time.perf_counter() - waiting
       if got is not None:
         effects = session.receive(got[1], self.clock())
       else:     # a lost connection ends the exchange now, as its deadline

@@ -120,12 +120,13 @@ class Worker:
   def _draw_many(self, props: typing.Sequence[Propose]) -> bool:
     """Draws every proposal of a STEP message in one batched draft call
     (the proposer's `many`, a `proposer.DraftProposer` whose draft has a
-    slab) when each holds its request's committed prefix and all have one
+    slab: `batched`) when each holds its request's committed prefix and all have one
     depth; False (nothing drawn) otherwise, or when the batch call fails:
     then each is drawn alone, so a failure fails its own request only.
     The rows are those of the per-request draws (the same keys)."""
     many = getattr(self.propose, "many", None)
-    if (many is None or not self.draw_hook.batched or len(props) < 2 or any(p.context is None
+    if (not getattr(self.propose, "batched", False)
+        or many is None or not self.draw_hook.batched or len(props) < 2 or any(p.context is None
                                               for p in props)
         or len({p.depth for p in props}) != 1):
       return False

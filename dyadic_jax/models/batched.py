@@ -88,6 +88,10 @@ class _Slots:
         collections.OrderedDict())
     self.free = list(range(capacity))
 
+  def holds(self, rid: int) -> bool:
+    """Whether request `rid` has a slot."""
+    return rid in self.slot_of
+
   def drop(self, rid: int) -> None:
     """Forgets request `rid`'s handle (its slot is free again)."""
     slot = self.slot_of.pop(rid, None)

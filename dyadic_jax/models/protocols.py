@@ -86,6 +86,11 @@ class TargetBatch(typing.Protocol):
     """Forgets request `rid`'s handle (its slot is free again)."""
     ...
 
+  def holds(self, rid: int) -> bool:
+    """Whether it holds request `rid`'s handle (a `models.pool` routes
+    calls by it)."""
+    ...
+
 
 @typing.runtime_checkable
 class DraftModel(typing.Protocol):

@@ -97,6 +97,9 @@ class TimedBatch(typing.NamedTuple):
   def drop(self, rid: int) -> None:
     self.batch.drop(rid)
 
+  def holds(self, rid: int) -> bool:
+    return self.batch.holds(rid)
+
 
 class TimedSlabTarget(TimedTarget):
   """A `TimedTarget` of a target with a slab (`batch`): the round engine

@@ -253,7 +253,8 @@ def test_a_bridged_link_serves_the_next_call_after_an_interrupted_one():
   # The session's round tags only grow (no key is used twice), so the
   # second call draws anew: it must run whole, with no fallback.
   assert [len(t) for t in again.tokens] == [6, 6, 6]
-  assert verifier.counters.events("fallbacks") == 0
+  assert verifier.counters.events("fallbacks") == 0, (
+      str(verifier.counters.snapshot()))
 
 
 class _Bounded:

@@ -58,12 +58,18 @@ def test_a_small_run(tmp_path):
   assert record["formats"]["16"]["expected"] <= (
       record["formats"]["dense"]["expected"] + 1e-9)
   assert record["target_only"]["tokens"] == 2 * 12
-  assert record["bridge"]["tokens"] == 2 * 12
-  assert record["bridge"]["fallbacks"] == 0
+  two = record["bridge"]
+  for leg in (two, two["one_in_flight"]):
+    assert leg["tokens"] == 2 * 12 and leg["fallbacks"] == 0
+    assert 0 <= leg["waited_s"] <= leg["seconds"]["wall"]
+  assert (two["in_flight"], two["one_in_flight"]["in_flight"]) == (2, 1)
+  o = two["overlap"]
+  assert o["hidden"] <= 1 and o["wall_over_busier"] > 0
+  assert o["wall_ms_per_token"] >= o["exposed_ms_per_token"]
   rows = record["rows"]
   assert rows["max_abs_logit_difference"] < 1e-3 and rows["max_tv"] < 1e-4
   for table in ("k screen", "speed", "rows of one chunked verify pass",
-                "regime (q "):
+                "regime (q ", "with one round in flight", "overlap: "):
     assert table in run.stdout
   if os.environ.get("DYADIC_JAX_HF_PYTHON"):
     for leg in ("target_b1", "target_b4", "assisted_b1"):
