@@ -236,14 +236,19 @@ class Endpoint:
     if self.counters is not None:
       self.counters.event(name)
 
-  def send(self, message: Message, peer: bytes | None = None
-           ) -> tuple[bool, zmq.MessageTracker | None]:
-    """Sends one message (one part) without blocking.
+  def send(self, message: Message, peer: bytes | None = None,
+           wait_s: float = 0.0) -> tuple[bool, zmq.MessageTracker | None]:
+    """Sends one message (one part) without blocking, or, where the queue
+    is full, after waiting up to `wait_s` for room (a DEALER only).
 
     Returns (sent, tracker): sent is False when ZeroMQ could not take it
     (a full queue, a peer that is gone: counted as `send_dropped`);
     tracker says when ZeroMQ let go of a zero-copy buffer (None: copied).
     """
+    if (wait_s > 0 and not self._routed
+        and not self.socket.poll(int(wait_s * 1000), zmq.POLLOUT)):
+      self._event("send_dropped")
+      return False, None
     big = len(memoryview(message)) >= COPY_THRESHOLD
     try:
       if self._routed:

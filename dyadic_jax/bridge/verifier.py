@@ -258,10 +258,10 @@ class Verifier:
     self.session.close()
     self.counters.event("reconnects")
 
-  def _send(self, send: Send | None) -> bool:
+  def _send(self, send: Send | None, wait_s: float = 0.0) -> bool:
     if send is None or self.endpoint is None:
       return False
-    sent, _ = self.endpoint.send(send.message)
+    sent, _ = self.endpoint.send(send.message, wait_s=max(wait_s, 0.0))
     return sent
 
   # -- session ---------------------------------------------------------------
@@ -409,7 +409,10 @@ class Verifier:
     exchange = next(reversed(session.exchanges.values()))   # just begun
     for hook in self.hooks:
       hook.begin(exchange)
-    if not self._send(send):
+    # A worker busy with the other round may leave its queue full: the
+    # STEP waits for room until its deadline (never past it), as its
+    # answer would.
+    if not self._send(send, exchange.deadline - self.clock()):
       exchange.deadline = -math.inf     # never left: it falls back now
     draws = None
     if session.audit:     # computed while the worker drafts
