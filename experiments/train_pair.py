@@ -23,7 +23,7 @@ then 4.519, then 4.182 nats/token (perplexity 65.5); draft 5.014, 4.724,
 
 Its draft was then distilled for that target (issue 39): the draft alone,
 the target fixed, first forward KL then total variation to the target's
-softmax at temperature 1, 1,103 steps of 8 x 512 tokens, 25 min of
+softmax at temperature 1, 1,103 steps of 8 x 512 tokens, 23 min of
 training on 2 cores shared with other jobs, measured 2026-12-06:
 
     python -m experiments.train_pair --init_from=stdlib_pair \
