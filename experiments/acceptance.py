@@ -112,6 +112,7 @@ import numpy as np
 
 import dyadic_jax as dj
 from dyadic_jax.models import toy_pair
+from experiments import overlap
 # pylint: enable=g-import-not-at-top,g-bad-import-order,wrong-import-position
 
 _ANCHOR = 1  # x_0 sits at position 0; x_1 is decided at position 1
@@ -122,17 +123,6 @@ def expected_accepted(alpha: float, depth: int) -> float:
   return sum(alpha ** i for i in range(1, depth + 1))
 
 
-def dense_rows(ids: jax.typing.ArrayLike, counts: jax.typing.ArrayLike,
-               vocab: int) -> np.ndarray:
-  """float64[B, V] q = c / M of sparse rows (padding ids are -1)."""
-  ids, counts = np.asarray(ids), np.asarray(counts)
-  q = np.zeros((ids.shape[0], vocab))
-  rows = np.broadcast_to(np.arange(ids.shape[0])[:, None], ids.shape)
-  live = ids >= 0
-  q[rows[live], ids[live]] = counts[live] / dj.M
-  return q
-
-
 def target_fixed(target_logits: jax.typing.ArrayLike) -> np.ndarray:
   """p = P / T float64[..., V]: the distribution the verifier reproduces."""
   probs, status = dj.target_probs(target_logits)
@@ -140,24 +130,6 @@ def target_fixed(target_logits: jax.typing.ArrayLike) -> np.ndarray:
   with jax.enable_x64(True):
     p_fixed, total = dj.quantize_target(probs)
   return np.asarray(p_fixed) / np.asarray(total)[..., None]
-
-
-def allocate(w: jax.Array, variant: str
-             ) -> tuple[np.ndarray, jax.Array, jax.Array | None]:
-  """(q float64[B, V], counts, ids) of weight rows for a dyadic variant."""
-  if variant == "dense":
-    counts, status = dj.allocate_dense(w)
-    dj.raise_for_status("allocate_dense", status)
-    return np.asarray(counts) / dj.M, counts, None
-  ids, counts, _, status = dj.allocate_sparse(w, int(variant[1:]))
-  dj.raise_for_status("allocate_sparse", status)
-  return dense_rows(ids, counts, w.shape[-1]), counts, ids
-
-
-def row_figures(p: np.ndarray, w: np.ndarray,
-                q: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-  """Per row: alpha(p, q) = sum_x min(p, q) and TV(w, q) (float64)."""
-  return np.minimum(p, q).sum(-1), 0.5 * np.abs(w - q).sum(-1)
 
 
 def exact_table(target: toy_pair.ToyTarget,
@@ -174,8 +146,8 @@ def exact_table(target: toy_pair.ToyTarget,
     p = target_fixed(jnp.stack([target.row([int(x)]) for x in part]))
     w_np = np.asarray(w)
     for v in variants:
-      q = w_np if v == "ideal" else allocate(w, v)[0]
-      a, t = row_figures(p, w_np, q)
+      q = w_np if v == "ideal" else overlap.allocate(w, v)[0]
+      a, t = overlap.row_figures(p, w_np, q)
       alpha[v].append(a)
       tv[v].append(t)
   return ({v: np.concatenate(a) for v, a in alpha.items()},
@@ -220,7 +192,7 @@ def verified_rounds(target: toy_pair.ToyTarget,
       # Row i depends on x_{i-1}: the Markov head runs after each draw.
       w, status = dj.draft_weights(head(prev) + base[:, i])
       dj.raise_for_status("draft_weights", status)
-      q, counts, ids = allocate(w, variant)
+      q, counts, ids = overlap.allocate(w, variant)
       u = dj.draw24(jax.vmap(lambda k: dj.draw_key(
           k, _ANCHOR + i, dj.Domain.PROPOSAL))(keys))
       slot = dj.sample_counts(counts, u)

@@ -2,11 +2,11 @@
 
     python -m experiments.pp1_pipeline
 
-Runtime with the defaults: 14 s, measured 2026-12-05 on 2 cores with load
-average 4.6 before and 4.1 after (memcpy of 10 MB: 0.17 ms before, 0.17 ms
+Runtime with the defaults: 26 s, measured 2026-12-06 on 2 cores with load
+average 5.4 before and 6.9 after (memcpy of 10 MB: 0.19 ms before, 0.25 ms
 after); docs/figures.json, recorded by `python -m experiments.record_figures`.
-Of the 12.7 s its summary counts, start-up, compile and worker start-up took
-10.1 s and the 27 rounds 0.8 s; --tokens scales only the rounds.
+Of the 24.9 s its summary counts, start-up, compile and worker start-up took
+19.5 s and the 32 rounds 1.3 s; --tokens scales only the rounds.
 
 The summary's time split says where a run's time went.
 

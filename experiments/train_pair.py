@@ -21,6 +21,44 @@ steps; --stop_after_steps replays that stop). Held-out loss: target 4.875,
 then 4.519, then 4.182 nats/token (perplexity 65.5); draft 5.014, 4.724,
 4.447 (85.4): both still undertrained.
 
+Its draft was then distilled for that target (issue 39): the draft alone,
+the target fixed, first forward KL then total variation to the target's
+softmax at temperature 1, 1,103 steps of 8 x 512 tokens, 23 min of
+training on 2 cores shared with other jobs, measured 2026-12-06:
+
+    python -m experiments.train_pair --init_from=stdlib_pair \
+        --output_dir=stdlib_kl --draft_only --distill=kl --steps=1000 \
+        --warmup=20 --draft_lr=1e-3 --seed=3 --stop_after_steps=743
+    python -m experiments.train_pair --init_from=stdlib_kl \
+        --output_dir=stdlib_tv --draft_only --distill=tv --steps=360 \
+        --warmup=10 --draft_lr=5e-4 --seed=4
+
+(--time_budget_s=1080 stopped the first after 743 of its 1000 steps).
+The exact expected acceptance sum min(p, q) per position on 32,768
+held-out positions went from 0.663 to 0.793 with dense q and from 0.467
+to 0.542 with sparse k = 32 (KL(p || q) 0.464 to 0.189 nats); the
+draft's own held-out loss from 4.447 to 4.305. A third run with
+--topk_penalty=0.5 (k = 32) instead of the second cut the draft's mass
+outside its top 32 from 0.42 to 0.30 but left k = 32's acceptance where
+it was (0.532 against 0.535) and cost dense q 0.03: a sparse q of k ids
+accepts at most the target's own mass on them, and this target keeps 0.39
+of its mass outside its top 32 (the ceiling is 0.61).
+
+**Draft-only mode** (--draft_only, with --init_from): the draft alone is
+trained, against the fixed target of --init_from, by next-token loss
+(--distill=none), forward KL(p || q) (kl) or total variation 1/2 sum |p -
+q| = 1 - sum min(p, q) (tv), p and q the softmax of the target's and the
+draft's logits / --distill_temperature; the target's logits of each batch
+are computed inside the jitted step and never stored. --topk_penalty adds
+the draft's mass outside its own top --topk_penalty_k. The draft continues
+from --init_from's or starts fresh (--draft_from_scratch, any --draft_*
+shape). The progress line adds the batch's KL, TV and mass outside the
+top k; the held-out report adds the exact acceptance of dense q and of
+sparse q for each --acceptance_ks, before and after, with the mass
+outside the top k of both models (experiments/overlap.py); config.json
+records them (held_out_acceptance, distillation) and the target's
+weights are written back unchanged.
+
 Trains a byte-level BPE tokenizer on the training split of
 `experiments.corpus`, then the target and the draft transformers
 (`dyadic_jax.models.transformer`) side by side: one jitted step updates
@@ -40,6 +78,7 @@ The tokenizer and the tokenized corpus are cached under --cache_dir
 """
 
 import datetime
+import functools
 import hashlib
 import logging
 import math
@@ -108,6 +147,40 @@ _INIT_FROM = flags.DEFINE_string(
     "record keeps the earlier runs' commands and training.")
 _LOG_EVERY = flags.DEFINE_integer("log_every", 25, "Steps between progress "
                                   "lines.", lower_bound=1)
+_DRAFT_ONLY = flags.DEFINE_bool(
+    "draft_only", False, "Train the draft alone against the fixed target "
+    "of --init_from (its weights, unchanged, are written back beside the "
+    "new draft); the draft continues from --init_from's unless "
+    "--draft_from_scratch. Reports the exact held-out acceptance before "
+    "and after (--acceptance_windows).")
+_DISTILL = flags.DEFINE_enum(
+    "distill", "none", ["none", "kl", "tv"], "The draft's loss with "
+    "--draft_only: none (next-token cross-entropy on the corpus), kl "
+    "(forward KL(p || q) to the target's softmax p at "
+    "--distill_temperature) or tv (the total variation 1/2 sum |p - q| = 1 "
+    "- sum min(p, q), the acceptance itself). The target's rows are "
+    "computed inside the jitted step, per batch, never stored.")
+_DISTILL_T = flags.DEFINE_float(
+    "distill_temperature", 1.0, "Sampling temperature T of the distilled "
+    "rows and of the acceptance report: p = softmax(target logits / T), q "
+    "= softmax(draft logits / T).", lower_bound=1e-3, upper_bound=1e3)
+_DRAFT_FROM_SCRATCH = flags.DEFINE_bool(
+    "draft_from_scratch", False, "With --draft_only: start the draft from "
+    "fresh weights of the --draft_* shape (seeded by --seed) instead of "
+    "--init_from's draft (e.g. a draft with one more layer).")
+_TOPK_PENALTY = flags.DEFINE_float(
+    "topk_penalty", 0.0, "With --draft_only: add this weight times the "
+    "draft's mass outside its own top --topk_penalty_k (what a sparse q "
+    "of that k truncates) to the loss.", lower_bound=0.0)
+_TOPK_PENALTY_K = flags.DEFINE_integer(
+    "topk_penalty_k", 32, "The k of --topk_penalty.", lower_bound=1)
+_ACCEPTANCE_WINDOWS = flags.DEFINE_integer(
+    "acceptance_windows", 16, "Held-out windows (the first of the "
+    "--eval_windows) on which the exact acceptance sum min(p, q) of dense "
+    "and sparse q is reported (0: none).", lower_bound=0)
+_ACCEPTANCE_KS = flags.DEFINE_list(
+    "acceptance_ks", ["16", "32", "64", "256"], "The sparse k of the "
+    "acceptance report (those below the vocabulary).")
 
 
 def _define_model(role: str, d_model: int, layers: int, heads: int,
@@ -151,6 +224,16 @@ cli.check("lr", lambda x: 0.0 < x < 1.0, "--lr must be in (0, 1)")
 cli.check("draft_lr", lambda x: 0.0 < x < 1.0, "--draft_lr must be in (0, 1)")
 cli.check("weight_decay", lambda x: 0.0 <= x < 1.0,
           "--weight_decay must be in [0, 1)")
+cli.check(["draft_only", "init_from"],
+          lambda draft_only, init_from: not draft_only or init_from,
+          "--draft_only needs --init_from (the target it trains against)")
+for _name in ("distill", "distill_temperature", "draft_from_scratch",
+              "topk_penalty", "topk_penalty_k"):
+  cli.check(["draft_only", _name],
+            lambda draft_only, n=_name, **_: draft_only or not flags.FLAGS[
+                n].present, f"--{_name} needs --draft_only")
+cli.check("acceptance_ks", lambda ks: cli.int_list(ks, 1, 1 << 16),
+          "--acceptance_ks must be positive integers")
 cli.check(["warmup", "steps"],
           lambda warmup, steps: warmup is None or warmup < steps,
           "--warmup must be < --steps")
@@ -191,6 +274,7 @@ from dyadic_jax.models import checkpoint
 from dyadic_jax.models import tokenizer as tokenizer_lib
 from dyadic_jax.models import transformer
 from experiments import corpus
+from experiments import overlap
 
 
 def _model_config(role: str, vocab: int) -> transformer.Config:
@@ -292,6 +376,55 @@ def _make_step(optimizers: tuple[optax.GradientTransformation, ...]
   return step
 
 
+# The draft-only step's metrics, in this order (the progress line's).
+_DRAFT_METRICS = ("target", "draft", "kl", "tv", "outside_top_k")
+
+
+def _draft_loss(draft: transformer.Params, target_logits: jax.Array,
+                batch: jax.Array, *, objective: str, temperature: float,
+                penalty: float, k: int) -> tuple[jax.Array, jax.Array]:
+  """The draft-only objective and its metrics f32[5] (`_DRAFT_METRICS`):
+  the target's and the draft's next-token loss, KL(p || q), TV(p, q) and
+  the mass of q outside its top k, means over the batch's positions, p and
+  q the softmax of the target's and the draft's logits / temperature."""
+  logits = transformer.forward(draft, batch[:, :-1])
+  labels = batch[:, 1:]
+  ce = lambda x: jnp.mean(
+      optax.softmax_cross_entropy_with_integer_labels(x, labels))
+  log_p = jax.nn.log_softmax(target_logits / temperature)
+  log_q = jax.nn.log_softmax(logits / temperature)
+  p, q = jnp.exp(log_p), jnp.exp(log_q)
+  kl = jnp.mean(jnp.sum(p * (log_p - log_q), -1))
+  tv = jnp.mean(0.5 * jnp.sum(jnp.abs(p - q), -1))
+  kept = jnp.sum(jax.lax.top_k(q, min(k, q.shape[-1]))[0], -1)
+  outside = jnp.mean(jnp.maximum(1.0 - kept, 0.0))
+  draft_ce = ce(logits)
+  loss = {"none": draft_ce, "kl": kl, "tv": tv}[objective]
+  if penalty:
+    loss = loss + penalty * outside
+  return loss, jnp.stack([ce(target_logits), draft_ce, kl, tv, outside])
+
+
+def _make_draft_step(optimizer: optax.GradientTransformation
+                     ) -> typing.Callable[..., typing.Any]:
+  """One jitted step of the draft alone: the fixed target's logits of the
+  batch are computed inside it (an argument, not a constant: never folded
+  into the program, never stored)."""
+  loss = functools.partial(
+      _draft_loss, objective=_DISTILL.value, temperature=_DISTILL_T.value,
+      penalty=_TOPK_PENALTY.value, k=_TOPK_PENALTY_K.value)
+
+  @jax.jit
+  def step(draft, opt_state, target, batch):
+    target_logits = jax.lax.stop_gradient(
+        transformer.forward(target, batch[:, :-1]))
+    (_, metrics), grads = jax.value_and_grad(loss, has_aux=True)(
+        draft, target_logits, batch)
+    updates, opt_state = optimizer.update(grads, opt_state, draft)
+    return optax.apply_updates(draft, updates), opt_state, metrics
+  return step
+
+
 def _held_out_loss(params: transformer.Params, windows: np.ndarray,
                    batch: int) -> float:
   loss = jax.jit(_loss)
@@ -346,29 +479,47 @@ def decode_ms_per_token(params: transformer.Params,
 
 def _continued(directory: pathlib.Path,
                configs: tuple[transformer.Config, ...],
-               tok: tokenizer_lib.Tokenizer
-               ) -> tuple[tuple[transformer.Params, ...],
+               tok: tokenizer_lib.Tokenizer,
+               roles: tuple[str, ...] = _ROLES
+               ) -> tuple[tuple[transformer.Params | None, ...],
                           list[dict[str, typing.Any]]]:
-  """The weights of checkpoint `directory` (shapes as `configs`, the same
-  tokenizer) and the record of the runs that made them."""
+  """The weights of `roles` in checkpoint `directory` (shapes as
+  `configs`, the same tokenizer; None for a role not loaded) and the
+  record of the runs that made them."""
   meta = checkpoint.read_config(directory / checkpoint.CONFIG_FILE)
   theirs = tokenizer_lib.load(directory / meta.get(
       "tokenizer_file", checkpoint.TOKENIZER_FILE))
   if theirs.to_json() != tok.to_json():
     cli.fail(f"--init_from={directory}: its tokenizer is not this run's")
   for role, config in zip(_ROLES, configs):
-    if checkpoint.model_config(meta, role) != config:
+    if role in roles and checkpoint.model_config(meta, role) != config:
       cli.fail(f"--init_from={directory}: its {role} is "
                f"{meta[role]}, this run's {config.to_dict()}")
   params = tuple(checkpoint.load_params(directory / name, config)
-                 for name, config in zip(
-                     (checkpoint.TARGET_FILE, checkpoint.DRAFT_FILE),
+                 if role in roles else None
+                 for role, name, config in zip(
+                     _ROLES, (checkpoint.TARGET_FILE, checkpoint.DRAFT_FILE),
                      configs))
   cli.progress(f"continuing from {directory} ({meta['training']['steps']} "
                "steps before)")
-  return params, [*meta.get("earlier_runs", []), {
-      "command": meta["command"], "training": meta["training"],
-      "held_out": meta["held_out"], "date": meta["date"]}]
+  run = {"command": meta["command"], "training": meta["training"],
+         "held_out": meta["held_out"], "date": meta["date"]}
+  for key in ("distillation", "held_out_acceptance"):
+    if key in meta:
+      run[key] = meta[key]
+  return params, [*meta.get("earlier_runs", []), run]
+
+
+def _acceptance(params: tuple[transformer.Params, ...],
+                windows: np.ndarray, ks: list[int]) -> dict[str, typing.Any]:
+  """The exact held-out acceptance of the pair (`overlap.held_out`)."""
+  start = time.perf_counter()
+  record = overlap.held_out(params[0], params[1], windows, ks=ks,
+                            temperature=_DISTILL_T.value, batch=_BATCH.value)
+  cli.progress(f"exact acceptance of {record['positions']} held-out "
+               f"positions: dense {record['dense']:.4f} "
+               f"({time.perf_counter() - start:.1f} s)")
+  return record
 
 
 def main(argv: list[str]) -> int:
@@ -406,13 +557,34 @@ def main(argv: list[str]) -> int:
   params = tuple(transformer.init(c, jax.random.fold_in(root, i))
                  for i, c in enumerate(configs))
   earlier: list[dict[str, typing.Any]] = []
+  draft_only = _DRAFT_ONLY.value
   if _INIT_FROM.value:
-    params, earlier = _continued(cli.model_dir(_INIT_FROM.value), configs, tok)
+    roles = (("target",) if draft_only and _DRAFT_FROM_SCRATCH.value
+             else _ROLES)
+    loaded, earlier = _continued(cli.model_dir(_INIT_FROM.value), configs,
+                                 tok, roles)
+    params = tuple(p if l is None else l for l, p in zip(loaded, params))
   counts = [transformer.param_count(p) for p in params]
-  cli.progress(f"params: target {counts[0]:,}, draft {counts[1]:,}")
-  optimizers = (_optimizer(_LR.value), _optimizer(_DRAFT_LR.value))
-  opt_states = tuple(o.init(p) for o, p in zip(optimizers, params))
-  step = _make_step(optimizers)
+  cli.progress(f"params: target {counts[0]:,}, draft {counts[1]:,}"
+               + (" (the target fixed)" if draft_only else ""))
+  eval_rng = np.random.default_rng(_SEED.value + 1)
+  held_windows = _windows(
+      held_tokens, eval_rng.integers(0, held_tokens.size - seq_len - 1,
+                                     _EVAL_WINDOWS.value), seq_len)
+  acceptance_windows = held_windows[:_ACCEPTANCE_WINDOWS.value, :-1]
+  ks = [int(k) for k in _ACCEPTANCE_KS.value if int(k) < tok.vocab]
+  acceptance: dict[str, typing.Any] = {}
+  if draft_only and len(acceptance_windows):
+    acceptance["before"] = _acceptance(params, acceptance_windows, ks)
+  if draft_only:
+    optimizers: tuple[optax.GradientTransformation, ...] = (
+        _optimizer(_DRAFT_LR.value),)
+    opt_states = (optimizers[0].init(params[1]),)
+    draft_step = _make_draft_step(optimizers[0])
+  else:
+    optimizers = (_optimizer(_LR.value), _optimizer(_DRAFT_LR.value))
+    opt_states = tuple(o.init(p) for o, p in zip(optimizers, params))
+    step = _make_step(optimizers)
   rng = np.random.default_rng(_SEED.value)
   n_windows = train_tokens.size - seq_len - 1
 
@@ -422,14 +594,23 @@ def main(argv: list[str]) -> int:
   for i in range(_STEPS.value):
     windows = _windows(train_tokens, rng.integers(0, n_windows, batch),
                        seq_len)
-    params, opt_states, loss = step(params, opt_states, jnp.asarray(windows))
+    if draft_only:
+      draft, opt_state, loss = draft_step(params[1], opt_states[0],
+                                          params[0], jnp.asarray(windows))
+      params, opt_states = (params[0], draft), (opt_state,)
+    else:
+      params, opt_states, loss = step(params, opt_states,
+                                      jnp.asarray(windows))
     done = i + 1
     if done % _LOG_EVERY.value == 0 or done == _STEPS.value:
       losses = np.asarray(loss)
       now = time.perf_counter()
       rate = (done - last_step) * batch * seq_len / (now - last_t)
+      extra = ("" if not draft_only else
+               f", kl {losses[2]:.3f} tv {losses[3]:.3f} outside top "
+               f"{_TOPK_PENALTY_K.value} {losses[4]:.3f}")
       cli.progress(f"step {done}/{_STEPS.value} loss target {losses[0]:.3f} "
-                   f"draft {losses[1]:.3f}, {rate:,.0f} tokens/s, "
+                   f"draft {losses[1]:.3f}{extra}, {rate:,.0f} tokens/s, "
                    f"{now - train_start:.0f} s")
       last_t, last_step = now, done
     if done < _STEPS.value and _TIME_BUDGET.value and \
@@ -441,10 +622,6 @@ def main(argv: list[str]) -> int:
       break
   train_s = time.perf_counter() - train_start
 
-  eval_rng = np.random.default_rng(_SEED.value + 1)
-  held_windows = _windows(
-      held_tokens, eval_rng.integers(0, held_tokens.size - seq_len - 1,
-                                     _EVAL_WINDOWS.value), seq_len)
   held: dict[str, dict[str, float]] = {}
   timing: dict[str, dict[str, float]] = {}
   for role, p, c in zip(_ROLES, params, configs):
@@ -460,6 +637,13 @@ def main(argv: list[str]) -> int:
         f"{timing['target']['in_jit'] / timing['draft']['in_jit']:.2f}x in "
         f"one jit, {timing['target']['per_call'] / timing['draft']['per_call']:.2f}x "
         f"per call")
+
+  if len(acceptance_windows):
+    acceptance["after"] = _acceptance(params, acceptance_windows, ks)
+    print(f"exact acceptance sum min(p, q) per position, temperature "
+          f"{_DISTILL_T.value:g} (p the target's, q the draft's as the "
+          "wire carries it):")
+    print("\n".join(overlap.table(acceptance, ks)))
 
   out = pathlib.Path(_OUTPUT_DIR.value)
   if (out / checkpoint.CONFIG_FILE).exists():
@@ -493,6 +677,18 @@ def main(argv: list[str]) -> int:
                    "seed": _SEED.value},
       "date": datetime.datetime.now(datetime.timezone.utc).isoformat(
           timespec="seconds"),
+      **({"held_out_acceptance": {
+          "windows": len(acceptance_windows), "seq_len": seq_len,
+          "temperature": _DISTILL_T.value, "ks": ks, **acceptance}}
+         if acceptance else {}),
+      **({"distillation": {
+          "objective": _DISTILL.value, "temperature": _DISTILL_T.value,
+          "topk_penalty": _TOPK_PENALTY.value,
+          "topk_penalty_k": _TOPK_PENALTY_K.value,
+          "draft_init": ("scratch" if _DRAFT_FROM_SCRATCH.value else
+                         f"the draft of {_INIT_FROM.value}"),
+          "target": f"the target of {_INIT_FROM.value}, unchanged"}}
+         if draft_only else {}),
   })
   size = sum(f.stat().st_size for f in out.iterdir() if f.is_file())
   print(f"Wrote {out} ({size / 1e6:.2f} MB); run it with "

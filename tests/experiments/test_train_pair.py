@@ -84,3 +84,51 @@ def test_a_tiny_pair_trains_continues_and_runs(tmp_path):
                                     max_new_tokens=4,
                                     tokenizer=pair.tokenizer).tokens
   assert [len(t) for t in out_tokens] == [4]
+
+
+def test_a_distilled_draft_gets_closer_to_its_fixed_target(tmp_path):
+  """--draft_only --distill=kl on a tiny pair: the held-out KL(p || q)
+  falls and the exact acceptance rises (before and after in config.json),
+  the target's weights are written back unchanged, the record keeps the
+  pair's run and the distillation's settings."""
+  pair, out, cache = tmp_path / "pair", tmp_path / "draft", tmp_path / "c"
+  root = f"--corpus_root={corpus.stdlib_root() / 'json'}"
+  _run("train_pair", root, "--steps=12", f"--output_dir={pair}",
+       f"--cache_dir={cache}", *_TINY)
+  run = _run("train_pair", root, "--steps=12", f"--init_from={pair}",
+             f"--output_dir={out}", f"--cache_dir={cache}", "--draft_only",
+             "--distill=kl", "--topk_penalty=0.1", "--topk_penalty_k=16",
+             "--acceptance_windows=2", "--acceptance_ks=16,32,1000", *_TINY)
+  assert "step 12/12 loss target" in run.stderr and " kl " in run.stderr
+  assert "sum min(p, q), sparse k=32" in run.stdout
+  meta = json.loads((out / "config.json").read_text())
+  acc = meta["held_out_acceptance"]
+  assert acc["ks"] == [16, 32] and acc["windows"] == 2   # 1000 >= V
+  before, after = acc["before"], acc["after"]
+  assert after["kl"] < before["kl"]
+  assert after["dense"] > before["dense"]
+  for record in (before, after):
+    assert record["k16"] <= record["k32"] <= record["dense"] + 1e-9
+    assert record["k32"] <= 1 - record["outside_p_k32"] + 1e-9
+  assert meta["distillation"]["objective"] == "kl"
+  assert meta["distillation"]["topk_penalty_k"] == 16
+  assert meta["earlier_runs"][-1]["training"]["steps"] == 12
+  assert (out / "target.safetensors").read_bytes() == (
+      pair / "target.safetensors").read_bytes()
+  assert (out / "draft.safetensors").read_bytes() != (
+      pair / "draft.safetensors").read_bytes()
+
+
+def test_distillation_flags_need_draft_only():
+  for flag in ("--distill=kl", "--topk_penalty=0.5", "--draft_from_scratch"):
+    proc = subprocess.run(
+        [sys.executable, "-m", "experiments.train_pair", flag], cwd=_ROOT,
+        env=paths.subprocess_env(), capture_output=True, text=True,
+        timeout=120)
+    assert proc.returncode == 2 and "needs --draft_only" in proc.stderr, (
+        flag, proc.stderr)
+  proc = subprocess.run(
+      [sys.executable, "-m", "experiments.train_pair", "--draft_only"],
+      cwd=_ROOT, env=paths.subprocess_env(), capture_output=True, text=True,
+      timeout=120)
+  assert proc.returncode == 2 and "needs --init_from" in proc.stderr
