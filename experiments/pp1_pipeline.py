@@ -2,11 +2,11 @@
 
     python -m experiments.pp1_pipeline
 
-Runtime with the defaults: 26 s, measured 2026-12-06 on 2 cores with load
-average 5.4 before and 6.9 after (memcpy of 10 MB: 0.19 ms before, 0.25 ms
+Runtime with the defaults: 31 s, measured 2026-12-06 on 2 cores with load
+average 0.9 before and 1.4 after (memcpy of 10 MB: 0.29 ms before, 0.18 ms
 after); docs/figures.json, recorded by `python -m experiments.record_figures`.
-Of the 24.9 s its summary counts, start-up, compile and worker start-up took
-19.5 s and the 32 rounds 1.3 s; --tokens scales only the rounds.
+Of the 29.2 s its summary counts, start-up, compile and worker start-up took
+25.9 s and the 54 rounds 1.2 s; --tokens scales only the rounds.
 
 The summary's time split says where a run's time went.
 

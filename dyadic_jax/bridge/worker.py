@@ -85,16 +85,29 @@ class Worker:
     also draws after contexts of 2, 3, 5, ..., max_context + 1 tokens, so
     a draft that catches up in chunks of power-of-two sizes (a KV cache's
     prompt fill, a round's one or two committed tokens) has compiled each
-    one."""
+    one; and, where the proposer draws a batch in one call (`batched`),
+    a full batch after each of them."""
     self.draw_hook.warmup(self.caps.max_depth)
     self.propose(2 ** 64 - 1, 0, 0, 0, 0, self.caps.max_depth)
     if not self.session.wants_context:
       return
+    batched = getattr(self.propose, "batched", False)
+    many = getattr(self.propose, "many", None)
+    forget = getattr(self.propose, "forget", None)
+    # The batched draw's throwaway requests: ids no verifier gives.
+    rids = [layouts.ALL_REQUESTS - 1 - i
+            for i in range(self.caps.max_requests)]
     n = 1
     while n <= max_context:
       context = np.zeros(n + 1, np.int32)
       self.propose(2 ** 64 - 1, 0, 0, n + 1, 0, self.caps.max_depth,
                    context=context)
+      if batched and many is not None and forget is not None:
+        # The batched draw too (`_draw_many`), a full batch, each span.
+        many([Call(2 ** 64 - 1, 0, 0, n + 1, 0, rid, context)
+              for rid in rids], self.caps.max_depth)
+        for rid in rids:
+          forget(rid)
       n *= 2
 
   def handle(self, message: layouts.Buffer) -> list[Send]:
