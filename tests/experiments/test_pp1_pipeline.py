@@ -239,8 +239,12 @@ def test_rank_links_commit_what_one_process_commits(tmp_path):
   _healthy(links, tokens=6)
   assert links["errors"] == {} and links["fallback_rounds"] == 0
   assert links["config"]["rank_links"] and not single["config"]["rank_links"]
-  for key in ("committed", "outputs", "rounds", "acceptance_by_position"):
+  for key in ("committed", "outputs", "acceptance_by_position"):
     assert links[key] == single[key], key
+  # The rank links' check agrees on one exchange at a time; one link runs
+  # two groups in flight: more, smaller batches, each request's rounds
+  # (and so its tokens) the same.
+  assert links["rounds"] < single["rounds"]
   assert links["ranks_committed_identical"]
   # Per request-round: rank s's link carries block s (ceil(1001 / 2) = 501
   # entries per row; the last block's id 1001 is padding). Rank 0's link is
