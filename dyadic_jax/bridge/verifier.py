@@ -71,8 +71,8 @@ from dyadic_jax.wire.refusals import Code, ProtocolError
 # answers: a worker that is back is heard again within this many rounds.
 MAX_BACKOFF_ROUNDS = 8
 
-__all__ = ["InFlight", "PlanSharer", "Request", "RoundHook", "RoundResult", "Validator",
-           "Verifier"]
+__all__ = ["InFlight", "PlanSharer", "Request", "RoundHook", "RoundResult",
+           "Validator", "Verifier"]
 
 
 class Validator:

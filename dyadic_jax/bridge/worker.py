@@ -91,9 +91,7 @@ class Worker:
     self.propose(2 ** 64 - 1, 0, 0, 0, 0, self.caps.max_depth)
     if not self.session.wants_context:
       return
-    batched = getattr(self.propose, "batched", False)
-    many = getattr(self.propose, "many", None)
-    forget = getattr(self.propose, "forget", None)
+    many = self._batch_draw()
     # The batched draw's throwaway requests: ids no verifier gives.
     rids = [layouts.ALL_REQUESTS - 1 - i
             for i in range(self.caps.max_requests)]
@@ -102,12 +100,12 @@ class Worker:
       context = np.zeros(n + 1, np.int32)
       self.propose(2 ** 64 - 1, 0, 0, n + 1, 0, self.caps.max_depth,
                    context=context)
-      if batched and many is not None and forget is not None:
+      if many is not None:
         # The batched draw too (`_draw_many`), a full batch, each span.
         many([Call(2 ** 64 - 1, 0, 0, n + 1, 0, rid, context)
               for rid in rids], self.caps.max_depth)
         for rid in rids:
-          forget(rid)
+          typing.cast(typing.Any, self.propose).forget(rid)
       n *= 2
 
   def handle(self, message: layouts.Buffer) -> list[Send]:
@@ -130,17 +128,25 @@ class Worker:
                           int((time.perf_counter() - start) * 1e6))
     return self.session.finish(answer, failed)
 
+  def _batch_draw(self) -> typing.Callable[..., typing.Any] | None:
+    """The proposer's batched draw (`many` of a `proposer.DraftProposer`
+    whose draft has a slab: `batched`), or None where the worker draws
+    one by one (any other proposer, or a draw hook whose ranks draw with
+    each proposal)."""
+    if not (getattr(self.propose, "batched", False)
+            and self.draw_hook.batched):
+      return None
+    return typing.cast(typing.Any, self.propose).many
+
   def _draw_many(self, props: typing.Sequence[Propose]) -> bool:
     """Draws every proposal of a STEP message in one batched draft call
-    (the proposer's `many`, a `proposer.DraftProposer` whose draft has a
-    slab: `batched`) when each holds its request's committed prefix and all have one
-    depth; False (nothing drawn) otherwise, or when the batch call fails:
+    (`_batch_draw`) when each holds its request's committed prefix and
+    all have one depth; False (nothing drawn) otherwise, or when the batch call fails:
     then each is drawn alone, so a failure fails its own request only.
     The rows are those of the per-request draws (the same keys)."""
-    many = getattr(self.propose, "many", None)
-    if (not getattr(self.propose, "batched", False)
-        or many is None or not self.draw_hook.batched or len(props) < 2 or any(p.context is None
-                                              for p in props)
+    many = self._batch_draw()
+    if (many is None or len(props) < 2
+        or any(p.context is None for p in props)
         or len({p.depth for p in props}) != 1):
       return False
     start = time.perf_counter()

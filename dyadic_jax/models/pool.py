@@ -16,7 +16,15 @@ No JAX here: the slabs are the model's (`models.batched`).
 
 import typing
 
-Slab = typing.TypeVar("Slab")
+class Held(typing.Protocol):
+  """What a pool needs of a slab (`models.TargetBatch` has both)."""
+
+  def holds(self, rid: int) -> bool: ...
+
+  def drop(self, rid: int) -> None: ...
+
+
+Slab = typing.TypeVar("Slab", bound=Held)
 
 
 class SlabPool(typing.Generic[Slab]):
@@ -33,8 +41,7 @@ class SlabPool(typing.Generic[Slab]):
 
   def pick(self, rids: typing.Sequence[int]) -> Slab:
     """The slab for a call of requests `rids` (they leave the others)."""
-    held = [sum(map(typing.cast(typing.Any, s).holds, rids))
-            for s in self.slabs]
+    held = [sum(map(s.holds, rids)) for s in self.slabs]
     if self.slabs and (max(held) > 0 or len(self.slabs) == self.count):
       # The most held; among equals the least recently used.
       slab = self.slabs[held.index(max(held))]
@@ -43,14 +50,14 @@ class SlabPool(typing.Generic[Slab]):
       slab = self._make()
     for other in self.slabs:
       for rid in rids:
-        typing.cast(typing.Any, other).drop(rid)
+        other.drop(rid)
     self.slabs.append(slab)
     return slab
 
   def drop(self, rid: int) -> None:
     """Forgets request `rid` in every slab."""
     for slab in self.slabs:
-      typing.cast(typing.Any, slab).drop(rid)
+      slab.drop(rid)
 
 
 class TargetPool(SlabPool[typing.Any]):
