@@ -82,6 +82,15 @@ server thread that slept through the other stages answers about 2.5x
 slower). Target: exchange p50 <= 3x the pyzmq floor's p50. Every server
 runs in a thread of this process; the garbage collector is off while
 timing.
+
+Two rounds in flight (`overlap_rounds`): two groups of --requests sparse
+requests served by whole rounds through the real driver, the worker's
+draft modelled as --draft_ms a batch and the verifier's verification as
+--verify_ms a round (sleeps: in a deployment each side's model runs on
+its own host). One leg keeps one round in flight, the other two
+(`Verifier.start` / `finish`); the report gives each leg's round time,
+per round each side's busy time and the wall against the busier side,
+and the share of the worker's turn hidden (`experiments.in_flight`).
 """
 
 import collections
@@ -102,6 +111,7 @@ import time
 from absl import flags
 
 from experiments import cli
+from experiments import in_flight as in_flight_lib
 
 _VOCAB = flags.DEFINE_integer(
     "vocab", cli.DEFAULT_VOCAB, f"Vocabulary size V (dense row length), "
@@ -124,6 +134,15 @@ _ROUND_TRIPS = flags.DEFINE_integer(
 _FULL_ROUNDS = flags.DEFINE_integer(
     "full_rounds", 200, "Timed whole Verifier.round calls (information), "
     ">= 1.", lower_bound=1)
+_OVERLAP_ROUNDS = flags.DEFINE_integer(
+    "overlap_rounds", 100, "Timed whole rounds of each overlap leg (one and "
+    "two in flight), >= 2.", lower_bound=2)
+_DRAFT_MS = flags.DEFINE_float(
+    "draft_ms", 4.0, "The overlap rounds' modelled draft time per batch, "
+    "ms, in [0, 1000].", lower_bound=0.0, upper_bound=1000.0)
+_VERIFY_MS = flags.DEFINE_float(
+    "verify_ms", 4.0, "The overlap rounds' modelled verification time per "
+    "round, ms, in [0, 1000].", lower_bound=0.0, upper_bound=1000.0)
 _TRANSPORTS = flags.DEFINE_list(
     "transports", ["tcp", "ipc"], "ZeroMQ transports of the dense send.")
 _LINK_GBPS = flags.DEFINE_float(
@@ -131,7 +150,7 @@ _LINK_GBPS = flags.DEFINE_float(
 _SEED = flags.DEFINE_integer("seed", 0, "Seed of the benchmark data.")
 _QUICK = flags.DEFINE_bool(
     "quick", False, "Small preset for tests: V=2048 unless --vocab is given, "
-    "5 repeats, 50 round trips, 10 full rounds.")
+    "5 repeats, 50 round trips, 10 full rounds, 10 overlap rounds.")
 _JSON_OUT = flags.DEFINE_string(
     "json_out", None, "Optional path for a JSON record of every figure.")
 
@@ -743,17 +762,88 @@ def sparse_round_trips(requests, depth, vocab, k, rng, round_trips,
           "max_x_floor": _MAX_X_FLOOR, "round_trips": out}
 
 
+def overlap_rounds(requests, depth, vocab, k, rng, rounds, draft_ms,
+                   verify_ms):
+  """Whole rounds of two request groups, with one round in flight and
+  with two (`Verifier.start` / `finish`), the sides' work modelled.
+
+  The worker's proposer waits --draft_ms per batch and the verifier's
+  verify_fn --verify_ms per round (sleeps: the two sides' models run on
+  their own hosts, so neither takes this process's CPU), around the real
+  sessions, ZeroMQ link and driver of `round`. With one in flight a
+  round costs both; with two the worker's turn hides behind the other
+  group's verification. Returns each leg and `in_flight.overlap`, per
+  round (of one group)."""
+  caps = bridge.Capabilities(vocab=vocab, max_depth=depth,
+                             max_requests=requests, max_slots=2,
+                             representation=Representation.SPARSE,
+                             max_support=k)
+  props = proposals(rng, caps, depth, requests)
+  source = _AnyRound(Rounds(props, depth, 2), delay_s=draft_ms / 1e3 /
+                     requests)
+  worker = bridge.Worker(caps, source, secret=_SECRET,
+                         counters=Counters(log=False))
+  endpoint = bridge.Endpoint.bind("tcp://127.0.0.1:0",
+                                  max_message=worker.max_message)
+  server = _Server(lambda stop: worker.serve(endpoint, stop, idle_s=0.01))
+  fixed_logits = np.zeros((depth + 1, vocab), np.float32)
+
+  def verify_fn(logits, q, draft, keys_, anchors):
+    del logits, q, keys_, anchors
+    time.sleep(verify_ms / 1e3)
+    return (np.zeros(len(draft), np.int32), np.asarray(draft)[:, 0],
+            np.zeros(len(draft), np.int32))
+
+  verifier = bridge.Verifier(
+      caps, endpoint.address, timeout_s=10.0, secret=_SECRET,
+      sampling_audit=False, counters=Counters("verifier", log=False),
+      target_fn=lambda prefix, draft: fixed_logits[:len(draft) + 1],
+      verify_fn=verify_fn)
+  groups = [list(range(g * requests, (g + 1) * requests)) for g in (0, 1)]
+  legs = {}
+  try:
+    verifier.open()
+    for rid in groups[0] + groups[1]:
+      verifier.add_request(rid, [1], seed=rid)
+    for in_flight in (1, 2, 1, 2):      # the first two warm up
+      flying = collections.deque()
+      waited, start = verifier.waited_s, time.perf_counter()
+      for r in range(rounds):
+        group = groups[r % 2]
+        flying.append(verifier.start(group))
+        if len(flying) == in_flight:
+          results = verifier.finish(flying.popleft())
+          if any(res.fallback for res in results):
+            raise RuntimeError(f"bench_bridge: round fell back: {results}")
+      while flying:
+        verifier.finish(flying.popleft())
+      legs[in_flight] = {"units": rounds,
+                         "wall_s": time.perf_counter() - start,
+                         "waited_s": verifier.waited_s - waited}
+  finally:
+    verifier.close()
+    server.close()
+    endpoint.close()
+  return {"rounds": rounds, "requests": requests, "draft_ms": draft_ms,
+          "verify_ms": verify_ms, "one": legs[1], "two": legs[2],
+          "round_ms": {n: 1e3 * legs[n]["wall_s"] / rounds for n in (1, 2)},
+          "overlap": in_flight_lib.overlap(legs[1], legs[2])}
+
+
 class _AnyRound:
   """A proposer for whole rounds (any tag): round 1's rows every time, not
   audited (the round benchmark runs with the audit off and a constant
   verify_fn)."""
 
-  def __init__(self, rounds):
+  def __init__(self, rounds, delay_s=0.0):
     self.rounds = rounds
+    self.delay_s = delay_s    # a modelled draft's time per proposal
 
   def __call__(self, seed, generation, round_id, anchor, last_token, depth,
                out=None, *, request=0, context=None):
     del generation, round_id, anchor, last_token, depth, request, context
+    if self.delay_s:
+      time.sleep(self.delay_s)
     p = self.rounds.proposal(int(seed) % self.rounds.requests, 1)
     if out is not None:
       proposer_lib.write(out, p)
@@ -807,6 +897,8 @@ def main(argv):
       _ROUND_TRIPS.value)
   full_rounds = 10 if quick and not flags.FLAGS["full_rounds"].present else (
       _FULL_ROUNDS.value)
+  overlap_n = 10 if quick and not flags.FLAGS["overlap_rounds"].present else (
+      _OVERLAP_ROUNDS.value)
   requests, depth, k = _REQUESTS.value, _DEPTH.value, _K.value
   transports = [t.strip() for t in _TRANSPORTS.value if t.strip()]
   wall_start = time.perf_counter()
@@ -826,6 +918,8 @@ def main(argv):
                                   tmpdir, repeats, curve_keys)}
     sparse = sparse_round_trips(requests, depth, vocab, k, rng, round_trips,
                                 full_rounds, curve_keys)
+    overlap = overlap_rounds(requests, depth, vocab, k, rng, overlap_n,
+                             _DRAFT_MS.value, _VERIFY_MS.value)
   finally:
     shutil.rmtree(tmpdir, ignore_errors=True)
 
@@ -843,6 +937,13 @@ def main(argv):
     f = rt[name]
     print(f"  {name:<18} {f['p50_us']:8.1f} {f['p90_us']:8.1f} "
           f"{f['p99_us']:8.1f} {f['x_floor_p50']:8.2f}")
+
+  ms = overlap["round_ms"]
+  print(f"\ntwo request groups of {requests}, sparse k={k}, the draft "
+        f"modelled as {overlap['draft_ms']:g} ms a batch and verification "
+        f"as {overlap['verify_ms']:g} ms a round: a round {ms[1]:.2f} ms "
+        f"with one in flight, {ms[2]:.2f} ms with two")
+  print("  " + in_flight_lib.line(overlap["overlap"], "round"))
 
   h = dense["batch"]["headline"]
   ex = rt["exchange"]
@@ -871,14 +972,15 @@ def main(argv):
     record = {
         "config": {"vocab": vocab, "requests": requests, "depth": depth,
                    "k": k, "repeats": repeats, "round_trips": round_trips,
-                   "full_rounds": full_rounds, "transports": transports,
+                   "full_rounds": full_rounds, "overlap_rounds": overlap_n,
+                   "transports": transports,
                    "link_gbps": _LINK_GBPS.value, "quick": quick,
                    "seed": _SEED.value, "backend": jax.default_backend(),
                    "cpus": os.cpu_count(), "python": platform.python_version(),
                    "jax": jax.__version__, "pyzmq": zmq.__version__,
                    "libzmq": zmq.zmq_version(),
                    "blake3": blake3.__version__},
-        "dense": dense, "sparse": sparse,
+        "dense": dense, "sparse": sparse, "overlap": overlap,
         "headline": dict(h, name="host work for a dense "
                          f"{requests}-request batch"),
         "sides": dense["batch"]["sides"],

@@ -26,8 +26,8 @@ temperature 1:
    the wire) for the best one-process format, with one round in flight
    and with two (the worker drafts one group while the verifier verifies
    the other: the share of the worker's turn hidden, and the round's wall
-   against the busier side's busy time, `overlap`). Each run's time split (draft
-   steps, verify pass, verification, exchange, host), and the speedup the
+   against the busier side's busy time, `in_flight.overlap`). Each run's
+   time split (draft steps, verify pass, verification, exchange, host), and the speedup the
    standard cost model predicts from the measured acceptance alpha, the
    draft's cost per drafted token c, the verify pass's r and the rest of a
    round u (verification, host), each over one batched target-only step,
@@ -124,6 +124,7 @@ from dyadic_jax.models import hf_layout
 from dyadic_jax.models import pair as pair_lib
 from dyadic_jax.wire.layouts import Representation
 from experiments import corpus
+from experiments import in_flight as in_flight_lib
 # pylint: enable=g-import-not-at-top
 
 
@@ -343,33 +344,10 @@ def over_bridge(name: str, pair: pair_lib.Pair, prompts) -> dict:
   two["cpus"] = (None if halves is None else
                  {"worker": sorted(halves[0]), "verifier": sorted(halves[1])})
   two["one_in_flight"] = one
-  two["overlap"] = overlap(one, two)
+  two["overlap"] = in_flight_lib.overlap(*(
+      {"units": leg["tokens"], "wall_s": leg["seconds"]["wall"],
+       "waited_s": leg["waited_s"]} for leg in (one, two)))
   return two
-
-
-def overlap(one: dict, two: dict) -> dict:
-  """What two rounds in flight hid, from the two legs of one run.
-
-  With one in flight the verifier waits out the worker's whole turn (its
-  draft and the link) every round: that wait per request-round is the
-  worker's busy time. With two it waits only for what is not hidden
-  behind its own work. hidden: the share of the worker's turn hidden;
-  busy: per request-round, the verifier's own work (wall less its wait)
-  and the worker's turn; wall_over_busier: the two-in-flight round's wall
-  over the busier side's busy time (1: perfect overlap).
-  """
-  def per(leg, seconds):
-    return seconds / max(leg["tokens"], 1)
-
-  worker = per(one, one["waited_s"])
-  verifier = per(two, two["seconds"]["wall"] - two["waited_s"])
-  wall = per(two, two["seconds"]["wall"])
-  return {"worker_ms_per_token": 1e3 * worker,
-          "verifier_ms_per_token": 1e3 * verifier,
-          "wall_ms_per_token": 1e3 * wall,
-          "exposed_ms_per_token": 1e3 * per(two, two["waited_s"]),
-          "hidden": 1.0 - per(two, two["waited_s"]) / max(worker, 1e-12),
-          "wall_over_busier": wall / max(worker, verifier, 1e-12)}
 
 
 def peer(pair_dir, prompts) -> dict:
@@ -622,11 +600,7 @@ def bridge_lines(record: dict) -> list[str]:
       + (f"worker on CPUs {two['cpus']['worker']}, verifier on "
          f"{two['cpus']['verifier']})" if two["cpus"] else
          "both sides on every CPU)"),
-      f"overlap: per token the worker's turn {o['worker_ms_per_token']:.2f}"
-      f" ms, the verifier's own work {o['verifier_ms_per_token']:.2f} ms, "
-      f"the wall {o['wall_ms_per_token']:.2f} ms "
-      f"({o['wall_over_busier']:.2f}x the busier side); "
-      f"{100 * o['hidden']:.0f}% of the worker's turn hidden"]
+      in_flight_lib.line(o, "token")]
 
 
 def plot(record: dict, path: str) -> None:

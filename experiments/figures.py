@@ -56,8 +56,7 @@ def rounds_seconds(entry: Figures) -> tuple[float, float]:
   split = entry["figures"]["time_s"]["split"]
   start = sum(split.get(k, 0.0) for k in ("start-up", "compile",
                                            "worker start-up"))
-  rounds = sum(split.get(k, 0.0) for k in ("draft", "bridge", "verification",
-                                            "host"))
+  rounds = sum(split.get(k, 0.0) for k in ("wait", "verification", "host"))
   return start, rounds
 
 

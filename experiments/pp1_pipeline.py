@@ -100,16 +100,17 @@ the summary says how many fallbacks were timeouts rather than refused q.
 The time split
 adds up to the wall time: start-up (the key set, worker spawn, JAX start,
 building the verifier), compile (the verifier's warm-up), worker start-up (waiting for
-the worker's READY and HELLO beyond that), then per round draft (the
-worker's proposal time), bridge (the rest of each exchange: encode,
-transport, decode, validation), verification (target rows, verify_batch,
-fallback samples), host (everything else in the loop: STEP/COMMIT,
-bookkeeping, the plan broadcast with --multiprocess), shutdown, and other
-(what no phase claims: the gaps between phases). The bridge's share of a
-round (`bridge_share` in the JSON, a summary line) is its exposed cost:
-bridge / (draft + bridge + verification + host), in total and per round
-(nothing of a round overlaps the next, so all of it is on the round's
-path). The wall
+the worker's READY and HELLO beyond that), then per round wait (the
+verifier waiting for answers: the worker's draft and the link, what of
+them the other group's round did not hide), verification (target rows,
+verify_batch, fallback samples), host (everything else in the loop:
+STEP/COMMIT, bookkeeping, the plan broadcast with --multiprocess),
+shutdown, and other (what no phase claims: the gaps between phases). The
+requests run as two groups whose rounds overlap where the session allows
+it (one with --kill_worker_at). The overlap line (`overlap` in the JSON)
+puts the rounds' wall beside each side's busy time: the worker's (from
+its counters), the verifier's (verification + host), the wait, and the
+share of the worker's busy time hidden. The wall
 time runs from the program's start to the end of the shutdown; the Python
 interpreter's own start before it and writing the JSON and the plot after
 it are not in it.

@@ -23,18 +23,15 @@ from experiments.pp1 import flags
 _Q = pipeline_config.Q_FORMATS
 
 
-def time_split(watch, worker_stats):
+def time_split(watch):
   """{phase: seconds} that adds up to the wall time (see the docstring)."""
   s = dict(watch.seconds)
-  exchange = s.pop("exchange", 0.0)
-  # The worker's own time drawing proposals, inside the exchanges (a
-  # worker killed by the drill takes its figure with it: bridge gets it).
-  draft = min(worker_stats.get("events", {}).get("propose_us", 0) / 1e6,
-              exchange)
   split = {}
   for name in ("start-up", "compile", "worker start-up"):
     split[name] = s.pop(name, 0.0)
-  split.update({"draft": draft, "bridge": exchange - draft,
+  # The verifier's waits for answers: the worker's draft and the link,
+  # the part of them not hidden behind the other group's verification.
+  split.update({"wait": s.pop("exchange", 0.0),
                 "verification": s.pop("verification", 0.0),
                 "host": s.pop("rounds", 0.0)})
   split.update(s)      # worker restart, distribution check, shutdown
@@ -42,20 +39,34 @@ def time_split(watch, worker_stats):
   return split
 
 
-def bridge_share(split, rounds):
-  """The bridge's exposed cost in the main job: its time over the rounds'
-  time (a round: draft + bridge + verification + host, the time-split
-  parts the round loop's phases hold), in total and per round (batch).
+ROUND_PARTS = ("wait", "verification", "host")
 
-  Exposed, because the verifier waits for every exchange: nothing of a
-  round overlaps another, so this is what the bridge adds to each one."""
-  parts = ("draft", "bridge", "verification", "host")
-  round_s = sum(split[name] for name in parts)
-  rounds = max(rounds, 1)
-  return {"bridge_s": split["bridge"], "round_s": round_s, "parts": parts,
-          "share": split["bridge"] / round_s if round_s > 0 else 0.0,
-          "bridge_ms_per_round": split["bridge"] / rounds * 1e3,
-          "round_ms_per_round": round_s / rounds * 1e3}
+
+def overlap(split, worker_stats, rounds, in_flight):
+  """What the rounds' wall holds of each side's busy time.
+
+  The verifier is busy for verification + host; it waits (`wait`) for
+  what of the worker's turn was not hidden behind its own work. The
+  worker's busy time is its `busy_us` (each STEP message answered and
+  sent; `draft_s` of it drawing proposals), from its counters (a worker
+  killed by the drill takes its figures with it: 0). hidden: the share
+  of the worker's busy time the verifier did not wait for, a lower bound
+  on the share of its turn hidden (the turn adds the link); with one
+  round in flight about 0. wall_over_busier: the rounds' time over the
+  busier side's busy time (1: perfect overlap)."""
+  events = worker_stats.get("events", {})
+  worker = events.get("busy_us", 0) / 1e6
+  verifier = split["verification"] + split["host"]
+  round_s = sum(split[name] for name in ROUND_PARTS)
+  per = 1e3 / max(rounds, 1)
+  return {"in_flight": in_flight, "round_s": round_s, "parts": ROUND_PARTS,
+          "worker_busy_s": worker,
+          "draft_s": events.get("propose_us", 0) / 1e6,
+          "verifier_busy_s": verifier, "wait_s": split["wait"],
+          "round_ms": round_s * per, "worker_ms": worker * per,
+          "verifier_ms": verifier * per, "wait_ms": split["wait"] * per,
+          "hidden": max(0.0, 1.0 - split["wait"] / worker) if worker else None,
+          "wall_over_busier": round_s / max(worker, verifier, 1e-12)}
 
 
 def link_figures(verifier, request_rounds, tmp, ranks):
@@ -178,11 +189,10 @@ def summarize(run, verifier, config, worker_stats, proxy, watch, check,
       "worker": worker_stats,
       "faults": ({f"{d}/{k}": n for (d, k), n in proxy.counts().items()}
                  if proxy else {}),
-      "time_s": {"wall": watch.wall, "split": time_split(watch,
-                                                          worker_stats)},
+      "time_s": {"wall": watch.wall, "split": time_split(watch)},
   }
-  record["bridge_share"] = bridge_share(record["time_s"]["split"],
-                                        run.rounds)
+  record["overlap"] = overlap(record["time_s"]["split"], worker_stats,
+                              run.rounds, run.in_flight)
   record["outputs"] = {str(r): t for r, t in run.outputs.items()}
   # Every committed token of every request, in order (past --tokens too).
   record["committed"] = {
@@ -208,10 +218,11 @@ def speed(record, baseline):
 
   In units of one batched target-only step (the baseline's seconds per
   token of a request): E, the tokens a round commits per request, and
-  the round's cost, split into the draft, the verifier's part (the verify
-  pass over D + 1 rows, verification, fallbacks) and the bridge and host.
+  the round's cost, split into the verifier's wait for the worker (the
+  draft and the link, less what the other group's round hid), its part
+  (the verify pass over D + 1 rows, verification, fallbacks) and host.
   Speculation pays where E exceeds the cost."""
-  share = record["bridge_share"]
+  share = record["overlap"]
   rounds_s = share["round_s"]   # the rounds' phases
   spec = record["tokens"] / rounds_s if rounds_s else 0.0
   out = {"tokens_per_second": spec, "target_only": baseline,
@@ -240,8 +251,8 @@ def verdict(sp) -> str:
   parts = model["round_cost_split_steps"]
   terms = (f"a round commits E = {e:.2f} tokens per request and costs "
            f"{cost:.2f} target-only steps of {model['step_ms']:.2f} ms "
-           f"(draft {parts['draft']:.2f}, verifier {parts['verification']:.2f},"
-           f" bridge {parts['bridge']:.2f}, host {parts['host']:.2f})")
+           f"(waiting for the worker {parts['wait']:.2f}, verifier "
+           f"{parts['verification']:.2f}, host {parts['host']:.2f})")
   if sp["speedup"] >= 1:
     return f"speculation paid ({sp['speedup']:.2f}x): {terms}"
   return (f"speculation did not pay ({sp['speedup']:.2f}x): {terms}; it pays "
@@ -314,11 +325,14 @@ def print_summary(record):
         + " + ".join(parts[:4]))
   for i in range(4, len(parts), 4):
     print(" " * 31 + "+ " + " + ".join(parts[i:i + 4]))
-  share = record["bridge_share"]
-  print(f"  bridge share of a round      {share['share']:.1%} "
-        f"({share['bridge_ms_per_round']:.2f} of "
-        f"{share['round_ms_per_round']:.2f} ms per round: bridge / (draft "
-        "+ bridge + verification + host))")
+  o = record["overlap"]
+  hidden = ("" if o["hidden"] is None else
+            f"; >= {o['hidden']:.0%} of the worker's busy time hidden")
+  print(f"  rounds in flight             {o['in_flight']}: per round the "
+        f"worker busy {o['worker_ms']:.2f} ms, the verifier "
+        f"{o['verifier_ms']:.2f} ms, waiting {o['wait_ms']:.2f} ms; wall "
+        f"{o['round_ms']:.2f} ms = {o['wall_over_busier']:.2f}x the busier "
+        f"side{hidden}")
   print(f"  bridge link                  {c['authentication']}"
         + (", CURVE encrypted" if c["encrypt"] else "")
         + ("" if c["sampling_audit"] else ", sampling audit OFF")

@@ -72,6 +72,7 @@ class Run(typing.NamedTuple):
   rounds: int                # verifier rounds (batches)
   outputs: dict              # rid -> its new tokens (--tokens of them, or
                              # the check's first token)
+  in_flight: int = 1         # rounds in flight (request groups)
 
 
 # A drill between rounds: (verifier, rounds so far, live request ids) ->
@@ -117,7 +118,7 @@ def generate(verifier: bridge.Verifier, progress: Progress,
   progress.close()
   outputs = {rid: verifier.requests[rid].tokens[start[rid]:][:tokens]
              for rid in rids}
-  return Run(results, rounds, outputs)
+  return Run(results, rounds, outputs, slots)
 
 
 def first_tokens(verifier: bridge.Verifier,

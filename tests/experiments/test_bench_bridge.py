@@ -140,3 +140,24 @@ def test_sparse_round_trips(record):
       _positive(rt[key], f"sparse {name} {key}")
     assert rt["min_us"] <= rt["p50_us"] <= rt["p90_us"] <= rt["p99_us"]
     assert rt["n"] >= 1
+
+
+def test_overlap_rounds(record):
+  """Both legs ran every round; sleeps bound each from below (a sleep is
+  never shorter than asked), so these hold on any load: with one round
+  in flight a round waits out the draft and the verification, with two
+  at least the longer of them."""
+  o = record["overlap"]
+  n = record["config"]["overlap_rounds"]
+  assert o["rounds"] == n == 10 and o["requests"] == 4
+  draft_s, verify_s = o["draft_ms"] / 1e3, o["verify_ms"] / 1e3
+  for leg, floor in (("one", draft_s + verify_s),
+                     ("two", max(draft_s, verify_s))):
+    got = o[leg]
+    assert got["units"] == n
+    assert 0 <= got["waited_s"] <= got["wall_s"]
+    assert got["wall_s"] >= n * floor, (leg, got)
+  f = o["overlap"]
+  assert f["hidden"] <= 1 and f["wall_over_busier"] > 0
+  assert math.isclose(f["wall_ms"], 1e3 * o["two"]["wall_s"] / n,
+                      rel_tol=1e-9)

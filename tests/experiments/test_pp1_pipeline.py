@@ -106,19 +106,23 @@ def _time_split_adds_up(record):
   split = t["split"]
   assert sum(split.values()) == pytest.approx(t["wall"], rel=1e-9)
   assert all(v >= -1e-6 for v in split.values()), split
-  for name in ("start-up", "compile", "draft", "bridge", "verification",
+  for name in ("start-up", "compile", "wait", "verification",
                "host", "shutdown", "other"):
     assert name in split, name
-  # The bridge's exposed share of a round: its part of the round's parts.
-  share = record["bridge_share"]
-  assert share["bridge_s"] == split["bridge"]
-  assert share["round_s"] == pytest.approx(
-      sum(split[name] for name in share["parts"]), rel=1e-12)
-  assert share["share"] == pytest.approx(
-      share["bridge_s"] / share["round_s"] if share["round_s"] else 0.0)
-  assert 0 <= share["share"] <= 1
-  assert share["bridge_ms_per_round"] == pytest.approx(
-      share["bridge_s"] / max(record["rounds"], 1) * 1e3)
+  # Each side's busy time beside the rounds' wall (what overlapped).
+  o = record["overlap"]
+  assert o["wait_s"] == split["wait"]
+  assert o["verifier_busy_s"] == split["verification"] + split["host"]
+  assert o["round_s"] == pytest.approx(
+      sum(split[name] for name in o["parts"]), rel=1e-12)
+  assert o["round_ms"] == pytest.approx(
+      o["round_s"] / max(record["rounds"], 1) * 1e3)
+  assert o["in_flight"] in (1, 2)
+  assert o["hidden"] is None or 0 <= o["hidden"] <= 1
+  if o["worker_busy_s"]:
+    assert o["wall_over_busier"] == pytest.approx(o["round_s"] / max(
+        o["worker_busy_s"], o["verifier_busy_s"]))
+    assert o["draft_s"] <= o["worker_busy_s"]
   # "other" is what no phase claims (the program's own import before its
   # clock's first phase, the gaps between phases). It is not bounded here:
   # any bound on seconds fails at random on a loaded machine (it did, at
