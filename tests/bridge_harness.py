@@ -106,6 +106,18 @@ def draw_half_rows(props):
       r.tokens[i] = 0
 
 
+def draw_keyed_rows(props):
+  """`draw_half_rows` with each drafted token (0 or 1, both with q 1/2)
+  a function of every field the worker read from the request's STEP
+  (seed, tags, anchor, last token, position): two sessions commit the same
+  tokens only if their workers read the same STEPs."""
+  draw_half_rows(props)
+  for p in props:
+    key = p.seed + 3 * p.generation + 5 * p.round + 7 * p.anchor + (
+        11 * p.last_token)
+    p.rows.tokens[:p.depth] = (key + np.arange(p.depth)) % 2
+
+
 def frames(message):
   """The frames of a message, as bytes."""
   return [bytes(f) for f in codec.split(message, max_frames=1 << 20,

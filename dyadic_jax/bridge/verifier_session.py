@@ -356,7 +356,8 @@ class VerifierSession:
     self.bounds = self.caps.bounds._replace(
         packed=bool(features & Feature.PACKED_REPLY),
         max_context=(self.caps.max_context if features & Feature.CONTEXT
-                     else 0))
+                     else 0),
+        packed_step=bool(features & Feature.PACKED_STEP))
     if self.slots is None:        # nothing is allocated before agreement
       self.slots = staging.slots_for(self.caps)
     self.counters.event("hellos")
@@ -405,15 +406,26 @@ class VerifierSession:
                         req.anchor, req.context_version)
     policy = Policy.GREEDY if self.caps.greedy else Policy.SAMPLED
     frames: list[bytes] = []
-    for req in reqs:
-      frames.extend(self._context(req, session, keys))
-      frames.append(codec.encode(
-          Kind.STEP, session=session, generation=req.generation,
-          round_id=req.round, send=keys.send, body={
-              "request": req.rid, "depth": depth, "policy": policy,
-              "last_token": req.tokens[-1], "seed": req.seed,
-              "anchor": req.anchor, "context_version": req.context_version,
-              "prefix_digest": req.digest}))
+    if self.bounds.packed_step:
+      # CONTEXT frames first (in request order), then every STEP in one
+      # frame under one tag.
+      for req in reqs:
+        frames.extend(self._context(req, session, keys))
+      frames.append(codec.encode_packed_step(
+          session=session, depth=depth, policy=policy, send=keys.send,
+          records=[(req.rid, 0, req.tokens[-1], req.generation, req.round,
+                    req.seed, req.anchor, req.context_version, req.digest)
+                   for req in reqs]))
+    else:
+      for req in reqs:
+        frames.extend(self._context(req, session, keys))
+        frames.append(codec.encode(
+            Kind.STEP, session=session, generation=req.generation,
+            round_id=req.round, send=keys.send, body={
+                "request": req.rid, "depth": depth, "policy": policy,
+                "last_token": req.tokens[-1], "seed": req.seed,
+                "anchor": req.anchor, "context_version": req.context_version,
+                "prefix_digest": req.digest}))
     ex.step_tag = auth.tag_of(frames[0])   # what a refusal keys
     message = b"".join(frames)
     self.counters.event("bytes_out", len(message))
