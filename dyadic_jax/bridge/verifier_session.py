@@ -42,6 +42,10 @@ request is answered, `Stage` asks the driver to
 validate the rows (the q format's kernel) and audit the tokens against
 the PROPOSAL draws; only `staged` turns the verdicts into a `Plan`.
 
+Sending. `begin` makes one STEP frame per request, or on a session that
+agreed on PACKED_STEP frames (`Feature.PACKED_STEP`) one frame of a
+record per request under one tag (after the round's CONTEXT frames).
+
 Contexts. On a session that agreed on CONTEXT frames (`Feature.CONTEXT`),
 `begin` puts a CONTEXT frame (the request's committed tokens, prompt
 first) right before a request's STEP whenever the worker may not hold

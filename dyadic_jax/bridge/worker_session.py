@@ -22,7 +22,10 @@ the one being opened: the last MAX_PENDING pending sessions are all kept
 authenticate a frame becomes the established one. The same HELLO again
 (same session and nonce) gets the same answer.
 
-One STEP message holds one STEP frame per request of a batch; the answer
+One STEP message holds one STEP frame per request of a batch (on a
+session that agreed on PACKED_STEP frames, one PACKED_STEP frame whose
+records are those STEPs, each judged as its STEP frame would be: docs/wire.md
+has which defects refuse the whole message and which one record); the answer
 is one message with, per request, its REPLY (all D rows) then its
 COMPLETION, written into one of `max_slots` preallocated slot buffers; on
 a session that agreed on PACKED replies, one PACKED frame instead (a
@@ -668,9 +671,10 @@ class WorkerSession:
   def _end_spent(self, first: codec.Frame, session: _Session,
                  sends: list[Send]) -> WorkerAnswer:
     """The session's sealer is at its counter's end (GMAC: one more frame
-    would repeat a nonce): the session ends here, counted, and the STEP is
-    refused (SESSION_EXHAUSTED), so the verifier closes its side and opens
-    a new session (a new HELLO, new keys). Nothing is drawn."""
+    would repeat a nonce): the session ends here, counted, and the STEP
+    message is refused (SESSION_EXHAUSTED; keyed by its first frame, as the
+    verifier keys a refusal), so the verifier closes its side and opens a
+    new session (a new HELLO, new keys). Nothing is drawn."""
     self.counters.reject(Code.SESSION_EXHAUSTED,
                          f"session {session.id}: its key sealed 2^32 - 1 "
                          "frames")
