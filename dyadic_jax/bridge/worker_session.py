@@ -94,7 +94,8 @@ _COMPLETION = FIXED_BYTES[Kind.COMPLETION]
 MAX_PENDING = 4
 _POLICIES = frozenset(int(p) for p in Policy)
 # The kinds a STEP message may start with (it waits for an answer).
-_STEP_MESSAGE = frozenset((Kind.STEP, Kind.CONTEXT, Kind.PACKED_STEP))
+_STEPS = frozenset((Kind.STEP, Kind.PACKED_STEP))
+_STEP_MESSAGE = _STEPS | {Kind.CONTEXT}
 
 
 class _Session(typing.NamedTuple):
@@ -289,13 +290,13 @@ class WorkerSession:
       self.counters.event("sessions")
     kinds = {f.header.kind for f in decoded}
     sessions = {f.header.session for f in decoded}
-    if len(kinds) == 2 and Kind.CONTEXT in kinds:
+    if Kind.CONTEXT in kinds and len(kinds) == 2 and kinds & _STEPS:
       kinds.discard(Kind.CONTEXT)   # CONTEXT frames come with their STEPs
     if len(kinds) != 1 or sessions != {session.id}:
       self.counters.reject(Code.BAD_SEQUENCE, f"mixed message {kinds}")
       return _NOTHING
     kind = kinds.pop()
-    if kind in (Kind.STEP, Kind.PACKED_STEP):
+    if kind in _STEPS:
       paired = self._pair_contexts(decoded)
       if isinstance(paired, str):
         self.counters.reject(Code.BAD_SEQUENCE, paired)

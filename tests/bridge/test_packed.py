@@ -684,13 +684,17 @@ def test_contexts_travel_before_the_packed_step():
   step = pair.begin(RIDS, 2)
   assert _kinds(step) == [Kind.CONTEXT, Kind.CONTEXT, Kind.PACKED_STEP]
   frames = h.frames(step)
+  commit = codec.encode(Kind.COMMIT, session=pair.verifier.session,
+                        generation=0, round_id=1, body={"request": 0},
+                        send=pair.tagger("session_to_worker"))
   for bad in ([frames[1], frames[0], frames[2]],     # out of order
               [frames[0], frames[0], frames[2]],     # twice for one record
-              [frames[0], frames[1], frames[2], frames[0]]):   # after it
+              [frames[0], frames[1], frames[2], frames[0]],    # after it
+              [frames[0], commit]):                  # with another kind
     assert pair.to_worker(h.join(bad)) == []
-  assert pair.worker.counters.errors(Code.BAD_SEQUENCE) == 3
+  assert pair.worker.counters.errors(Code.BAD_SEQUENCE) == 4
   assert not got
   (answer,) = pair.to_worker(step)
   assert got == [(0, [1, 5]), (1, [2, 5])]
   assert not _outcome(pair, answer).codes.any()
-  assert pair.worker.counters.total_errors() == 3
+  assert pair.worker.counters.total_errors() == 4

@@ -342,7 +342,7 @@ def test_context_round_trips():
 _COUNT = layouts.HEADER_BYTES + 4    # CONTEXT body: count
 
 
-@pytest.mark.parametrize("name,edit,code", [
+_CONTEXT_EDITS = [
     ("no_feature", lambda f: (f, SPARSE), C.UNKNOWN_KIND),
     ("too_many", lambda f: (_set(f, _COUNT, 9, 4), CTX), C.ABSURD_LENGTH),
     ("none", lambda f: (_set(f, _COUNT, 0, 4), CTX), C.ABSURD_LENGTH),
@@ -354,13 +354,7 @@ _COUNT = layouts.HEADER_BYTES + 4    # CONTEXT body: count
      C.TOKEN_OUT_OF_RANGE),
     ("cut_body", lambda f: (_set(f[:52], 8, 52, 4), CTX), C.TRUNCATED),
     ("bad_tag", lambda f: (_context(tagger=OTHER), CTX), C.AUTH_FAILED),
-])
-def test_every_context_refusal(name, edit, code):
-  del name
-  frame, bounds = edit(_context())
-  with pytest.raises(wire.ProtocolError) as e:
-    codec.decode(frame, bounds, KEY)
-  assert e.value.code == code
+]
 
 
 def test_context_bounds_size_the_worker_message():
@@ -407,7 +401,7 @@ def test_packed_step_round_trips_as_the_step_frames_would():
 _REQUESTS = layouts.HEADER_BYTES    # PACKED_STEP body: requests
 
 
-@pytest.mark.parametrize("name,edit,code", [
+_STEPS_EDITS = [
     ("on_a_per_frame_session", lambda f: (f, SPARSE), C.UNKNOWN_KIND),
     ("step_on_a_packed_session", lambda f: (codec.encode(
         Kind.STEP, session=7, generation=3, round_id=11, send=KEY,
@@ -430,13 +424,21 @@ _REQUESTS = layouts.HEADER_BYTES    # PACKED_STEP body: requests
     ("flipped_bit", lambda f: (f[:-1] + bytes([f[-1] ^ 1]), STEPS),
      C.AUTH_FAILED),
     ("other_key", lambda f: (_steps(tagger=OTHER), STEPS), C.AUTH_FAILED),
-])
-def test_every_packed_step_refusal(name, edit, code):
-  """Framing, form and counts: the frame refused whole, before any record
-  is read. A record's values (request ids, depth, policy, tokens, tags)
-  are the worker's to judge per record (tests/bridge/test_packed.py)."""
+]
+
+
+@pytest.mark.parametrize(
+    "make,name,edit,code",
+    [(_context, *case) for case in _CONTEXT_EDITS]
+    + [(_steps, *case) for case in _STEPS_EDITS],
+    ids=lambda v: v if isinstance(v, str) else None)
+def test_every_context_and_packed_step_refusal(make, name, edit, code):
+  """A CONTEXT or PACKED_STEP frame's framing, form and counts: refused
+  whole, before a token or record is read. A PACKED_STEP record's values
+  (request ids, depth, policy, tokens, tags) are the worker's to judge per
+  record (tests/bridge/test_packed.py)."""
   del name
-  frame, bounds = edit(_steps())
+  frame, bounds = edit(make())
   with pytest.raises(wire.ProtocolError) as e:
     codec.decode(frame, bounds, KEY)
   assert e.value.code == code
