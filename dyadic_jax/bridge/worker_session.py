@@ -633,10 +633,10 @@ class WorkerSession:
                              f"{f.body.request}: depth {f.body.depth} in a "
                              f"batch of depth {depth}")
     slot = self._take_slot()
-    first = fresh[0][0].tag
+    tag = fresh[0][0].tag
     packed, each = self._packed_layout(slot, len(fresh), depth)
     codec.write_packed(packed, bounds=self.bounds, session=session.id,
-                       generation=first[0], round_id=first[1])
+                       generation=tag[0], round_id=tag[1])
     proposals: list[Propose] = []
     entries: list[_Entry] = []
     for j, ((f, view), status) in enumerate(zip(fresh, statuses)):

@@ -50,7 +50,8 @@ _MAX_FIXED = max(FIXED_BYTES[k] for k in _FIXED_KINDS)
 _PACKED_BODY = layouts.BODY_STRUCTS[Kind.PACKED]
 _PACKED_KIND = int(Kind.PACKED)
 _STEP_KIND, _PACKED_STEP_KIND = int(Kind.STEP), int(Kind.PACKED_STEP)
-_STEP_BODY = layouts.BODY_TYPES[Kind.STEP]
+# A STEP body's type (made at import from its layout: no static type).
+_STEP_BODY: typing.Any = layouts.BODY_TYPES[Kind.STEP]
 _STEP_RECORD = layouts.STEP_RECORD_STRUCT
 _STEP_RECORD_BYTES = layouts.STEP_RECORD.itemsize
 _HEADER, _HEADER_STRUCT = layouts.Header, layouts.HEADER_STRUCT
