@@ -371,6 +371,15 @@ def test_a_gmac_session_refuses_a_blake3_tag_and_any_edit():
   assert not _outcome(pair, message).codes.any()   # the real one still counts
 
 
+def test_a_packed_step_keeps_blake3_on_a_gmac_session():
+  pair = _pair(h.caps(features=Feature.PACKED_REPLY | Feature.GMAC
+                      | Feature.PACKED_STEP))
+  (step,) = codec.split(pair.begin(RIDS, 2), max_frames=4, max_bytes=4096)
+  assert codec.peek(step)[0] == Kind.PACKED_STEP and _counter(step) == 0
+  assert auth.check(step, pair.verifier.keys.send._other)   # BLAKE3's
+  assert not _outcome(pair, *pair.to_worker(step)).codes.any()
+
+
 def test_gmac_tags_bind_every_byte_and_count_the_seals():
   v = auth.session_keys(h.SECRET, 7, b"v" * 32, b"w" * 32, auth.VERIFIER,
                         gmac=True)
