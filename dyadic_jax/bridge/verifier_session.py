@@ -887,19 +887,22 @@ class VerifierSession:
     """
     results: list[RoundResult] = []
     frames: list[bytes] = []
+    # The plan as Python ints, one call an array (not one a field).
+    rids, tags, codes = (plan.rids.tolist(), plan.tags.tolist(),
+                         plan.codes.tolist())
+    drafted = plan.rows.tokens.tolist()
     for i, outcome in enumerate(outcomes):
       accepted, token = outcome[0], outcome[1]
       refused = int(outcome[2]) if len(outcome) > 2 else 0
-      req = self.requests[int(plan.rids[i])]
-      tag = (int(plan.tags[i, 0]), int(plan.tags[i, 1]))
+      req = self.requests[rids[i]]
+      tag = (tags[i][0], tags[i][1])
       req.generation, req.round = tag          # a follower mirrors them
-      code = int(plan.codes[i])
+      code = codes[i]
       if refused and not code:       # verification itself refused the row
         self.counters.reject(refused, f"verification of request {req.rid}")
         code = refused
       accepted = 0 if code else int(accepted)
-      committed = tuple(int(t) for t in plan.rows.tokens[i, :accepted]) + (
-          int(token),)
+      committed = tuple(drafted[i][:accepted]) + (int(token),)
       anchor = req.anchor
       req.tokens.extend(committed)
       req.digest = digest_lib.extend(req.digest, committed)
