@@ -9,6 +9,7 @@ with the worker's session key (`reseal`, `reframe`).
 
 import contextlib
 import functools
+import hashlib
 import os
 import select
 import subprocess
@@ -113,9 +114,10 @@ def draw_keyed_rows(props):
   tokens only if their workers read the same STEPs."""
   draw_half_rows(props)
   for p in props:
-    key = p.seed + 3 * p.generation + 5 * p.round + 7 * p.anchor + (
-        11 * p.last_token)
-    p.rows.tokens[:p.depth] = (key + np.arange(p.depth)) % 2
+    key = hashlib.blake2b(repr((p.seed, p.generation, p.round, p.anchor,
+                                p.last_token)).encode(), digest_size=8)
+    bits = int.from_bytes(key.digest(), "little")
+    p.rows.tokens[:p.depth] = [(bits >> i) & 1 for i in range(p.depth)]
 
 
 def frames(message):

@@ -617,6 +617,13 @@ def _replayed(pair, message):
   return message
 
 
+def _served_with_another_body(pair, message):
+  """The round's STEPs again, served already, with other seeds."""
+  pair.to_worker(message)
+  return _step_message(pair, [s._replace(body=s.body._replace(
+      seed=s.body.seed + 1)) for s in _steps_of(pair, message)])
+
+
 def _reseal_header_round(pair, message):
   buf = bytearray(message)
   buf[28:32] = (7).to_bytes(4, "little")
@@ -635,6 +642,8 @@ STEP_MESSAGES = {
         m, 16, p.verifier.session ^ 1, 8, p.tagger("session_to_worker")),
                       Code.UNKNOWN_SESSION, 1),
     "replayed": (_replayed, Code.DUPLICATE_ROUND, 2),
+    "served_tag_other_body": (_served_with_another_body, Code.BAD_SEQUENCE,
+                              2),
     "header_tag": (_reseal_header_round, Code.BAD_SEQUENCE, 1),
     "oversize": (lambda p, m: m + m, Code.ABSURD_LENGTH, 1),
     "two_frames": (lambda p, m: b"".join(
