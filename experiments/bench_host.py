@@ -18,7 +18,9 @@ over the repetitions, with the garbage collector off.
 
 Phases (the order of a round):
 
-  verifier  begin      `VerifierSession.begin`: the STEP message (R frames)
+  verifier  begin      `VerifierSession.begin`: the STEP message (one
+                       PACKED_STEP frame of R records; R STEP frames
+                       on a session without the feature)
   worker    receive    `WorkerSession.receive` of it: frames split,
                        authenticated, decoded, views moved, the answer's
                        frame laid out (PACKED: one frame, R records)

@@ -9,6 +9,7 @@ with the worker's session key (`reseal`, `reframe`).
 
 import contextlib
 import functools
+import hashlib
 import os
 import select
 import subprocess
@@ -104,6 +105,19 @@ def draw_half_rows(props):
       if r.ids is not None:
         r.ids[i] = np.arange(r.values.shape[1])
       r.tokens[i] = 0
+
+
+def draw_keyed_rows(props):
+  """`draw_half_rows` with each drafted token (0 or 1, both with q 1/2)
+  a function of every field the worker read from the request's STEP
+  (seed, tags, anchor, last token, position): two sessions commit the same
+  tokens only if their workers read the same STEPs."""
+  draw_half_rows(props)
+  for p in props:
+    key = hashlib.blake2b(repr((p.seed, p.generation, p.round, p.anchor,
+                                p.last_token)).encode(), digest_size=8)
+    bits = int.from_bytes(key.digest(), "little")
+    p.rows.tokens[:p.depth] = [(bits >> i) & 1 for i in range(p.depth)]
 
 
 def frames(message):

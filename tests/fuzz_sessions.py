@@ -104,8 +104,9 @@ CAPS = {
     "greedy": hello.Capabilities(mode=Mode.GREEDY, vocab=V,
                                  max_depth=DEPTH, max_requests=REQUESTS),
 }
-# The sessions above agree on PACKED replies (the default); these speak
-# the per-frame v3 form (REPLY + COMPLETION per request).
+# The sessions above agree on PACKED replies and PACKED_STEP frames (the
+# default); these speak the per-frame v3 form (a STEP frame, a REPLY and a
+# COMPLETION per request).
 CAPS.update({f"{name}.frames": dataclasses.replace(CAPS[name], features=0)
              for name in ("dense", "sparse")})
 # Sessions whose worker wants CONTEXT frames: each form (packed, per

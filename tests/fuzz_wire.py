@@ -4,8 +4,9 @@ Each input is decoded as received and, when it holds a whole header, once
 more repaired (length field set to its size and the tag resealed with the
 corpus key, else most mutations would only ever reach those checks),
 under a sampled sparse, a sampled dense and a greedy session's `Bounds`
-the sparse and dense ones of a session with PACKED replies and the
-sparse one of a session with CONTEXT frames,
+the sparse and dense ones of a session with PACKED replies, the
+sparse one of a session with CONTEXT frames and the sparse one of a
+session with PACKED_STEP frames,
 with rows validated (`validate_rows=True`, the q formats on qrows). It is
 also split as a message. The only allowed outcomes are a decoded frame or
 `ProtocolError`. A crash is any other exception, a code that `decode` must
@@ -24,7 +25,11 @@ never raise (a session-level code), or a broken invariant:
     rows [R, D, ...]; the rows of records whose status is 0 hold what an
     accepted REPLY's do (their counts checked as above);
   - an accepted CONTEXT frame: a session that agreed on it, 1..max_context
-    tokens, each in [0, vocab), size exactly the layout's.
+    tokens, each in [0, vocab), size exactly the layout's;
+  - an accepted PACKED_STEP frame: a session that agreed on it,
+    1..max_requests records, size exactly the layout's, one STEP body per
+    record with the frame's depth and policy and the record's fields,
+    the header tagged as its first record.
 
 Fuzz (libFuzzer flags; new inputs go to the first directory; see
 docs/fuzzing.md):
@@ -77,11 +82,12 @@ with _instrumented:
                                                   GREEDY_BOUNDS, KEY,
                                                   NEVER_FROM_DECODE,
                                                   PACKED_BOUNDS,
-                                                  PACKED_DENSE_BOUNDS)
+                                                  PACKED_DENSE_BOUNDS,
+                                                  PACKED_STEP_BOUNDS)
 
 M = 1 << 24
 ALL_BOUNDS = (BOUNDS, DENSE_BOUNDS, GREEDY_BOUNDS, PACKED_BOUNDS,
-              PACKED_DENSE_BOUNDS, CONTEXT_BOUNDS)
+              PACKED_DENSE_BOUNDS, CONTEXT_BOUNDS, PACKED_STEP_BOUNDS)
 CORPUS = _ROOT / "tests" / "fuzz_corpus" / "wire"
 # Longer than any frame the bounds admit, so oversized inputs get tried.
 MAX_LEN = max(b.max_frame for b in ALL_BOUNDS) + 64
@@ -116,6 +122,27 @@ def _check_context(frame, bounds):
   assert len(frame.raw) == bounds.context_bytes(n)
   assert tokens.shape == (n,) and tokens.dtype == np.dtype("<i4")
   assert np.all((tokens >= 0) & (tokens < bounds.vocab))
+  assert frame.rows is None and frame.counts is None
+
+
+def _check_packed_step(frame, bounds):
+  body, steps = frame.body, frame.steps
+  r = body.requests
+  assert bounds.packed_step and 1 <= r <= bounds.max_requests
+  assert len(frame.raw) == bounds.packed_step_bytes(r) and len(steps) == r
+  records = np.frombuffer(frame.raw, layouts.STEP_RECORD, r,
+                          FIXED_BYTES[Kind.PACKED_STEP])
+  for step, rec in zip(steps, records):
+    assert (step.body.depth, step.body.policy) == (body.depth, body.policy)
+    assert step.tag == (int(rec["generation"]), int(rec["round"]))
+    assert (step.body.request, step.body.last_token, step.body.seed,
+            step.body.anchor, step.body.context_version,
+            step.body.prefix_digest) == (
+                int(rec["request"]), int(rec["last_token"]),
+                int(rec["seed"]), int(rec["anchor"]),
+                int(rec["context_version"]),
+                # numpy's S32 drops trailing zero bytes; the wire keeps 32
+                bytes(rec["prefix_digest"]).ljust(32, b"\0"))
   assert frame.rows is None and frame.counts is None
 
 
@@ -175,6 +202,8 @@ def _check(buf, bounds):
     _check_packed(frame, bounds)
   elif kind == Kind.CONTEXT:
     _check_context(frame, bounds)
+  elif kind == Kind.PACKED_STEP:
+    _check_packed_step(frame, bounds)
   else:
     assert header.length == FIXED_BYTES[kind]
     assert frame.rows is None and frame.counts is None

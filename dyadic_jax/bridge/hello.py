@@ -16,7 +16,8 @@ verifier accepts an answer only within its offer. The session uses what
 the answer holds (the PACKED reply: `Feature.PACKED_REPLY`; the
 committed prefix in CONTEXT frames: `Feature.CONTEXT`, which a worker
 accepts only when its session is made with `wants_context`; the PACKED
-reply's AES-256-GMAC tag: `Feature.GMAC`, `wire.auth`).
+reply's AES-256-GMAC tag: `Feature.GMAC`, `wire.auth`; a batch's STEPs
+in one PACKED_STEP frame: `Feature.PACKED_STEP`).
 
 `max_context` is no HELLO field: a local bound, the same default on both
 sides (a verifier never sends a longer CONTEXT; a worker refuses one).
@@ -40,7 +41,8 @@ MAX_SLOTS = 16
 MAX_REQUESTS = 1024
 MAX_SHARDS = 64
 # The features this build offers and accepts (HELLO `features`).
-FEATURES = Feature.PACKED_REPLY | Feature.CONTEXT | Feature.GMAC
+FEATURES = (Feature.PACKED_REPLY | Feature.CONTEXT | Feature.GMAC
+            | Feature.PACKED_STEP)
 # Tokens of one CONTEXT frame: the default bound, and the most a side
 # accepts as its bound (one frame is 4 bytes a token).
 MAX_CONTEXT = 4096

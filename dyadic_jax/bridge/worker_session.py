@@ -22,7 +22,10 @@ the one being opened: the last MAX_PENDING pending sessions are all kept
 authenticate a frame becomes the established one. The same HELLO again
 (same session and nonce) gets the same answer.
 
-One STEP message holds one STEP frame per request of a batch; the answer
+One STEP message holds one STEP frame per request of a batch (on a
+session that agreed on PACKED_STEP frames, one PACKED_STEP frame whose
+records are those STEPs, each judged as its STEP frame would be: docs/wire.md
+has which defects refuse the whole message and which one record); the answer
 is one message with, per request, its REPLY (all D rows) then its
 COMPLETION, written into one of `max_slots` preallocated slot buffers; on
 a session that agreed on PACKED replies, one PACKED frame instead (a
@@ -90,6 +93,9 @@ _COMPLETION = FIXED_BYTES[Kind.COMPLETION]
 # this many distinct recorded HELLOs.
 MAX_PENDING = 4
 _POLICIES = frozenset(int(p) for p in Policy)
+# The kinds a STEP message may start with (it waits for an answer).
+_STEPS = frozenset((Kind.STEP, Kind.PACKED_STEP))
+_STEP_MESSAGE = _STEPS | {Kind.CONTEXT}
 
 
 class _Session(typing.NamedTuple):
@@ -97,6 +103,7 @@ class _Session(typing.NamedTuple):
   nonce_v: bytes
   keys: auth.Keys
   answer: bytes          # the HELLO answer (sent again to a retried HELLO)
+  bounds: codec.Bounds   # what its frames are decoded under
   packed: bool = False   # agreed on PACKED replies
   context: bool = False  # agreed on CONTEXT frames
 
@@ -134,8 +141,8 @@ class _View:
   def __init__(self) -> None:
     self.generation = 0       # newest generation seen (older are stale)
     self.round = -1           # newest round served in that generation
-    # Body bytes of the STEP served (retries).
-    self.step: bytes | None = None
+    # The STEP served, as a STEP body (retries: the same one again).
+    self.step: layouts.Body | None = None
     # (slot, epoch, start, end) of its answer.
     self.cached: tuple[int, int, int, int] | None = None
     self.anchor: int | None = None    # committed view: next position
@@ -256,7 +263,7 @@ class WorkerSession:
                   if s is not None and s.id == first.session]
     if not candidates:
       self.counters.reject(Code.UNKNOWN_SESSION, f"session {first.session}")
-      if first.kind not in (Kind.STEP, Kind.CONTEXT):
+      if first.kind not in _STEP_MESSAGE:
         return _NOTHING       # only a STEP message waits for an answer
       # Tagged like the STEP, so that a late one is recognized as stale.
       return WorkerAnswer([Send(self._refusal(
@@ -266,10 +273,10 @@ class WorkerSession:
     if session is None:
       self.counters.reject(Code.AUTH_FAILED, "verifier frame")
       return _NOTHING
-    bounds = self._context_bounds if session.context else self.bounds
     try:
       # The first frame's tag was checked just above: not twice.
-      decoded = [codec.decode(f, bounds, session.keys.recv if i else None)
+      decoded = [codec.decode(f, session.bounds,
+                              session.keys.recv if i else None)
                  for i, f in enumerate(frames)]
     except ProtocolError as e:
       self.counters.reject(e.code, "in a verifier message")
@@ -283,18 +290,18 @@ class WorkerSession:
       self.counters.event("sessions")
     kinds = {f.header.kind for f in decoded}
     sessions = {f.header.session for f in decoded}
-    if kinds == {Kind.STEP, Kind.CONTEXT}:
-      kinds = {Kind.STEP}     # CONTEXT frames come with their STEPs
+    if Kind.CONTEXT in kinds and len(kinds) == 2 and kinds & _STEPS:
+      kinds.discard(Kind.CONTEXT)   # CONTEXT frames come with their STEPs
     if len(kinds) != 1 or sessions != {session.id}:
       self.counters.reject(Code.BAD_SEQUENCE, f"mixed message {kinds}")
       return _NOTHING
     kind = kinds.pop()
-    if kind == Kind.STEP:
+    if kind in _STEPS:
       paired = self._pair_contexts(decoded)
-      if paired is None:
-        self.counters.reject(Code.BAD_SEQUENCE, "CONTEXT without its STEP")
+      if isinstance(paired, str):
+        self.counters.reject(Code.BAD_SEQUENCE, paired)
         return _NOTHING
-      return self._steps(*paired, session)
+      return self._steps(*paired, session, decoded[0])
     if kind == Kind.COMMIT:
       for f in decoded:
         self._commit(f)
@@ -356,7 +363,11 @@ class WorkerSession:
       while len(self._older) > MAX_PENDING - 1:
         self._older.popitem(last=False)
     self._older.pop(header.session, None)
+    bounds = (self._context_bounds if agreed & Feature.CONTEXT
+              else self.bounds)
     self.pending = _Session(header.session, bytes(body.nonce), keys, answer,
+                            bounds._replace(packed_step=bool(
+                                agreed & Feature.PACKED_STEP)),
                             bool(agreed & Feature.PACKED_REPLY),
                             bool(agreed & Feature.CONTEXT))
     if self.slots is None:   # sized from the agreed (local) bounds, once
@@ -368,27 +379,42 @@ class WorkerSession:
   # -- STEP ------------------------------------------------------------------
 
   def _pair_contexts(self, frames: list[codec.Frame]) -> tuple[
-      list[codec.Frame], dict[int, np.ndarray]] | None:
-    """(STEPs, {index of a STEP: its CONTEXT's tokens}), or None when a
-    CONTEXT is not followed by the STEP of its request and tags."""
-    steps: list[codec.Frame] = []
+      list[codec.Step], dict[int, np.ndarray]] | str:
+    """(STEPs, {index of a STEP: its CONTEXT's tokens}), or why the
+    message is refused (BAD_SEQUENCE).
+
+    Per-frame STEPs: each CONTEXT right before the STEP of its request and
+    tags. A PACKED_STEP message: CONTEXTs, then one PACKED_STEP frame whose
+    header carries its first record's tags; the CONTEXTs in record order,
+    each matching a record of its request and tags, at most one a record.
+    """
+    steps: list[codec.Step] = []
     contexts: dict[int, np.ndarray] = {}
-    held: codec.Frame | None = None
+    held: list[codec.Frame] = []
     for f in frames:
       if f.header.kind == Kind.CONTEXT:   # no Kind() per frame
-        if held is not None:
-          return None
-        held = f
+        held.append(f)
         continue
-      if held is not None:
-        if (held.body.request, held.tag) != (f.body.request, f.tag):
-          return None
-        assert held.tokens is not None    # a decoded CONTEXT
-        contexts[len(steps)] = held.tokens
-        held = None
-      steps.append(f)
-    if held is not None:
-      return None
+      if f.steps is None:
+        batch: tuple[codec.Step, ...] = (codec.Step(f.body, f.tag),)
+      elif f is not frames[-1] or f.tag != f.steps[0].tag:
+        return "PACKED_STEP not last, or not tagged as its first record"
+      else:
+        batch = f.steps
+      at = len(steps)
+      steps.extend(batch)
+      for ctx in held:        # in order, each to a later step of its own
+        while at < len(steps) and (steps[at].body.request, steps[at].tag
+                                   ) != (ctx.body.request, ctx.tag):
+          at += 1
+        if at == len(steps):
+          return "CONTEXT without its STEP"
+        assert ctx.tokens is not None    # a decoded CONTEXT
+        contexts[at] = ctx.tokens
+        at += 1
+      held = []
+    if held:
+      return "CONTEXT without its STEP"
     self.counters.event("contexts", len(contexts))
     return steps, contexts
 
@@ -506,11 +532,14 @@ class WorkerSession:
     return [Send(memoryview(self._buffers()[slot])[start:end], slot)
             for slot, start, end in merged]
 
-  def _steps(self, steps: list[codec.Frame],
-             contexts: dict[int, np.ndarray],
-             session: _Session) -> WorkerAnswer:
+  def _steps(self, steps: list[codec.Step],
+             contexts: dict[int, np.ndarray], session: _Session,
+             first: codec.Frame) -> WorkerAnswer:
+    """A STEP message's answer: `steps` (STEP frames' or a PACKED_STEP
+    frame's records, alike), `first` the message's first frame (what a
+    refusal of the whole message is keyed by and tagged like)."""
     retries: list[tuple[int, int, int]] = []
-    fresh: list[tuple[codec.Frame, _View]] = []
+    fresh: list[tuple[codec.Step, _View]] = []
     seen: set[int] = set()
     for j, f in enumerate(steps):
       body, tag = f.body, f.tag
@@ -526,7 +555,7 @@ class WorkerSession:
       if tag == (view.generation, view.round):
         cached = self._cached(view)
         if cached is not None:
-          if view.step != bytes(f.raw[layouts.HEADER_BYTES:]):
+          if view.step != body:
             self.counters.reject(Code.BAD_SEQUENCE, f"request {rid} {tag}: "
                                  "another STEP with a served tag")
             continue
@@ -544,7 +573,7 @@ class WorkerSession:
     if not fresh:
       return WorkerAnswer(sends, [])
     if session.packed:
-      return self._packed_steps(fresh, session, sends)
+      return self._packed_steps(fresh, session, sends, first)
     slot = self._take_slot()
     buf = memoryview(self._buffers()[slot])
     proposals: list[Propose] = []
@@ -570,13 +599,13 @@ class WorkerSession:
     self.counters.event("proposals", len(entries))
     return WorkerAnswer(sends, proposals, slot, tuple(entries))
 
-  def _fresh_view(self, f: codec.Frame, view: _View) -> int:
+  def _fresh_view(self, f: codec.Step, view: _View) -> int:
     """A fresh STEP's view moves to its tag; returns its refusal or 0."""
     body, tag = f.body, f.tag
     if tag[0] > view.generation:
       view.cached = view.proposal = None   # a new generation: drop it all
     view.generation, view.round = tag
-    view.step = bytes(f.raw[layouts.HEADER_BYTES:])
+    view.step = body
     view.proposal = None
     seen_view = (body.anchor, body.last_token, body.prefix_digest)
     if (view.anchor, view.last_token, view.digest) != seen_view:
@@ -588,11 +617,12 @@ class WorkerSession:
       self.counters.reject(status, f"STEP of request {body.request}")
     return status
 
-  def _packed_steps(self, fresh: list[tuple[codec.Frame, _View]],
-                    session: _Session, sends: list[Send]) -> WorkerAnswer:
+  def _packed_steps(self, fresh: list[tuple[codec.Step, _View]],
+                    session: _Session, sends: list[Send],
+                    first: codec.Frame) -> WorkerAnswer:
     """A PACKED answer of the fresh STEPs: one record each, in order."""
     if session.keys.send.spent:
-      return self._end_spent(fresh[0][0], session, sends)
+      return self._end_spent(first, session, sends)
     statuses = [self._fresh_view(f, view) for f, view in fresh]
     depth = next((f.body.depth for (f, _), s in zip(fresh, statuses)
                   if not s), 0)
@@ -603,10 +633,10 @@ class WorkerSession:
                              f"{f.body.request}: depth {f.body.depth} in a "
                              f"batch of depth {depth}")
     slot = self._take_slot()
-    first = fresh[0][0].tag
+    tag = fresh[0][0].tag
     packed, each = self._packed_layout(slot, len(fresh), depth)
     codec.write_packed(packed, bounds=self.bounds, session=session.id,
-                       generation=first[0], round_id=first[1])
+                       generation=tag[0], round_id=tag[1])
     proposals: list[Propose] = []
     entries: list[_Entry] = []
     for j, ((f, view), status) in enumerate(zip(fresh, statuses)):
@@ -639,18 +669,19 @@ class WorkerSession:
     self._layouts[slot] = ((requests, depth), packed, each)
     return packed, each
 
-  def _end_spent(self, step: codec.Frame, session: _Session,
+  def _end_spent(self, first: codec.Frame, session: _Session,
                  sends: list[Send]) -> WorkerAnswer:
     """The session's sealer is at its counter's end (GMAC: one more frame
-    would repeat a nonce): the session ends here, counted, and the STEP is
-    refused (SESSION_EXHAUSTED), so the verifier closes its side and opens
-    a new session (a new HELLO, new keys). Nothing is drawn."""
+    would repeat a nonce): the session ends here, counted, and the STEP
+    message is refused (SESSION_EXHAUSTED; keyed by its first frame, as the
+    verifier keys a refusal), so the verifier closes its side and opens a
+    new session (a new HELLO, new keys). Nothing is drawn."""
     self.counters.reject(Code.SESSION_EXHAUSTED,
                          f"session {session.id}: its key sealed 2^32 - 1 "
                          "frames")
     self.established = None
     return WorkerAnswer(sends + [Send(self._refusal(
-        Code.SESSION_EXHAUSTED, step.raw, step.header))], [])
+        Code.SESSION_EXHAUSTED, first.raw, first.header))], [])
 
   def _finish_packed(self, answer: WorkerAnswer,
                      failed: dict[int, int]) -> list[Send]:

@@ -131,14 +131,20 @@ def _request_of(frame, kind):
   return int.from_bytes(frame[offset:offset + 2], "little")
 
 
-def _packed_tags(frame):
-  # (request, generation, round) of each record of a PACKED frame,
-  # unchecked (for records only): as many whole records as it holds.
-  start = layouts.FIXED_BYTES[Kind.PACKED]
-  count = int.from_bytes(frame[start - 16:start - 14], "little") if len(
+# The frames of records, each with its count at the body's start.
+_RECORDS = {Kind.PACKED: layouts.PACKED_RECORD,
+            Kind.PACKED_STEP: layouts.STEP_RECORD}
+
+
+def _packed_tags(frame, kind):
+  # (request, generation, round) of each record of a PACKED or PACKED_STEP
+  # frame, unchecked (for records only): as many whole records as it holds.
+  start, record = layouts.FIXED_BYTES[kind], _RECORDS[kind]
+  body = layouts.HEADER_BYTES
+  count = int.from_bytes(frame[body:body + 2], "little") if len(
       frame) >= start else 0
-  count = min(count, (len(frame) - start) // layouts.PACKED_RECORD.itemsize)
-  records = np.frombuffer(frame, layouts.PACKED_RECORD, max(count, 0), start)
+  count = min(count, (len(frame) - start) // record.itemsize)
+  records = np.frombuffer(frame, record, max(count, 0), start)
   return {(int(r["request"]), int(r["generation"]), int(r["round"]))
           for r in records}
 
@@ -164,8 +170,8 @@ def message_tags(frames):
       kind = Kind(peeked[0])
     except ValueError:
       continue
-    if kind == Kind.PACKED:
-      tags.update(_packed_tags(frame))
+    if kind in _RECORDS:
+      tags.update(_packed_tags(frame, kind))
       continue
     tags.add((_request_of(frame, kind), peeked[2], peeked[3]))
   return tuple(sorted(tags))
@@ -428,7 +434,7 @@ class Proxy:
     for message in pending:
       self._send_front(message)
     kind = _kind_of(frames)
-    if kind in (Kind.STEP, Kind.CONTEXT):   # a STEP message, CONTEXT first
+    if kind in (Kind.STEP, Kind.CONTEXT, Kind.PACKED_STEP):  # a STEP message
       self._maybe_fault(TO_WORKER, frames)
       return
     self._send(TO_WORKER, frames)

@@ -16,9 +16,11 @@ failure (docs/wire.md, "Decoding order"):
      (`decode(..., validate_rows=True)` does it here, for tests and fuzz);
      for a PACKED frame (a session that negotiated it: `Bounds.packed`)
      the same checks once for the whole batch, then a view of its record
-     table and of its [R, D, ...] rows; for a CONTEXT frame (a session
-     that negotiated it: `Bounds.max_context`) its token count, its size
-     and every token in [0, V), then a view of the tokens.
+     table and of its [R, D, ...] rows; for a PACKED_STEP frame (a session
+     that negotiated it: `Bounds.packed_step`) its record count and size,
+     then each record as a STEP's body (`Step`); for a CONTEXT frame (a
+     session that negotiated it: `Bounds.max_context`) its token count,
+     its size and every token in [0, V), then a view of the tokens.
 
 Fields are read with `struct` (no numpy record per frame): the hot path
 reads a header in about a microsecond.
@@ -37,7 +39,7 @@ from dyadic_jax.wire.refusals import Code, ProtocolError
 _LENGTH = struct.Struct("<I")
 _LENGTH_OFFSET = 8
 _FIXED_KINDS = frozenset(k for k in Kind if k not in (
-    Kind.REPLY, Kind.PACKED, Kind.CONTEXT))
+    Kind.REPLY, Kind.PACKED, Kind.CONTEXT, Kind.PACKED_STEP))
 # The per-frame answer of a batch: refused on a PACKED session, as PACKED is
 # on a per-frame one (UNKNOWN_KIND: a form the session did not negotiate).
 _PER_FRAME = frozenset((Kind.REPLY, Kind.COMPLETION))
@@ -47,6 +49,11 @@ _REPRESENTATIONS = {int(r): r for r in Representation}
 _MAX_FIXED = max(FIXED_BYTES[k] for k in _FIXED_KINDS)
 _PACKED_BODY = layouts.BODY_STRUCTS[Kind.PACKED]
 _PACKED_KIND = int(Kind.PACKED)
+_STEP_KIND, _PACKED_STEP_KIND = int(Kind.STEP), int(Kind.PACKED_STEP)
+# A STEP body's type (made at import from its layout: no static type).
+_STEP_BODY: typing.Any = layouts.BODY_TYPES[Kind.STEP]
+_STEP_RECORD = layouts.STEP_RECORD_STRUCT
+_STEP_RECORD_BYTES = layouts.STEP_RECORD.itemsize
 _HEADER, _HEADER_STRUCT = layouts.Header, layouts.HEADER_STRUCT
 _MAGIC, _VERSION = layouts.MAGIC, layouts.WIRE_VERSION
 _NO_TAG = bytes(layouts.TAG_BYTES)    # a frame's tag before it is sealed
@@ -58,7 +65,9 @@ class Bounds(typing.NamedTuple):
   width: entries per q row (V dense, k sparse, 0 greedy). packed: the
   session answers batches with PACKED frames (HELLO agreed on it).
   max_context: the most tokens of a CONTEXT frame; 0: the session did not
-  agree on CONTEXT frames (one is refused, UNKNOWN_KIND).
+  agree on CONTEXT frames (one is refused, UNKNOWN_KIND). packed_step: the
+  session's STEP messages carry one PACKED_STEP frame (HELLO agreed on it;
+  a STEP frame is then refused, UNKNOWN_KIND, and the other way round).
   """
   vocab: int
   depth: int
@@ -67,6 +76,7 @@ class Bounds(typing.NamedTuple):
   max_requests: int = 1
   packed: bool = False
   max_context: int = 0
+  packed_step: bool = False
 
   @property
   def mode(self) -> Mode:
@@ -89,13 +99,19 @@ class Bounds(typing.NamedTuple):
     return (FIXED_BYTES[Kind.PACKED] + _RECORD_BYTES * requests
             + self.format.payload_bytes(requests * depth, self.width))
 
+  def packed_step_bytes(self, requests: int) -> int:
+    """Exact size of a PACKED_STEP frame of `requests` records."""
+    return FIXED_BYTES[Kind.PACKED_STEP] + _STEP_RECORD_BYTES * requests
+
   @property
   def max_frame(self) -> int:
     context = self.context_bytes(self.max_context) if self.max_context else 0
+    steps = (self.packed_step_bytes(self.max_requests) if self.packed_step
+             else 0)
     if self.packed:
       return max(self.packed_bytes(self.max_requests, self.depth),
-                 _MAX_FIXED, context)
-    return max(self.reply_bytes(), _MAX_FIXED, context)
+                 _MAX_FIXED, context, steps)
+    return max(self.reply_bytes(), _MAX_FIXED, context, steps)
 
   @property
   def max_reply_message(self) -> int:
@@ -111,7 +127,9 @@ class Bounds(typing.NamedTuple):
   @property
   def max_request_message(self) -> int:
     """Largest verifier -> worker message: R fixed frames (or one HELLO);
-    with CONTEXT frames, R (CONTEXT of max_context tokens + STEP)."""
+    with CONTEXT frames, R (CONTEXT of max_context tokens + STEP). A
+    PACKED_STEP frame of R records (56 + 72 R bytes) is smaller than R
+    STEP frames (120 R), so the bound holds for either form."""
     fixed = max(FIXED_BYTES[k] for k in (Kind.STEP, Kind.COMMIT, Kind.RESET))
     if self.max_context:
       fixed = max(fixed, FIXED_BYTES[Kind.STEP] + self.context_bytes(
@@ -121,7 +139,8 @@ class Bounds(typing.NamedTuple):
   @property
   def max_request_frames(self) -> int:
     """Most frames of a verifier -> worker message: a STEP per request,
-    and a CONTEXT before each with CONTEXT frames."""
+    and a CONTEXT before each with CONTEXT frames (a PACKED_STEP message:
+    one frame, after at most R CONTEXTs)."""
     return self.max_requests * (2 if self.max_context else 1)
 
 
@@ -129,6 +148,14 @@ class Bounds(typing.NamedTuple):
 # session exists. A REPLY is refused under them (width and depth 0).
 HELLO_BOUNDS = Bounds(vocab=1, depth=0, width=0,
                       representation=Representation.TOKEN)
+
+
+class Step(typing.NamedTuple):
+  """One request's STEP: a STEP frame's body and tag, or a PACKED_STEP
+  record's fields as a STEP body (slot and reserved zero; depth and policy
+  the frame's) and its tag. A worker acts on either alike."""
+  body: layouts.Body                   # layouts.BODY_TYPES[Kind.STEP]
+  tag: tuple[int, int]
 
 
 class Frame(typing.NamedTuple):
@@ -140,6 +167,7 @@ class Frame(typing.NamedTuple):
   counts: typing.Optional[qformats.Counts] = None  # validate_rows=True only
   records: np.ndarray | None = None    # PACKED only: PACKED_RECORD[R]
   tokens: np.ndarray | None = None     # CONTEXT only: int32[n] (a view)
+  steps: tuple[Step, ...] | None = None  # PACKED_STEP only: per record
 
   @property
   def kind(self) -> Kind:
@@ -228,6 +256,13 @@ def decode(frame: layouts.Buffer, bounds: Bounds,
                         "session")
   if packed:
     return _packed(h, frame, bounds, validate_rows)
+  steps = h.kind == _PACKED_STEP_KIND
+  if steps != bounds.packed_step and (steps or h.kind == _STEP_KIND):
+    raise ProtocolError(Code.UNKNOWN_KIND, f"{kind.name} frame on a "
+                        f"{'packed' if bounds.packed_step else 'per-frame'} "
+                        "STEP session")
+  if steps:
+    return _packed_step(h, frame, bounds)
   spec = _FIXED.get(h.kind)
   if spec is not None:
     if h.length != spec.length:
@@ -307,6 +342,31 @@ def _packed(h: layouts.Header, frame: memoryview, bounds: Bounds,
                           f"record row {bad[0]}")
     counts = verdict.counts
   return Frame(h, body, frame, rows, counts, records)
+
+
+def _packed_step(h: layouts.Header, frame: memoryview,
+                 bounds: Bounds) -> Frame:
+  """A PACKED_STEP frame: its record count and size, then each record
+  read as a STEP body (its fields' values are the worker's to judge, per
+  record, as a STEP frame's)."""
+  fixed = FIXED_BYTES[Kind.PACKED_STEP]
+  if h.length < fixed:
+    raise ProtocolError(Code.TRUNCATED, "PACKED_STEP body cut short")
+  body = _body(Kind.PACKED_STEP, frame)
+  r = body.requests
+  if not 1 <= r <= bounds.max_requests:
+    raise ProtocolError(Code.ABSURD_LENGTH, f"PACKED_STEP of {r} records, "
+                        f"bound {bounds.max_requests}")
+  if h.length != bounds.packed_step_bytes(r):
+    raise ProtocolError(Code.UNEXPECTED_SIZE, f"PACKED_STEP of {r} records "
+                        f"in {h.length} bytes")
+  depth, policy, make = body.depth, body.policy, _STEP_BODY
+  steps = tuple(
+      Step(make(0, rid, depth, policy, last, 0, seed, anchor, version,
+                digest), (generation, round_id))
+      for rid, _, last, generation, round_id, seed, anchor, version, digest
+      in _STEP_RECORD.iter_unpack(frame[fixed:]))
+  return Frame(h, body, frame, steps=steps)
 
 
 def _context(h: layouts.Header, frame: memoryview,
@@ -421,7 +481,8 @@ def encode(kind: int, *, session: int, generation: int, round_id: int,
            body: dict[str, typing.Any] | None = None,
            send: auth.Tagger | None = None,
            out: bytearray | memoryview | None = None) -> bytes | memoryview:
-  """One fixed-size frame (not REPLY, PACKED, CONTEXT), sealed with `send`.
+  """One fixed-size frame (not REPLY, PACKED, CONTEXT, PACKED_STEP),
+  sealed with `send`.
 
   body: dict of body fields (missing ones are zero). send: the
   `auth.Tagger` that seals it (None: tag left zero, tests only). out: a
@@ -430,8 +491,9 @@ def encode(kind: int, *, session: int, generation: int, round_id: int,
   spec = _FIXED.get(kind)
   if spec is None:
     kind = Kind(kind)         # ValueError for a value that is no kind
-    maker = ("encode_context" if kind == Kind.CONTEXT
-             else f"begin_{kind.name.lower()}")
+    maker = {Kind.CONTEXT: "encode_context",
+             Kind.PACKED_STEP: "encode_packed_step"}.get(
+                 kind, f"begin_{kind.name.lower()}")
     raise ValueError(f"encode: a {kind.name} is built with {maker}")
   length = spec.length
   buf: bytearray | memoryview = (
@@ -483,6 +545,35 @@ def encode_context(*, session: int, generation: int, round_id: int,
   layouts.BODY_STRUCTS[Kind.CONTEXT].pack_into(
       buf, HEADER_BYTES, int(request), 0, len(values))
   buf[FIXED_BYTES[Kind.CONTEXT]:] = values.tobytes()
+  if send is not None:
+    auth.seal(buf, send)
+  return bytes(buf)
+
+
+def encode_packed_step(*, session: int, depth: int, policy: int,
+                       records: typing.Sequence[tuple],
+                       send: auth.Tagger | None = None) -> bytes:
+  """A PACKED_STEP frame of a batch's STEPs, sealed with `send`.
+
+  records: per request, in order, the `layouts.STEP_RECORD` fields
+  (request, reserved, last_token, generation, round, seed, anchor,
+  context_version, prefix_digest); the header carries the first one's tag
+  (generation, round). depth, policy: every request's.
+  """
+  r = len(records)
+  if r < 1:
+    raise ValueError("encode_packed_step: no records")
+  fixed = FIXED_BYTES[Kind.PACKED_STEP]
+  length = fixed + _STEP_RECORD_BYTES * r
+  buf = bytearray(length)
+  first = records[0]
+  _write_header(buf, Kind.PACKED_STEP, length, session, first[3], first[4])
+  layouts.BODY_STRUCTS[Kind.PACKED_STEP].pack_into(
+      buf, HEADER_BYTES, r, int(depth), int(policy), 0)
+  pack, offset = _STEP_RECORD.pack_into, fixed
+  for record in records:
+    pack(buf, offset, *record)
+    offset += _STEP_RECORD_BYTES
   if send is not None:
     auth.seal(buf, send)
   return bytes(buf)

@@ -21,7 +21,9 @@ The tag covers every byte of the frame but itself: bytes [0, 32) and
 [48, length) (`dyadic_jax.wire.auth`). A PACKED frame (negotiated in
 HELLO, `Feature.PACKED_REPLY`) is a whole batch's answer: its body, R
 records, then tokens int32[R, D], n int32[R, D] and the q format's
-[R, D, w] arrays, under one tag. A CONTEXT frame (`Feature.CONTEXT`)
+[R, D, w] arrays, under one tag. A PACKED_STEP frame (`Feature.PACKED_STEP`)
+is the same in the other direction, a whole batch's STEP: its body, then R
+STEP records, under one tag. A CONTEXT frame (`Feature.CONTEXT`)
 is a request's committed prefix: its body, then int32[n] tokens. Version
 3 keeps the v2 message set
 and semantics; the v1 greedy mode is a HELLO mode (`Mode.GREEDY`), not a
@@ -63,6 +65,7 @@ class Kind(enum.IntEnum):
   RESET = 6
   PACKED = 7     # every request's answer in one frame (Feature.PACKED_REPLY)
   CONTEXT = 8    # a request's committed prefix (Feature.CONTEXT)
+  PACKED_STEP = 9  # every request's STEP in one frame (Feature.PACKED_STEP)
 
 
 class Feature(enum.IntFlag):
@@ -72,6 +75,7 @@ class Feature(enum.IntFlag):
   PACKED_REPLY = 1   # the worker answers a batch with one PACKED frame
   CONTEXT = 2        # the verifier sends a request's committed prefix
   GMAC = 4           # PACKED frames tagged with AES-256-GMAC (wire.auth)
+  PACKED_STEP = 8    # the verifier sends a batch's STEPs as one frame
 
 
 class Representation(enum.IntEnum):
@@ -169,6 +173,12 @@ BODIES = {
         ("request", "<u2"),
         ("reserved", "<u2"),
         ("count", "<u4")]),          # tokens n, in [1, max_context]
+    # Then `requests` STEP_RECORDs: a batch's STEPs (verifier -> worker).
+    Kind.PACKED_STEP: np.dtype([
+        ("requests", "<u2"),         # records R
+        ("depth", "<u2"),            # rows D asked of every request
+        ("policy", "<u2"),           # Policy
+        ("reserved", "<u2")]),
 }
 
 # One request's answer in a PACKED frame (a COMPLETION without the REPLY
@@ -181,6 +191,19 @@ PACKED_RECORD = np.dtype([
     ("reserved", "<u2"),
     ("generation", "<u4"), ("round", "<u4"),   # the request's STEP tag
     ("anchor", "<u8"), ("context_version", "<u8")])
+
+# One request's STEP in a PACKED_STEP frame: a STEP body's per-request
+# fields and its tag (depth and policy are the frame's; one tag covers the
+# whole frame).
+STEP_RECORD = np.dtype([
+    ("request", "<u2"),
+    ("reserved", "<u2"),
+    ("last_token", "<i4"),           # committed token before the anchor
+    ("generation", "<u4"), ("round", "<u4"),   # the request's STEP tag
+    ("seed", "<u8"),                 # request seed of the RNG schedule
+    ("anchor", "<u8"),               # absolute position of x_1
+    ("context_version", "<u8"),
+    ("prefix_digest", "S32")])
 
 HEADER_BYTES = HEADER.itemsize
 assert HEADER_BYTES == TAG_OFFSET + TAG_BYTES
@@ -209,6 +232,7 @@ def _struct_of(dtype: np.dtype) -> struct.Struct:
 HEADER_STRUCT = _struct_of(HEADER)
 BODY_STRUCTS = {kind: _struct_of(dtype) for kind, dtype in BODIES.items()}
 RECORD_STRUCT = _struct_of(PACKED_RECORD)
+STEP_RECORD_STRUCT = _struct_of(STEP_RECORD)
 
 
 class Header(typing.NamedTuple):
@@ -252,4 +276,6 @@ def describe() -> str:
     parts.append(table(f"{kind.name} body", dtype, HEADER_BYTES))
   parts.append(table("PACKED record r, at 64 + 32 r: offsets within it",
                      PACKED_RECORD, 0))
+  parts.append(table("PACKED_STEP record r, at 56 + 72 r: offsets within it",
+                     STEP_RECORD, 0))
   return "\n\n".join(parts) + "\n"

@@ -1,6 +1,8 @@
-"""PACKED replies (HELLO feature PACKED_REPLY): negotiation, interoperation
-with per-frame peers, and every refusal of a packed answer counted under
-its own code with no state change (docs/wire.md, "HELLO features").
+"""PACKED replies (HELLO feature PACKED_REPLY) and PACKED_STEP frames
+(PACKED_STEP, the same design towards the worker): negotiation,
+interoperation with per-frame peers (the same plans and tokens), and every
+refusal of a packed answer or STEP counted under its own code with no
+state change (docs/wire.md, "HELLO features").
 
 In memory (`dyadic_jax.testing.session_pair`), except one round through
 the real drivers over ZeroMQ.
@@ -73,27 +75,54 @@ def _state(pair):
           None if v.exchange is None else v.exchange.answered.copy())
 
 
+def _kinds(message):
+  return [codec.peek(f)[0] for f in codec.split(
+      message, max_frames=8, max_bytes=1 << 24)]
+
+
 @pytest.mark.parametrize("rep", [Representation.SPARSE,
                                  Representation.DENSE])
+@pytest.mark.parametrize("bits", [
+    Feature.PACKED_REPLY, Feature.PACKED_STEP,
+    Feature.PACKED_REPLY | Feature.PACKED_STEP], ids=lambda b: b.name)
 @pytest.mark.parametrize("offer,accept", [(1, 1), (1, 0), (0, 1), (0, 0)])
-def test_packed_and_per_frame_peers_interoperate(rep, offer, accept):
-  # A verifier that offers PACKED with a worker that does not, and the
-  # other way round: per-frame answers; PACKED only when both have it.
-  pair = _pair(h.caps(rep, features=offer), h.caps(rep, features=accept))
-  packed = bool(offer and accept)
+def test_packed_and_per_frame_peers_interoperate(rep, bits, offer, accept):
+  # A verifier that offers PACKED (answers, STEPs) with a worker that does
+  # not (an old worker: features without the bit), and the other way
+  # round: per-frame messages; each packed form only when both have it.
+  # Every round's plan and COMMIT are those of a per-frame pair: the
+  # drafted tokens depend on every field of the STEP the worker read.
+  pair = _pair(h.caps(rep, features=bits if offer else 0),
+               h.caps(rep, features=bits if accept else 0),
+               proposer=h.draw_keyed_rows)
+  frames = _pair(h.caps(rep), proposer=h.draw_keyed_rows)
+  agreed = bits if offer and accept else Feature(0)
+  packed, steps = (bool(agreed & Feature.PACKED_REPLY),
+                   bool(agreed & Feature.PACKED_STEP))
   assert pair.verifier.bounds.packed == packed
-  for _ in range(3):
-    message = _answer(pair)
-    frames = codec.split(message, max_frames=8, max_bytes=1 << 20)
-    assert [codec.peek(f)[0] for f in frames] == (
+  assert pair.verifier.bounds.packed_step == steps
+  for n in range(3):
+    step = pair.begin(RIDS, 2)
+    assert _kinds(step) == ([Kind.PACKED_STEP] if steps else
+                            [Kind.STEP] * 2)
+    (message,) = pair.to_worker(step)
+    assert _kinds(message) == (
         [Kind.PACKED] if packed else [Kind.REPLY, Kind.COMPLETION] * 2)
     plan = _outcome(pair, message)
+    want = frames.run_round(RIDS, 2, draws=None)
     assert not plan.codes.any()
-    assert (plan.rows.tokens == 0).all()
-    _, commit = pair.commit(plan, [(2, 3), (1, 4)])
-    pair.to_worker(commit)
-  assert pair.verifier.counters.total_errors() == 0
-  assert pair.worker.counters.total_errors() == 0
+    assert plan.tags.tolist() == want.tags.tolist()
+    assert plan.rows.tokens.tolist() == want.rows.tokens.tolist()
+    outcomes = [(2 - n % 2, 3), (n % 2, 4)]
+    for p, rows in ((pair, plan), (frames, want)):
+      _, commit = p.commit(rows, outcomes)
+      p.to_worker(commit)
+  assert {r: q.tokens for r, q in pair.verifier.requests.items()} == {
+      r: q.tokens for r, q in frames.verifier.requests.items()}
+  assert pair.worker.established.bounds.packed_step == steps
+  for p in (pair, frames):
+    assert p.verifier.counters.total_errors() == 0
+    assert p.worker.counters.total_errors() == 0
 
 
 def test_an_answer_beyond_the_offer_is_refused(monkeypatch):
@@ -115,9 +144,11 @@ def test_unknown_feature_bits_are_dropped_not_refused():
   assert body.features == Feature.PACKED_REPLY
 
 
-def test_a_retry_gets_the_packed_frame_again():
-  pair = _pair()
+@pytest.mark.parametrize("bits", [0, Feature.PACKED_STEP])
+def test_a_retry_gets_the_packed_frame_again(bits):
+  pair = _pair(h.caps(features=Feature.PACKED_REPLY | bits))
   step = pair.begin(RIDS, 2)
+  assert _kinds(step)[0] == (Kind.PACKED_STEP if bits else Kind.STEP)
   (first,) = pair.to_worker(step)
   (again,) = pair.to_worker(step)
   assert bytes(again) == bytes(first)
@@ -340,6 +371,15 @@ def test_a_gmac_session_refuses_a_blake3_tag_and_any_edit():
   assert not _outcome(pair, message).codes.any()   # the real one still counts
 
 
+def test_a_packed_step_keeps_blake3_on_a_gmac_session():
+  pair = _pair(h.caps(features=Feature.PACKED_REPLY | Feature.GMAC
+                      | Feature.PACKED_STEP))
+  (step,) = codec.split(pair.begin(RIDS, 2), max_frames=4, max_bytes=4096)
+  assert codec.peek(step)[0] == Kind.PACKED_STEP and _counter(step) == 0
+  assert auth.check(step, pair.verifier.keys.send._other)   # BLAKE3's
+  assert not _outcome(pair, *pair.to_worker(step)).codes.any()
+
+
 def test_gmac_tags_bind_every_byte_and_count_the_seals():
   v = auth.session_keys(h.SECRET, 7, b"v" * 32, b"w" * 32, auth.VERIFIER,
                         gmac=True)
@@ -481,3 +521,198 @@ def test_a_slot_reuses_its_layout_for_its_shape_only():
       assert not plan.codes.any() and len(plan.rids) == len(rids)
     assert got[0] == got[1], (rids, depth)
   assert cached.worker.counters.events("slots_reclaimed") == 2
+
+
+# -- PACKED_STEP (HELLO feature PACKED_STEP): a batch's STEPs in one frame -----
+
+STEP_FORMS = {"frames": h.caps(features=Feature.PACKED_REPLY),
+              "packed": h.caps(features=Feature.PACKED_REPLY
+                               | Feature.PACKED_STEP)}
+
+
+def _steps_of(pair, message):
+  """The `codec.Step`s of a STEP message of either form (not checked)."""
+  steps = []
+  for f in codec.split(message, max_frames=8, max_bytes=1 << 20):
+    got = codec.decode(f, pair.verifier.bounds)
+    steps.extend(got.steps or (codec.Step(got.body, got.tag),))
+  return steps
+
+
+def _step_message(pair, steps, tagger="session_to_worker"):
+  """A STEP message of `steps` in the pair's form, sealed with `tagger`
+  (a PACKED_STEP takes its depth and policy from the first step)."""
+  send, session = pair.tagger(tagger), pair.verifier.session
+  if pair.verifier.bounds.packed_step:
+    b = steps[0].body
+    return codec.encode_packed_step(
+        session=session, depth=b.depth, policy=b.policy, send=send,
+        records=[(s.body.request, 0, s.body.last_token, *s.tag, s.body.seed,
+                  s.body.anchor, s.body.context_version, s.body.prefix_digest)
+                 for s in steps])
+  return b"".join(codec.encode(
+      Kind.STEP, session=session, generation=s.tag[0], round_id=s.tag[1],
+      send=send, body=s.body._asdict()) for s in steps)
+
+
+def _edit_step(index, **fields):
+  def edit(steps):
+    steps[index] = steps[index]._replace(
+        body=steps[index].body._replace(**fields))
+    return steps
+  return edit
+
+
+def _edit_all(**fields):
+  def edit(steps):
+    return [s._replace(body=s.body._replace(**fields)) for s in steps]
+  return edit
+
+
+# Edits of the verifier's STEPs (resealed: a buggy verifier's own): the
+# worker's refusals, {request: answer status}; the same in either form.
+STEP_EDITS = {
+    "duplicate_request": (_edit_step(1, request=0), {"BAD_SEQUENCE": 1},
+                          {0: 0}),
+    "all_requests": (_edit_step(1, request=0xFFFF), {"BAD_SEQUENCE": 1},
+                     {0: 0}),
+    "last_token": (_edit_step(1, last_token=h.V),
+                   {"TOKEN_OUT_OF_RANGE": 1},
+                   {0: 0, 1: Code.TOKEN_OUT_OF_RANGE}),
+    "anchor": (_edit_step(0, anchor=hello.MAX_POSITION),
+               {"ABSURD_LENGTH": 1}, {0: Code.ABSURD_LENGTH, 1: 0}),
+    "depth": (_edit_all(depth=h.DEPTH + 1), {"ABSURD_LENGTH": 2},
+              {0: Code.ABSURD_LENGTH, 1: Code.ABSURD_LENGTH}),
+    "greedy_policy": (_edit_all(policy=0), {"BAD_SEQUENCE": 2},
+                      {0: Code.BAD_SEQUENCE, 1: Code.BAD_SEQUENCE}),
+    "unknown_policy": (_edit_all(policy=9), {"BAD_STATUS": 2},
+                       {0: Code.BAD_STATUS, 1: Code.BAD_STATUS}),
+}
+
+
+@pytest.mark.parametrize("name", sorted(STEP_EDITS))
+def test_a_packed_step_record_is_judged_as_its_step_frame(name):
+  """Each record of a PACKED_STEP is refused (or answered) with the code
+  its own STEP frame gets: per record, counted, and nothing drawn for it;
+  the other records are drawn as usual."""
+  edit, errors, statuses = STEP_EDITS[name]
+  for form, caps in STEP_FORMS.items():
+    pair = _pair(caps)
+    steps = edit(_steps_of(pair, pair.begin(RIDS, 2)))
+    (message,) = pair.to_worker(_step_message(pair, steps))
+    f = codec.decode(message, pair.verifier.bounds)
+    got = {int(r["request"]): int(r["status"]) for r in f.records}
+    assert got == statuses, form
+    assert pair.worker.counters.snapshot()["errors"] == errors, form
+    assert pair.worker.counters.events("proposals") == len(statuses), form
+
+
+def _replayed(pair, message):
+  """The first round's STEP again after its next round was served."""
+  (answer,) = pair.to_worker(message)
+  plan = _outcome(pair, answer)
+  _, commit = pair.commit(plan, [(2, 3), (1, 4)])
+  pair.to_worker(commit)
+  pair.to_worker(pair.begin(RIDS, 2))
+  return message
+
+
+def _served_with_another_body(pair, message):
+  """The round's STEPs again, served already, with other seeds."""
+  pair.to_worker(message)
+  return _step_message(pair, [s._replace(body=s.body._replace(
+      seed=s.body.seed + 1)) for s in _steps_of(pair, message)])
+
+
+def _reseal_header_round(pair, message):
+  buf = bytearray(message)
+  buf[28:32] = (7).to_bytes(4, "little")
+  return wire_edits.reseal(buf, pair.tagger("session_to_worker"))
+
+
+# A PACKED_STEP message refused whole, counted with the code, unanswered
+# (but UNKNOWN_SESSION's refusal), nothing drawn and no view moved.
+STEP_MESSAGES = {
+    "flipped_bit": (lambda p, m: m[:-1] + bytes([m[-1] ^ 1]),
+                    Code.AUTH_FAILED, 1),
+    "other_key": (lambda p, m: wire_edits.reseal(
+        bytearray(m), p.tagger("hello_to_worker")), Code.AUTH_FAILED, 1),
+    "truncated": (lambda p, m: m[:-8], Code.TRUNCATED, 1),
+    "other_session": (lambda p, m: wire_edits.set_field(
+        m, 16, p.verifier.session ^ 1, 8, p.tagger("session_to_worker")),
+                      Code.UNKNOWN_SESSION, 1),
+    "replayed": (_replayed, Code.DUPLICATE_ROUND, 2),
+    "served_tag_other_body": (_served_with_another_body, Code.BAD_SEQUENCE,
+                              2),
+    "header_tag": (_reseal_header_round, Code.BAD_SEQUENCE, 1),
+    "oversize": (lambda p, m: m + m, Code.ABSURD_LENGTH, 1),
+    "two_frames": (lambda p, m: b"".join(
+        _step_message(p, [s]) for s in _steps_of(p, m)),
+                   Code.BAD_SEQUENCE, 1),
+    "per_frame_steps": (lambda p, m: b"".join(codec.encode(
+        Kind.STEP, session=p.verifier.session, generation=s.tag[0],
+        round_id=s.tag[1], send=p.tagger("session_to_worker"),
+        body=s.body._asdict()) for s in _steps_of(p, m)),
+                        Code.UNKNOWN_KIND, 1),
+}
+
+
+@pytest.mark.parametrize("name", sorted(STEP_MESSAGES))
+def test_a_bad_packed_step_changes_nothing(name):
+  edit, code, count = STEP_MESSAGES[name]
+  pair = _pair(STEP_FORMS["packed"])
+  message = pair.begin(RIDS, 2)
+  bad = bytes(edit(pair, message))
+  worker = pair.worker
+  before = (worker.counters.events("proposals"),
+            {r: (v.generation, v.round, v.anchor)
+             for r, v in worker.views.items()})
+  errors = worker.counters.total_errors()
+  answer = pair.to_worker(bad)
+  assert worker.counters.errors(code) == count
+  assert worker.counters.total_errors() - errors == count
+  assert (worker.counters.events("proposals"),
+          {r: (v.generation, v.round, v.anchor)
+           for r, v in worker.views.items()}) == before
+  if code == Code.UNKNOWN_SESSION:
+    (refusal,) = answer
+    assert _kinds(refusal) == [Kind.RESET]
+  else:
+    assert answer == []
+
+
+def test_contexts_travel_before_the_packed_step():
+  """CONTEXT frames keep their form: before the PACKED_STEP, in record
+  order, each matching a record (request and tags); the worker hands each
+  request its prefix. A CONTEXT that matches no record, or comes out of
+  order, refuses the message (BAD_SEQUENCE), nothing drawn."""
+  caps = h.caps(features=Feature.PACKED_REPLY | Feature.PACKED_STEP
+                | Feature.CONTEXT, max_context=8)
+  got = []
+
+  def draw(props):
+    got.extend((p.request, None if p.context is None else
+                p.context.tolist()) for p in props)
+    return _draw(props)
+  pair = session_pair.SessionPair(caps, secret=h.SECRET, proposer=draw,
+                                  wants_context=True)
+  assert pair.open()
+  for rid in RIDS:
+    pair.verifier.add_request(rid, [rid + 1, 5], seed=rid)
+  step = pair.begin(RIDS, 2)
+  assert _kinds(step) == [Kind.CONTEXT, Kind.CONTEXT, Kind.PACKED_STEP]
+  frames = h.frames(step)
+  commit = codec.encode(Kind.COMMIT, session=pair.verifier.session,
+                        generation=0, round_id=1, body={"request": 0},
+                        send=pair.tagger("session_to_worker"))
+  for bad in ([frames[1], frames[0], frames[2]],     # out of order
+              [frames[0], frames[0], frames[2]],     # twice for one record
+              [frames[0], frames[1], frames[2], frames[0]],    # after it
+              [frames[0], commit]):                  # with another kind
+    assert pair.to_worker(h.join(bad)) == []
+  assert pair.worker.counters.errors(Code.BAD_SEQUENCE) == 4
+  assert not got
+  (answer,) = pair.to_worker(step)
+  assert got == [(0, [1, 5]), (1, [2, 5])]
+  assert not _outcome(pair, answer).codes.any()
+  assert pair.worker.counters.total_errors() == 4

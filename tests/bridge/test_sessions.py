@@ -21,7 +21,8 @@ import pytest
 
 from dyadic_jax import bridge
 from dyadic_jax.wire import codec
-from dyadic_jax.wire.layouts import FIXED_BYTES, Kind, Mode, Representation
+from dyadic_jax.wire.layouts import (FIXED_BYTES, Feature, Kind, Mode,
+                                     Representation)
 from dyadic_jax.wire.refusals import Code, ProtocolError
 from tests import bridge_harness as h
 
@@ -335,8 +336,14 @@ def test_duplicate_reply_counted_and_ignored():
     assert verifier.counters.events("fallbacks") == 0
 
 
-def test_retry_serves_the_identical_cached_reply():
-  c = SPARSE
+# The STEP message's forms: a STEP frame per request, or one PACKED_STEP
+# frame (HELLO feature PACKED_STEP).
+STEP_FORMS = {"frames": 0, "packed_step": Feature.PACKED_STEP}
+
+
+@pytest.mark.parametrize("form", sorted(STEP_FORMS))
+def test_retry_serves_the_identical_cached_reply(form):
+  c = h.caps(features=STEP_FORMS[form])
   worker = h.Tampering(c, h.proposer_for(c))
   vs = bridge.VerifierSession(c, secret=h.SECRET)
   for send in worker.handle(vs.hello().message):
@@ -406,22 +413,43 @@ def _sampled_reply(c):
   return bytes(buf)
 
 
-def test_sampled_step_on_greedy_worker_refused():
-  c = h.caps(mode=Mode.GREEDY)
-  sampled = h.caps()
+@pytest.mark.parametrize("form", sorted(STEP_FORMS))
+def test_sampled_step_on_greedy_worker_refused(form):
+  c = h.caps(mode=Mode.GREEDY, features=STEP_FORMS[form])
   worker = h.Tampering(c, h.proposer_for(c))
   vs = bridge.VerifierSession(c, secret=h.SECRET)
   for send in worker.handle(vs.hello().message):
     vs.receive(send.message)
   vs.add_request(0, [3], seed=9)
   step = bytearray(vs.begin([0], 2, now=0.0).message)
-  step = h.set_field(step, Kind.STEP, "policy", 1,
+  kind = Kind.PACKED_STEP if STEP_FORMS[form] else Kind.STEP
+  assert codec.peek(step)[0] == kind
+  step = h.set_field(step, kind, "policy", 1,
                      vs.keys.send)        # a sampled STEP, authenticated
-  del sampled
   out = worker.handle(step)
   done = codec.decode(h.frames(out[-1].message)[-1], c.bounds)
   assert done.body.status == Code.SAMPLED_ON_GREEDY
   assert worker.counters.errors(Code.SAMPLED_ON_GREEDY) == 1
+
+
+def test_each_step_form_commits_the_same_tokens():
+  """Rounds through the drivers (the real proposer and verification) with
+  a STEP frame per request and with one PACKED_STEP frame, each with
+  per-frame and PACKED answers: the same committed tokens, no refusal."""
+  committed = {}
+  for form, bits in STEP_FORMS.items():
+    for answers in (0, Feature.PACKED_REPLY):
+      c = h.caps(features=bits | answers)
+      with h.running(c) as (worker, verifier):
+        for _ in range(3):
+          verifier.round([0, 1])
+        assert verifier.session.bounds.packed_step == bool(bits)
+        assert verifier.counters.snapshot()["errors"] == {}
+        assert worker.counters.snapshot()["errors"] == {}
+        committed[form, answers] = {r: q.tokens for r, q in
+                                    verifier.requests.items()}
+  first, *others = committed.values()
+  assert all(o == first for o in others), committed
 
 
 def test_worker_restart_gives_unknown_session_then_recovers():

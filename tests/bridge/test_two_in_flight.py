@@ -25,12 +25,15 @@ from tests import bridge_harness as h
 A, B = [0, 1], [2, 3]
 DEPTH = 2
 FORMS = {"packed": h.caps(features=Feature.PACKED_REPLY),
-         "frames": h.caps()}
+         "frames": h.caps(),
+         "packed_step": h.caps(features=Feature.PACKED_REPLY
+                               | Feature.PACKED_STEP),
+         "frames_step": h.caps(features=Feature.PACKED_STEP)}
 
 
 def _pair(caps, entropy=0):
   pair = session_pair.SessionPair(
-      caps, secret=h.SECRET, proposer=h.draw_half_rows,
+      caps, secret=h.SECRET, proposer=h.draw_keyed_rows,
       worker_entropy=session_pair.CountingEntropy(entropy),
       verifier_entropy=session_pair.CountingEntropy(entropy + 1))
   assert pair.open()
@@ -85,15 +88,20 @@ def _summary(plan):
 def test_two_in_flight_commit_what_one_at_a_time_commits(form):
   """Three rounds of each group, interleaved A B A B A B with the next
   round of a group begun before the other group's is verified, against
-  the same rounds one at a time: the same plans (tags, drafted tokens)
-  and the same committed tokens."""
-  one, two = _pair(FORMS[form]), _pair(FORMS[form])
+  the same rounds one at a time, and those of the per-frame form: the
+  same plans (tags, drafted tokens: a function of every field of each
+  request's STEP) and the same committed tokens."""
+  one, two, frames = (_pair(FORMS[form]), _pair(FORMS[form]),
+                      _pair(FORMS["frames"]))
   plans_one, plans_two = [], []
   for _ in range(3):
     for group in (A, B):
       plan = one.run_round(group, DEPTH, draws=None)
       plans_one.append(_summary(plan))
       _commit(one, plan)
+      want = frames.run_round(group, DEPTH, draws=None)
+      assert _summary(want) == plans_one[-1]
+      _commit(frames, want)
   a, b = _both(two)
   for r in range(3):
     plan = _plan(two, _only(two.to_verifier(a)))
@@ -109,7 +117,8 @@ def test_two_in_flight_commit_what_one_at_a_time_commits(form):
   assert plans_two == plans_one
   for rid in A + B:
     assert (two.verifier.requests[rid].tokens
-            == one.verifier.requests[rid].tokens)
+            == one.verifier.requests[rid].tokens
+            == frames.verifier.requests[rid].tokens)
   assert two.verifier.counters.events("overlapped") == 5
   assert one.verifier.counters.events("overlapped") == 0
   for side in (two.verifier, two.worker):

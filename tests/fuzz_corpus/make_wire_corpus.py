@@ -15,8 +15,9 @@ that outcome:
 
 under `BOUNDS` (a sampled sparse session), `DENSE_BOUNDS` (the `dense.`
 prefix), `GREEDY_BOUNDS` (`greedy.`), the sparse and dense bounds of a
-session that agreed on PACKED replies (`packed.`, `packed_dense.`), or
-those of a session that agreed on CONTEXT frames (`context.`).
+session that agreed on PACKED replies (`packed.`, `packed_dense.`),
+those of a session that agreed on CONTEXT frames (`context.`), or those
+of a session that agreed on PACKED_STEP frames (`packed_step.`).
 tests/system/test_fuzz_wire.py checks the
 names and that the checked-in files equal what this script writes; the
 fuzz harness (tests/fuzz_wire.py) decodes under the same bounds and key.
@@ -57,6 +58,7 @@ GREEDY_BOUNDS = BOUNDS._replace(width=0, representation=Representation.TOKEN)
 PACKED_BOUNDS = BOUNDS._replace(packed=True)
 PACKED_DENSE_BOUNDS = DENSE_BOUNDS._replace(packed=True)
 CONTEXT_BOUNDS = BOUNDS._replace(max_context=8)
+PACKED_STEP_BOUNDS = BOUNDS._replace(packed_step=True)
 KEY = auth.Blake3Tag(bytes(range(100, 132)))
 
 NEVER_FROM_DECODE = {
@@ -78,7 +80,7 @@ NEVER_FROM_DECODE = {
 DIRECTORY = pathlib.Path(__file__).resolve().parent / "wire"
 PREFIXES = {"greedy.": GREEDY_BOUNDS, "dense.": DENSE_BOUNDS,
             "packed.": PACKED_BOUNDS, "packed_dense.": PACKED_DENSE_BOUNDS,
-            "context.": CONTEXT_BOUNDS}
+            "context.": CONTEXT_BOUNDS, "packed_step.": PACKED_STEP_BOUNDS}
 VALID_PREFIX = "valid_"
 _BODY = HEADER_BYTES
 _SPARSE_IDS = np.array([2, 5, 9, 30, 63], np.int32)
@@ -141,6 +143,15 @@ def _context(tokens=(1, 2, 63, 0)):
                               send=KEY)
 
 
+def _packed_step(requests=2):
+  """A valid PACKED_STEP frame of `requests` records (requests 2, 5, ...;
+  the STEP of `_valid`'s per-request fields)."""
+  return codec.encode_packed_step(
+      session=0x0123456789AB, depth=3, policy=1, send=KEY, records=[
+          (2 + 3 * r, 0, 9 + r, 3, 11, 2 ** 63 + 5 + r, 1000 + r, 7,
+           bytes([0xa5 + r]) * 32) for r in range(requests)])
+
+
 def _rows(**fields):
   def edit(rows):
     for name, (index, value) in fields.items():
@@ -186,6 +197,8 @@ def _valid():
       "context.valid_CONTEXT": _context(),
       "context.valid_CONTEXT_full": _context(range(56, 64)),
       "context.valid_STEP": _encode(Kind.STEP, **step),
+      "packed_step.valid_PACKED_STEP": _packed_step(),
+      "packed_step.valid_PACKED_STEP_one": _packed_step(1),
   }
 
 
@@ -277,6 +290,22 @@ def _refused():
                                                     3, 4),
       "context.TOKEN_OUT_OF_RANGE.context": _context((1, 64)),
       "context.TOKEN_OUT_OF_RANGE.context_negative": _context((-1, 2)),
+      # PACKED_STEP: the session's form, then its record count and size.
+      "UNKNOWN_KIND.packed_step_on_frames": _packed_step(),
+      "packed_step.UNKNOWN_KIND.step_on_packed_step": _encode(
+          Kind.STEP, request=2),
+      "packed_step.TRUNCATED.packed_step_body": _set(_packed_step()[:52], 8,
+                                                     52, 4),
+      "packed_step.ABSURD_LENGTH.step_records": _set(_packed_step(), _BODY,
+                                                     3, 2),
+      "packed_step.ABSURD_LENGTH.no_step_records": _set(_packed_step(),
+                                                        _BODY, 0, 2),
+      "packed_step.UNEXPECTED_SIZE.step_records": _set(_packed_step(),
+                                                       _BODY, 1, 2),
+      "packed_step.UNEXPECTED_SIZE.step_record_cut": _set(
+          _packed_step()[:-8], 8, len(_packed_step()) - 8, 4),
+      "packed_step.AUTH_FAILED.step_record": _set(_packed_step(), 60, 1, 4,
+                                                  seal=False),
       # A greedy session: the tokens alone, never a q row.
       "greedy.SAMPLED_ON_GREEDY": good,
       "greedy.SAMPLED_ON_GREEDY.n": _reply(GREEDY_BOUNDS, token=_GREEDY_TOKEN,

@@ -55,7 +55,8 @@ def _set(buf, offset, value, nbytes, tagger=KEY):
 
 @pytest.mark.parametrize("kind", [k for k in Kind
                                   if k not in (Kind.REPLY, Kind.PACKED,
-                                                Kind.CONTEXT)])
+                                                Kind.CONTEXT,
+                                                Kind.PACKED_STEP)])
 def test_fixed_frames_round_trip(kind):
   dtype = layouts.BODIES[kind]
   body = {name: i + 1 for i, name in enumerate(dtype.names)
@@ -341,7 +342,7 @@ def test_context_round_trips():
 _COUNT = layouts.HEADER_BYTES + 4    # CONTEXT body: count
 
 
-@pytest.mark.parametrize("name,edit,code", [
+_CONTEXT_EDITS = [
     ("no_feature", lambda f: (f, SPARSE), C.UNKNOWN_KIND),
     ("too_many", lambda f: (_set(f, _COUNT, 9, 4), CTX), C.ABSURD_LENGTH),
     ("none", lambda f: (_set(f, _COUNT, 0, 4), CTX), C.ABSURD_LENGTH),
@@ -353,13 +354,7 @@ _COUNT = layouts.HEADER_BYTES + 4    # CONTEXT body: count
      C.TOKEN_OUT_OF_RANGE),
     ("cut_body", lambda f: (_set(f[:52], 8, 52, 4), CTX), C.TRUNCATED),
     ("bad_tag", lambda f: (_context(tagger=OTHER), CTX), C.AUTH_FAILED),
-])
-def test_every_context_refusal(name, edit, code):
-  del name
-  frame, bounds = edit(_context())
-  with pytest.raises(wire.ProtocolError) as e:
-    codec.decode(frame, bounds, KEY)
-  assert e.value.code == code
+]
 
 
 def test_context_bounds_size_the_worker_message():
@@ -367,3 +362,93 @@ def test_context_bounds_size_the_worker_message():
   assert CTX.max_request_frames == 4
   assert CTX.max_request_message == 2 * (FIXED_BYTES[Kind.STEP]
                                          + CTX.context_bytes(8))
+
+
+STEPS = SPARSE._replace(packed_step=True)
+# (request, reserved, last_token, generation, round, seed, anchor,
+# context_version, prefix_digest): layouts.STEP_RECORD.
+_RECORDS = [(1, 0, 5, 3, 11, 2 ** 63 + 1, 40, 7, b"\xa1" * 32),
+            (4, 0, 15, 2, 9, 6, 1 << 40, 0, b"\x0b" * 32)]
+
+
+def _steps(records=tuple(_RECORDS), tagger=KEY, depth=3, policy=1):
+  return codec.encode_packed_step(session=7, depth=depth, policy=policy,
+                                  records=list(records), send=tagger)
+
+
+def test_packed_step_round_trips_as_the_step_frames_would():
+  """Each record decodes to the body and tag its STEP frame decodes to
+  (the frame's depth and policy in every one): what the worker acts on."""
+  frame = _steps()
+  assert len(frame) == STEPS.packed_step_bytes(2) == 56 + 72 * 2
+  got = codec.decode(frame, STEPS, KEY)
+  assert got.kind == Kind.PACKED_STEP and got.tag == (3, 11)
+  assert (got.body.requests, got.body.depth, got.body.policy) == (2, 3, 1)
+  for step, rec in zip(got.steps, _RECORDS, strict=True):
+    rid, _, last, gen, rnd, seed, anchor, version, digest = rec
+    alone = codec.decode(codec.encode(
+        Kind.STEP, session=7, generation=gen, round_id=rnd, send=KEY,
+        body={"request": rid, "depth": 3, "policy": 1, "last_token": last,
+              "seed": seed, "anchor": anchor, "context_version": version,
+              "prefix_digest": digest}), SPARSE, KEY)
+    assert step == codec.Step(alone.body, alone.tag)
+  with pytest.raises(ValueError, match="encode_packed_step"):
+    codec.encode(Kind.PACKED_STEP, session=7, generation=0, round_id=0)
+  with pytest.raises(ValueError, match="no records"):
+    _steps(records=())
+
+
+_REQUESTS = layouts.HEADER_BYTES    # PACKED_STEP body: requests
+
+
+_STEPS_EDITS = [
+    ("on_a_per_frame_session", lambda f: (f, SPARSE), C.UNKNOWN_KIND),
+    ("step_on_a_packed_session", lambda f: (codec.encode(
+        Kind.STEP, session=7, generation=3, round_id=11, send=KEY,
+        body={"request": 1, "depth": 3, "policy": 1}), STEPS),
+     C.UNKNOWN_KIND),
+    ("cut_body", lambda f: (_set(f[:52], 8, 52, 4), STEPS), C.TRUNCATED),
+    ("cut_record", lambda f: (f[:-8], STEPS), C.TRUNCATED),
+    ("record_missing", lambda f: (_set(f[:-72], 8, len(f) - 72, 4), STEPS),
+     C.UNEXPECTED_SIZE),
+    ("record_extra", lambda f: (_set(f + f[-72:], 8, len(f) + 72, 4),
+                                STEPS), C.UNEXPECTED_SIZE),
+    ("count_vs_size", lambda f: (_set(f, _REQUESTS, 1, 2), STEPS),
+     C.UNEXPECTED_SIZE),
+    ("no_records", lambda f: (_set(f, _REQUESTS, 0, 2), STEPS),
+     C.ABSURD_LENGTH),
+    ("above_max_requests", lambda f: (_set(f, _REQUESTS, 3, 2), STEPS),
+     C.ABSURD_LENGTH),
+    ("count_of_65535", lambda f: (_set(f, _REQUESTS, 0xFFFF, 2), STEPS),
+     C.ABSURD_LENGTH),
+    ("flipped_bit", lambda f: (f[:-1] + bytes([f[-1] ^ 1]), STEPS),
+     C.AUTH_FAILED),
+    ("other_key", lambda f: (_steps(tagger=OTHER), STEPS), C.AUTH_FAILED),
+]
+
+
+@pytest.mark.parametrize(
+    "make,name,edit,code",
+    [(_context, *case) for case in _CONTEXT_EDITS]
+    + [(_steps, *case) for case in _STEPS_EDITS],
+    ids=lambda v: v if isinstance(v, str) else None)
+def test_every_context_and_packed_step_refusal(make, name, edit, code):
+  """A CONTEXT or PACKED_STEP frame's framing, form and counts: refused
+  whole, before a token or record is read. A PACKED_STEP record's values
+  (request ids, depth, policy, tokens, tags) are the worker's to judge per
+  record (tests/bridge/test_packed.py)."""
+  del name
+  frame, bounds = edit(make())
+  with pytest.raises(wire.ProtocolError) as e:
+    codec.decode(frame, bounds, KEY)
+  assert e.value.code == code
+
+
+def test_packed_step_bounds_fit_the_worker_message():
+  """A PACKED_STEP of max_requests records fits the worker's message and
+  frame bounds of either form (it is smaller than R STEP frames)."""
+  for bounds in (STEPS, CTX._replace(packed_step=True)):
+    r = bounds.max_requests
+    assert bounds.packed_step_bytes(r) < r * FIXED_BYTES[Kind.STEP]
+    assert bounds.packed_step_bytes(r) <= bounds.max_request_message
+    assert bounds.max_frame >= bounds.packed_step_bytes(r)
