@@ -9,6 +9,7 @@ with the worker's session key (`reseal`, `reframe`).
 
 import contextlib
 import functools
+import math
 import os
 import select
 import subprocess
@@ -236,6 +237,62 @@ class WarpVerifier(bridge.Verifier):
     recv = endpoint.recv
     endpoint.recv = lambda timeout_s: recv(min(timeout_s, self.slice_s))
     return endpoint
+
+
+class ExpiringVerifier(WarpVerifier):
+  """A WarpVerifier that ends one exchange when told: `expire(tags)` (any
+  thread; e.g. `Proxy(on_lost=verifier.expire)`) names an exchange by its
+  (request, generation, round) tags, and the driver's thread ends that
+  exchange alone (TIMEOUT, `VerifierSession.poll` of its key) once its
+  socket holds nothing more (a wait of one slice returned nothing, so
+  what was sent before the name was read first, as a deadline reads
+  it): the other exchange in flight keeps its deadline (a warp would end
+  both). A name that matches no exchange in flight (it ended already) is
+  dropped. `expire(None)` (the link was reset: what it carried is gone)
+  ends every exchange in flight whose answer was not read yet, and
+  records each one's tags in `reset_lost`. `expired` counts the
+  exchanges it ended."""
+
+  def __init__(self, *args, clock=time.monotonic, **kwargs):
+    self._to_expire = []
+    self._expire_lock = threading.Lock()
+    self.expired = 0
+    self.reset_lost = []
+    super().__init__(*args, clock=clock, **kwargs)
+
+  def expire(self, tags):
+    with self._expire_lock:
+      self._to_expire.append(None if tags is None else frozenset(
+          tuple(int(x) for x in t) for t in tags))
+
+  def _zmq_connect(self, address, max_message):
+    endpoint = super()._zmq_connect(address, max_message)
+    recv = endpoint.recv
+
+    def recv_then_expire(timeout_s):
+      with self._expire_lock:
+        named = len(self._to_expire)     # names given before this wait
+      got = recv(self.slice_s if named else timeout_s)
+      if got is None and named:
+        self._end_expired(named)
+      return got
+    endpoint.recv = recv_then_expire
+    return endpoint
+
+  def _end_expired(self, n):
+    with self._expire_lock:
+      lost, self._to_expire = self._to_expire[:n], self._to_expire[n:]
+    session = self.session
+    for tags in lost:
+      for ex in list(session.exchanges.values()):
+        named = frozenset((r,) + ex.tags[r] for r in ex.rids)
+        if ex.staging or tags not in (None, named):
+          continue
+        for effect in session.poll(math.inf, ex.key):
+          self._ended[effect.key] = effect    # what `finish` picks up
+        self.expired += 1
+        if tags is None:
+          self.reset_lost.append(named)
 
 
 class Served:
