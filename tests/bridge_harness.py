@@ -295,6 +295,44 @@ class ExpiringVerifier(WarpVerifier):
           self.reset_lost.append(named)
 
 
+def drive(verifier, groups, rounds, in_flight=1, before_start=None):
+  """`rounds` rounds of each group of requests (lists of ids); returns the
+  RoundResults of each round in the order they were finished.
+
+  in_flight 1: a round at a time, group after group. 2: pipelined, as
+  `generate` runs groups: a group's round r + 1 starts as soon as its
+  round r is finished, while the other group's round is out (every start
+  but the first overlaps another round). The committed tokens are the
+  same either way (each request's keys are its own).
+  before_start(group, r, others): called before each start (others: the
+  `InFlight`s of the other groups then out).
+  """
+  if in_flight == 1:
+    out = []
+    for r in range(rounds):
+      for group in groups:
+        if before_start is not None:
+          before_start(group, r, [])
+        out.append(verifier.round(group))
+    return out
+  assert in_flight == 2, in_flight
+  flights, out = [], []
+
+  def start(g, r):
+    if before_start is not None:
+      before_start(groups[g], r, flights[:g] + flights[g + 1:])
+    return verifier.start(groups[g])
+
+  for g in range(len(groups)):
+    flights.append(start(g, 0))
+  for r in range(rounds):
+    for g in range(len(groups)):
+      out.append(verifier.finish(flights[g]))
+      if r + 1 < rounds:
+        flights[g] = start(g, r + 1)
+  return out
+
+
 class Served:
   """A worker's loop in a thread behind a real ROUTER (`serve`)."""
 

@@ -258,8 +258,11 @@ class Proxy:
     self.faults = []
     self.forwarded = collections.Counter()   # (direction, kind name) -> n
     self.unroutable = 0       # replies held until the verifier reconnected
-    self._faulted = set()     # exchanges (frozensets of tags) with a fault
-    self._spared = set()      # exchanges never to fault (`spare`)
+    # Tags of the exchanges with a fault, and of those never to fault
+    # (`spare`): a message is eligible if it carries none of them (an
+    # answer to a STEP one frame short carries part of its exchange).
+    self._faulted = set()
+    self._spared = set()
     # Exchanges whose STEP message passed and whose COMMIT has not: what
     # the link may carry (frozenset of tags -> tags, in STEP order).
     self._open = {}
@@ -316,7 +319,7 @@ class Proxy:
     """No fault for the exchange of these (request, generation, round)
     tags (its STEP and its reply); call it before its STEP is sent."""
     with self._lock:
-      self._spared.add(frozenset(tuple(int(x) for x in t) for t in tags))
+      self._spared.update(tuple(int(x) for x in t) for t in tags)
 
   def counts(self):
     """{(direction, kind): number of faults injected}."""
@@ -500,12 +503,13 @@ class Proxy:
         x + 1 for t in tags for x in t])
     u = rng.random()
     with self._lock:
-      spared = exchange in self._spared
-    if (self._paused.is_set() or spared or exchange in self._faulted
+      spared = not exchange.isdisjoint(self._spared)
+    if (self._paused.is_set() or spared or not exchange.isdisjoint(
+        self._faulted)
         or u >= self.rate):
       self._send(direction, frames)
       return
-    self._faulted.add(exchange)
+    self._faulted.update(exchange)
     kind = str(rng.choice(self.kinds, p=self._p))
     if kind == "reorder" and len(frames) < 2:
       kind = "corrupt"          # nothing to swap in a one-frame message

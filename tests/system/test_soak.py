@@ -305,44 +305,29 @@ def run_soak(rounds, *, representation=Representation.SPARSE, rate=RATE,
 
 
 def _epoch(verifier, proxy, groups, epoch, early, spared):
-  """`epoch` rounds of each group; returns their RoundResults in the order
-  they were finished. With two groups a group's round r + 1 starts as
-  soon as its round r is finished, while the other group's round is out
-  (every start but the epoch's first overlaps it). Appends to `early`
-  the tags of the other group's exchange where it had ended (lost, or
-  refused whole) before it was finished: no overlap for the session
-  then. Each group's last round is the drain round, spared by the proxy
-  (its tags appended to `spared`): it reads the epoch's late replies
-  before its requests retire."""
+  """`epoch` rounds of each group (`bridge_harness.drive`: with two groups
+  a group's next round starts while the other group's is out); returns
+  their RoundResults in the order they were finished. Appends to `early`
+  the tags of another group's exchange that had ended (lost, or refused
+  whole) when a round started: no overlap for the session then. Each
+  group's last round is the drain round, spared by the proxy (its tags
+  appended to `spared`): it reads the epoch's late replies before its
+  requests retire."""
 
-  def start(group, r):
+  def before_start(group, r, others):
+    for flight in others:
+      ex = flight.exchange
+      if ex.key not in verifier.session.exchanges:
+        early.append(frozenset((q,) + ex.tags[q] for q in ex.rids))
     if r == epoch - 1:
       reqs = verifier.requests
       tags = [(rid, reqs[rid].generation, reqs[rid].round + 1)
               for rid in group]
       proxy.spare(tags)
       spared.append(frozenset(tags))
-    return verifier.start(group, DEPTH)
 
-  flights = []
-  for group in groups:
-    _note_early(verifier, flights, early)
-    flights.append(start(group, 0))
-  finished = []
-  for r in range(epoch):
-    for g, group in enumerate(groups):
-      finished.append(verifier.finish(flights[g]))
-      if r + 1 < epoch:
-        _note_early(verifier, flights[:g] + flights[g + 1:], early)
-        flights[g] = start(group, r + 1)
-  return finished
-
-
-def _note_early(verifier, others, early):
-  for flight in others:
-    ex = flight.exchange
-    if ex.key not in verifier.session.exchanges:
-      early.append(frozenset((r,) + ex.tags[r] for r in ex.rids))
+  return bridge_harness.drive(verifier, groups, epoch, len(groups),
+                              before_start)
 
 
 def _warm_verifier(caps, verify_fn):
@@ -439,10 +424,14 @@ def check_accounting(soak):
   by_tags = {}
   for batch in soak.exchanges:
     by_tags[frozenset((r.rid, r.generation, r.round) for r in batch)] = batch
+  exchange_of = {tag: key for key in by_tags for tag in key}
   faults = {}
   for f in soak.faults:
-    key = frozenset(f.tags)
-    assert key in by_tags, f"fault of no exchange: {f}"
+    # A message of one exchange (its answer to a STEP one frame short
+    # carries part of its tags).
+    keys = {exchange_of.get(tuple(tag)) for tag in f.tags}
+    assert len(keys) == 1 and None not in keys, f"fault of no exchange: {f}"
+    key = keys.pop()
     assert key not in faults, f"two faults on one exchange: {f}"
     faults[key] = f
   in_reset = set(soak.reset_lost)
