@@ -16,7 +16,8 @@ otherwise, and each defect is exactly the one named:
   process under a 500 MB message), frames-per-message caps;
 * memory bounded by the live requests (removal, bounded views);
 * authentication: a peer without the key gets nothing accepted (a HELLO
-  storm, replayed HELLOs, a fake worker on the port);
+  storm, replayed HELLOs and STEPs, oversize messages, a fake worker on
+  the port), with one round in flight and with two;
 * CONTEXT frames (a worker with `wants_context`): every refusal class
   counted under its code with no state change, every field at every
   extreme, the socket bound the frames need.

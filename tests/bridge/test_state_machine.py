@@ -18,7 +18,12 @@ worker; reset, remove and re-add of a request; reconnect (maybe with a
 duplicated HELLO answer); another verifier taking the worker over; a
 worker restart; a storm of HELLOs without the key. ContextMachine runs
 them all on a session that agreed on CONTEXT frames, with a context
-budget small enough to evict.
+budget small enough to evict. TwoInFlightMachine keeps two exchanges in
+flight (HELLO's max_slots 2): a second round begun while the first is
+out, answers read in either order, one exchange's answer dropped,
+corrupted, forged, held back or timed out while the other commits, a
+reconnect ending both; per exchange its tags, staging slot and fallback
+are its own.
 
 What is checked, without re-deriving the sessions' classification:
 
@@ -151,6 +156,32 @@ def _forge(pair, message):
   return h.join(h.reframe(frames, tagger))
 
 
+def _outcomes(plan, model):
+  """Deterministic stand-in verification outcomes of a plan's requests:
+  (accepted, next token), or (0, a target-only token) where it fell
+  back."""
+  outcomes = []
+  for i, rid in enumerate(plan.rids):
+    g, r = (int(x) for x in plan.tags[i])
+    seed = model[int(rid)].seed
+    if plan.codes[i]:
+      outcomes.append((0, _stand_in(seed, g, r, "target") % V))
+    else:
+      accepted = _stand_in(seed, g, r, "accepted") % (
+          plan.rows.tokens.shape[1] + 1)
+      outcomes.append((accepted, _stand_in(seed, g, r, "next") % V))
+  return outcomes
+
+
+def _check_committed(model, verifier):
+  """Each request's committed tokens are its prompt and its results'."""
+  for rid, m in model.items():
+    tokens = list(m.prompt)
+    for res in m.results:
+      tokens.extend(res.committed)
+    assert verifier.requests[rid].tokens == tokens
+
+
 @dataclasses.dataclass
 class RequestModel:
   seed: int
@@ -221,16 +252,7 @@ class ProtocolMachine(RuleBasedStateMachine):
     # Read until the round ends (the deadline passes when the inbox runs
     # dry); the staged rows are validated and audited.
     plan = pair.outcome(self.net.inbox)
-    outcomes = []
-    for i, rid in enumerate(plan.rids):
-      g, r = (int(x) for x in plan.tags[i])
-      m = self.model[int(rid)]
-      if plan.codes[i]:
-        outcomes.append((0, _stand_in(m.seed, g, r, "target") % V))
-      else:
-        accepted = _stand_in(m.seed, g, r, "accepted") % (depth + 1)
-        outcomes.append((accepted, _stand_in(m.seed, g, r, "next") % V))
-    results, message = pair.commit(plan, outcomes)
+    results, message = pair.commit(plan, _outcomes(plan, self.model))
     for res in results:
       self._check_result(res, tags[res.rid])
     if message is not None:
@@ -406,11 +428,7 @@ class ProtocolMachine(RuleBasedStateMachine):
 
   @invariant()
   def committed_tokens_are_the_results(self):
-    for rid, m in self.model.items():
-      tokens = list(m.prompt)
-      for res in m.results:
-        tokens.extend(res.committed)
-      assert self.verifier.requests[rid].tokens == tokens
+    _check_committed(self.model, self.verifier)
 
   @invariant()
   def rounds_end_and_are_counted(self):
@@ -628,18 +646,8 @@ class TwoInFlightMachine(RuleBasedStateMachine):
         effect = self.pair.validate(effect, draws)
       flight = self.flights.pop(effect.key)
       plan = effect.plan
-      outcomes = []
-      for i, rid in enumerate(plan.rids):
-        g, r = (int(x) for x in plan.tags[i])
-        m = self.model[int(rid)]
-        if plan.codes[i]:
-          outcomes.append((0, _stand_in(m.seed, g, r, "target") % V))
-        else:
-          accepted = _stand_in(m.seed, g, r, "accepted") % (
-              plan.rows.tokens.shape[1] + 1)
-          outcomes.append((accepted, _stand_in(m.seed, g, r, "next") % V))
       anchors = {r: len(v.requests[r].tokens) for r in flight.rids}
-      results, message = self.pair.commit(plan, outcomes)
+      results, message = self.pair.commit(plan, _outcomes(plan, self.model))
       for res in results:
         self._check_result(res, flight, anchors[res.rid])
       if message is not None:
@@ -672,11 +680,7 @@ class TwoInFlightMachine(RuleBasedStateMachine):
 
   @invariant()
   def committed_tokens_are_the_results(self):
-    for rid, m in self.model.items():
-      tokens = list(m.prompt)
-      for res in m.results:
-        tokens.extend(res.committed)
-      assert self.verifier.requests[rid].tokens == tokens
+    _check_committed(self.model, self.verifier)
 
   @invariant()
   def exchanges_hold_their_own_slots(self):
@@ -699,24 +703,25 @@ class TwoInFlightFramesMachine(TwoInFlightMachine):
   caps = CAPS_FRAMES
 
 
-# 120 examples in all, as before PACKED answers were the default.
-TestProtocol = ProtocolMachine.TestCase
-TestProtocol.settings = hypothesis.settings(
+SETTINGS = hypothesis.settings(
     derandomize=True, database=None, deadline=None, max_examples=80,
     stateful_step_count=30, report_multiple_bugs=False,
     suppress_health_check=[hypothesis.HealthCheck.too_slow])
-TestProtocolFrames = FramesMachine.TestCase
-TestProtocolFrames.settings = hypothesis.settings(
-    TestProtocol.settings, max_examples=40)
-TestProtocolContext = ContextMachine.TestCase
-TestProtocolContext.settings = hypothesis.settings(
-    TestProtocol.settings, max_examples=40)
-TestTwoInFlight = TwoInFlightMachine.TestCase
-TestTwoInFlight.settings = hypothesis.settings(
-    TestProtocol.settings, max_examples=40)
-TestTwoInFlightFrames = TwoInFlightFramesMachine.TestCase
-TestTwoInFlightFrames.settings = hypothesis.settings(
-    TestProtocol.settings, max_examples=20)
+
+
+def _test_case(machine, examples):
+  case = machine.TestCase
+  case.settings = hypothesis.settings(SETTINGS, max_examples=examples)
+  return case
+
+
+# One exchange at a time: 120 examples in all, as before PACKED answers
+# were the default; two in flight: 60.
+TestProtocol = _test_case(ProtocolMachine, 80)
+TestProtocolFrames = _test_case(FramesMachine, 40)
+TestProtocolContext = _test_case(ContextMachine, 40)
+TestTwoInFlight = _test_case(TwoInFlightMachine, 40)
+TestTwoInFlightFrames = _test_case(TwoInFlightFramesMachine, 20)
 
 
 def test_a_retried_hello_keeps_one_session_key():

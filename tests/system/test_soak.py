@@ -5,19 +5,26 @@ loopback `Proxy` (dyadic_jax.testing.proxy) in front of it, and a real
 `Verifier` driving batches of 4 requests at depth 4 with the toy bigram
 models at V = 16 (target and draft logits divided by 4: a flat enough
 bigram that every transition is seen), authenticated by a deployment
-secret. Requests live for one epoch of EPOCH rounds; the last round of an
-epoch runs with the proxy paused, so that late and duplicated replies of
-the epoch are read (and counted) before its requests retire. The proxy
-faults STEP and reply messages (delay, drop, duplicate, reorder, truncate,
-corrupt, reset, and a benign jitter), at most one fault per exchange. It
-holds no key: every frame it damages fails authentication.
+secret. With one round in flight one group of requests runs a round at
+a time; with two (`in_flight=2`, HELLO's max_slots) two groups are
+pipelined as `generate` runs them: a group's next round starts while the
+other group's is out (`bridge_harness.drive`). Requests live for one
+epoch of EPOCH rounds; each group's last round of an epoch is spared by
+the proxy (`Proxy.spare`, named by its tags before its STEP leaves), so
+that late and duplicated replies of the epoch are read (and counted)
+before its requests retire. The proxy faults STEP and reply messages
+(delay, drop, duplicate, reorder, truncate, corrupt, reset, and a benign
+jitter), at most one fault per exchange, drawn per exchange (seed,
+direction, tags), whatever the order two exchanges' messages cross it
+in. It holds no key: every frame it damages fails authentication.
 
 No outcome depends on the machine's speed: the verifier's deadline is
 generous (DEADLINE_S, 60 s: no healthy exchange misses it, however loaded
 the machine), and when the proxy loses an exchange (a fault in
-`proxy.LOST`) it warps the verifier's clock past that deadline
-(`bridge_harness.WarpClock`), so the exchange times out at once instead of
-after a wall-clock wait.
+`proxy.LOST`) it names it (`on_lost(tags)`), and the verifier
+(`bridge_harness.ExpiringVerifier`) ends that exchange alone once its
+socket is quiet, so it times out at once instead of after a wall-clock
+wait, while the other exchange in flight keeps its deadline.
 
 What a soak asserts, without re-deriving how the sessions classify a
 message (the protocol's own objects classify; the soak checks outcomes):
@@ -28,16 +35,31 @@ message (the protocol's own objects classify; the soak checks outcomes):
     (round + 1, or generation + 1 and round 1 after a fallback); no
     (request, generation, round) tag repeats.
 (b) every fault is accounted for, exchange by exchange: no exchange without
-    a damaging fault falls back; an exchange whose STEP or reply was
+    a damaging fault falls back, except one in flight at a reset (a reset
+    loses what the link carried for both exchanges: the proxy calls
+    `on_lost(None)` and the verifier ends every exchange whose answer it
+    had not read, `Soak.reset_lost`, which may fall back with TIMEOUT and
+    nothing else); an exchange whose STEP or reply was
     dropped, delayed, cut, corrupted or lost in a reset falls back whole
     (TIMEOUT, or UNKNOWN_SESSION when the corruption hit the session id
     and the worker refused it), except that a cut of a whole frame leaves
     the other frames authentic (their requests may be verified); duplicates, jitter and a reordered STEP
     damage nothing; a reordered reply fails its requests with a sequencing
-    code or leaves them verified. Every fallback's code is counted, every
-    TIMEOUT exactly once per request, every damaged message's refusal
-    (AUTH_FAILED, a framing code) once, and every late or duplicated
-    reply's requests as STALE_GENERATION / DUPLICATE_ROUND.
+    code or leaves them verified. The counters, exactly: every fallback's
+    code is counted, every TIMEOUT once per request; each damaged message
+    is refused once where it arrives (AUTH_FAILED, a framing code, or
+    UNKNOWN_SESSION, whose STEP the worker answers with a RESET of that
+    other session, refused by the verifier); each duplicated or delayed
+    reply and each duplicated STEP's second answer adds one
+    STALE_GENERATION / DUPLICATE_ROUND per request, a delayed STEP one on
+    the worker, a duplicated STEP one retry served per request, and an
+    exchange a reset ended adds its requests' refusals when its answer
+    still came (0 or 4 each); with two in flight the session counts one
+    overlap per start but each epoch's first, less those where the other
+    group's exchange had already ended (lost, or refused whole: it fell
+    back whole). Each per-kind run faults every exchange but the drain
+    rounds exactly once, except, with two in flight, one a reset ended
+    before its message reached the proxy.
 (c) the committed tokens follow the target: every committed token after
     token a is drawn from P(. | a) = P_a / T_a, the quantized target
     (`quantize_target(target_probs(logits))`, what the sampler reproduces
@@ -57,10 +79,13 @@ exact law there is computed in `_mutant_law`; run through the same harness
 power at ALPHA is 1 - 3e-13 (the test recomputes this from the run's own
 counts and requires at least stats.POWER = 1 - 1e-4).
 
-Runtime on 2 shared CPU cores: the CI soak (600 rounds, worker process)
-about 30 s; the mutant run and the 16 per-kind runs about half a
-minute each; each slow soak (20,000 rounds, sparse or dense q, worker
-process, `--runslow`) several minutes. `pytest -s` prints the tables.
+Runtime on 2 shared CPU cores: the CI soaks (600 exchanges, worker
+process, one and two rounds in flight) about 15 s and 10 s; the mutant
+run and the 32 per-kind runs (16 per in-flight count) about half a
+minute each; each slow soak (20,000 exchanges, sparse or dense q, one or
+two in flight, worker process, `--runslow`) minutes (sparse, two in
+flight: 100 s of soak on a loaded machine). `pytest -s` prints the
+tables.
 """
 
 import collections
