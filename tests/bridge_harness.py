@@ -242,7 +242,8 @@ class WarpVerifier(bridge.Verifier):
 class ExpiringVerifier(WarpVerifier):
   """A WarpVerifier that ends one exchange when told: `expire(tags)` (any
   thread; e.g. `Proxy(on_lost=verifier.expire)`) names an exchange by its
-  (request, generation, round) tags, and the driver's thread ends that
+  (request, generation, round) tags (all, or some: a message may carry
+  part of its exchange), and the driver's thread ends that
   exchange alone (TIMEOUT, `VerifierSession.poll` of its key) once its
   socket holds nothing more (a wait of one slice returned nothing, so
   what was sent before the name was read first, as a deadline reads
@@ -286,7 +287,7 @@ class ExpiringVerifier(WarpVerifier):
     for tags in lost:
       for ex in list(session.exchanges.values()):
         named = frozenset((r,) + ex.tags[r] for r in ex.rids)
-        if ex.staging or tags not in (None, named):
+        if ex.staging or not (tags is None or tags and tags <= named):
           continue
         for effect in session.poll(math.inf, ex.key):
           self._ended[effect.key] = effect    # what `finish` picks up
