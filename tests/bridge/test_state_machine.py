@@ -21,9 +21,9 @@ them all on a session that agreed on CONTEXT frames, with a context
 budget small enough to evict. TwoInFlightMachine keeps two exchanges in
 flight (HELLO's max_slots 2): a second round begun while the first is
 out, answers read in either order, one exchange's answer dropped,
-corrupted, forged, held back or timed out while the other commits, a
-reconnect ending both; per exchange its tags, staging slot and fallback
-are its own.
+corrupted, forged, held back or timed out while the other commits, old
+STEPs and COMMITs replayed to the worker, a reconnect ending both; per
+exchange its tags, staging slot and fallback are its own.
 
 What is checked, without re-deriving the sessions' classification:
 
@@ -499,8 +499,9 @@ class TwoInFlightMachine(RuleBasedStateMachine):
   """Two exchanges in flight at once (HELLO's max_slots = 2) on the two
   sessions: a second round begins while the first is out, answers are
   read in any order, one exchange's answer is dropped, corrupted, forged,
-  held back (late) or timed out while the other commits, and a reconnect
-  ends both. Per exchange: its results carry its own tags (never reused),
+  held back (late) or timed out while the other commits, old STEPs and
+  COMMITs are replayed to the worker, and a reconnect ends both. Per
+  exchange: its results carry its own tags (never reused),
   no token is committed twice (each result starts where the request's
   committed tokens end), a verified drafted token is the worker's own
   proposal for that tag, at most max_slots exchanges hold distinct
@@ -616,6 +617,19 @@ class TwoInFlightMachine(RuleBasedStateMachine):
       for k, answered in before.items():
         assert (self.verifier.exchanges[k].answered == answered).all()
     self._end(effects, "deliver")
+
+  @precondition(lambda self: any(
+      codec.peek(m)[0] in (Kind.STEP, Kind.COMMIT)
+      for m in self.pair.worker_received))
+  @rule(data=st.data())
+  def replay_to_worker(self, data):
+    """An old STEP or COMMIT reaches the worker again while rounds are in
+    flight: refused, or answered from its cache (a copy, late); no key is
+    drawn twice (the Recorder)."""
+    seen = [m for m in self.pair.worker_received
+            if codec.peek(m)[0] in (Kind.STEP, Kind.COMMIT)]
+    self.late += self.pair.to_worker(
+        seen[data.draw(st.integers(0, len(seen) - 1))])
 
   @precondition(lambda self: len(self.flights) == 2)
   @rule()
