@@ -10,6 +10,7 @@ with the worker's session key (`reseal`, `reframe`).
 import contextlib
 import functools
 import hashlib
+import math
 import os
 import select
 import subprocess
@@ -250,6 +251,101 @@ class WarpVerifier(bridge.Verifier):
     recv = endpoint.recv
     endpoint.recv = lambda timeout_s: recv(min(timeout_s, self.slice_s))
     return endpoint
+
+
+class ExpiringVerifier(WarpVerifier):
+  """A WarpVerifier that ends one exchange when told: `expire(tags)` (any
+  thread; e.g. `Proxy(on_lost=verifier.expire)`) names an exchange by its
+  (request, generation, round) tags (all, or some: a message may carry
+  part of its exchange), and the driver's thread ends that
+  exchange alone (TIMEOUT, `VerifierSession.poll` of its key) once its
+  socket holds nothing more (a wait of one slice returned nothing, so
+  what was sent before the name was read first, as a deadline reads
+  it): the other exchange in flight keeps its deadline (a warp would end
+  both). A name that matches no exchange in flight (it ended already) is
+  dropped. `expire(None)` (the link was reset: what it carried is gone)
+  ends every exchange in flight whose answer was not read yet, and
+  records each one's tags in `reset_lost`. `expired` counts the
+  exchanges it ended."""
+
+  def __init__(self, *args, clock=time.monotonic, **kwargs):
+    self._to_expire = []
+    self._expire_lock = threading.Lock()
+    self.expired = 0
+    self.reset_lost = []
+    super().__init__(*args, clock=clock, **kwargs)
+
+  def expire(self, tags):
+    with self._expire_lock:
+      self._to_expire.append(None if tags is None else frozenset(
+          tuple(int(x) for x in t) for t in tags))
+
+  def _zmq_connect(self, address, max_message):
+    endpoint = super()._zmq_connect(address, max_message)
+    recv = endpoint.recv
+
+    def recv_then_expire(timeout_s):
+      with self._expire_lock:
+        named = len(self._to_expire)     # names given before this wait
+      got = recv(self.slice_s if named else timeout_s)
+      if got is None and named:
+        self._end_expired(named)
+      return got
+    endpoint.recv = recv_then_expire
+    return endpoint
+
+  def _end_expired(self, n):
+    with self._expire_lock:
+      lost, self._to_expire = self._to_expire[:n], self._to_expire[n:]
+    session = self.session
+    for tags in lost:
+      for ex in list(session.exchanges.values()):
+        named = frozenset((r,) + ex.tags[r] for r in ex.rids)
+        if ex.staging or not (tags is None or tags and tags <= named):
+          continue
+        for effect in session.poll(math.inf, ex.key):
+          self._ended[effect.key] = effect    # what `finish` picks up
+        self.expired += 1
+        if tags is None:
+          self.reset_lost.append(named)
+
+
+def drive(verifier, groups, rounds, in_flight=1, before_start=None):
+  """`rounds` rounds of each group of requests (lists of ids); returns the
+  RoundResults of each round in the order they were finished.
+
+  in_flight 1: a round at a time, group after group. 2: pipelined, as
+  `generate` runs groups: a group's round r + 1 starts as soon as its
+  round r is finished, while the other group's round is out (every start
+  but the first overlaps another round). The committed tokens are the
+  same either way (each request's keys are its own).
+  before_start(group, r, others): called before each start (others: the
+  `InFlight`s of the other groups then out).
+  """
+  if in_flight == 1:
+    out = []
+    for r in range(rounds):
+      for group in groups:
+        if before_start is not None:
+          before_start(group, r, [])
+        out.append(verifier.round(group))
+    return out
+  assert in_flight == 2, in_flight
+  flights, out = [], []
+
+  def start(g, r):
+    if before_start is not None:
+      before_start(groups[g], r, flights[:g] + flights[g + 1:])
+    return verifier.start(groups[g])
+
+  for g in range(len(groups)):
+    flights.append(start(g, 0))
+  for r in range(rounds):
+    for g in range(len(groups)):
+      out.append(verifier.finish(flights[g]))
+      if r + 1 < rounds:
+        flights[g] = start(g, r + 1)
+  return out
 
 
 class Served:

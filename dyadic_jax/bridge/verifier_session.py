@@ -598,13 +598,14 @@ class VerifierSession:
         decoded.append((codec.decode(frame, self.bounds), None))
       except ProtocolError as e:
         decoded.append((None, e.code))
+    claims = self._claims(decoded)
     i = 0
     while i < len(decoded):
       got, code = decoded[i]
       kind = headers[i].kind
       if kind == Kind.PACKED:
         if code is not None:
-          self._broken(code, headers[i], "PACKED")
+          self._broken(code, headers[i], "PACKED", claims)
           return
         assert got is not None
         self._packed(got)
@@ -621,26 +622,58 @@ class VerifierSession:
         i += 1
       else:
         self._broken(Code.BAD_SEQUENCE, headers[i], "rows without COMPLETION"
-                     if kind == Kind.REPLY else f"{Kind(kind).name} frame")
+                     if kind == Kind.REPLY else f"{Kind(kind).name} frame",
+                     claims)
         return
       if done_code is not None:
-        self._broken(done_code, headers[i - 1], "COMPLETION")
+        self._broken(done_code, headers[i - 1], "COMPLETION", claims)
         return
       assert done is not None       # decoded (no code)
       self._answer(reply, reply_code, done)
 
-  def _broken(self, code: int, header: layouts.Header, detail: str) -> None:
+  def _claims(self, decoded: list[tuple[codec.Frame | None, int | None]]
+              ) -> Exchange | None:
+    """The exchange a message answers, by the first of its decoded frames
+    that names a request of an exchange in flight under that request's
+    tag there (a worker answers one STEP message with one message: with
+    two rounds in flight the (generation, round) of a header alone can be
+    both exchanges')."""
+    for got, _ in decoded:
+      if got is None:
+        continue
+      if got.records is not None:
+        if not len(got.records):
+          continue
+        rec = got.records[0]
+        rid, tag = int(rec["request"]), (int(rec["generation"]),
+                                         int(rec["round"]))
+      elif got.kind in (Kind.REPLY, Kind.COMPLETION):
+        rid, tag = int(got.body.request), got.tag
+      else:
+        continue
+      ex = self._owner.get(rid)
+      if ex is not None and ex.tags[rid] == tag:
+        return ex
+    return None
+
+  def _broken(self, code: int, header: layouts.Header, detail: str,
+              claims: Exchange | None = None) -> None:
     """An authenticated frame that cannot be attributed to one request:
-    it fails every unanswered request of the exchange it claims (the
-    oldest open one with a request of its tag; else the oldest open one:
-    a worker answers STEP messages in the order they came)."""
+    it fails every unanswered request of the exchange it claims: the one
+    its message answers (`claims`; none when that one is answered in
+    full already: another exchange is never failed for it), else the
+    oldest open one with a request of its tag, else the oldest open one
+    (a worker answers STEP messages in the order they came)."""
     tag = (header.generation, header.round)
     late = self._late(tag)
     open_ = [ex for ex in self.exchanges.values()
              if not ex.staging and not ex.complete]
-    ex = next((e for e in open_ if any(
-        e.tags[r] == tag and not e.answered[e.index[r]] for r in e.rids)),
-              open_[0] if open_ else None)
+    if claims is not None:
+      ex = claims if claims in open_ else None
+    else:
+      ex = next((e for e in open_ if any(
+          e.tags[r] == tag and not e.answered[e.index[r]] for r in e.rids)),
+                open_[0] if open_ else None)
     if late or ex is None:
       self.counters.reject(late or code, detail)
       return

@@ -15,9 +15,9 @@ it damages fails authentication at the receiver.
 
 With probability `rate` each STEP message (verifier -> worker) and each
 reply message (REPLY/COMPLETION frames, worker -> verifier) gets one fault,
-drawn from `kinds` by a numpy Generator seeded with `seed` (one draw per
-eligible message, so a run with the same message sequence gets the same
-faults):
+drawn from `kinds` by a numpy Generator seeded with `seed`, the direction
+and the message's tags (so an exchange gets the same fault whatever the
+order its messages and another exchange's cross the proxy in):
 
     delay      held until the verifier gave the exchange up (its COMMIT of
                the exchange passed the proxy; that happens only after its
@@ -37,11 +37,22 @@ faults):
     jitter     benign: held for a uniform time below `jitter_s` (well under
                the deadline), then delivered
 
-After a fault in LOST has acted, `on_lost()` is called (from the proxy's
-thread) when given: a test's clock moves past the verifier's deadline
-there (tests/bridge_harness.py `WarpClock`), so that the deadline can be
-generous (a loaded machine never times out a healthy exchange) while a
-lost exchange costs no wall time.
+After a fault in LOST has acted, `on_lost(tags)` is called (from the
+proxy's thread) when given, with the lost exchange's tags: a test ends
+that exchange there (tests/bridge_harness.py `ExpiringVerifier`), so that
+the deadline can be generous (a loaded machine never times out a healthy
+exchange) while a lost exchange costs no wall time.
+
+Rounds in flight. The proxy follows each exchange from its STEP message to
+its COMMIT (the verifier's end of it); with two rounds in flight (HELLO's
+`max_slots`) another exchange may be in the link when a fault acts. A
+`reset` loses what the link carried for every exchange in flight (an
+answer the worker sends to a closed connection is gone, and so is a
+message still queued in a socket the proxy closes), so after its own
+exchange's `on_lost(tags)` it calls `on_lost(None)`: every exchange in
+flight on the verifier may be lost (a test allows those a TIMEOUT; no
+other fault kind reaches past its own exchange). `detail["in_flight"]`
+records the others the proxy had seen a STEP of and no COMMIT yet.
 
 An exchange is the set of (request, generation, round) tags its frames
 carry (a STEP and its reply carry the same set). Each exchange gets AT MOST
@@ -49,7 +60,9 @@ ONE fault in both directions together, and copies the proxy itself sends
 (late or duplicated messages) are never faulted again, so that every fault
 maps to exactly one exchange and a test can account for each. HELLO, COMMIT
 and RESET messages always pass untouched. `pause()` stops new faults (the
-thread still releases held messages), e.g. for a clean drain round.
+thread still releases held messages); `spare(tags)` exempts one exchange,
+named before its STEP leaves (a clean drain round, whichever messages of
+another exchange cross the proxy meanwhile).
 
 Every fault is recorded as a `Fault` in `.faults`, in injection order;
 `counts()` summarizes them by (direction, kind). The proxy serves one
@@ -106,7 +119,8 @@ class Fault(typing.NamedTuple):
   detail: kind parameters: frame, byte, bit (corrupt); frame, cut, kept
     (truncate); frames (reorder, the two indexes); sockets (reset);
     hold_s (jitter); released_s (delay and jitter: how long it was
-    held); reset_s (how long closing and re-creating took).
+    held); reset_s (how long closing and re-creating took); in_flight
+    (reset: the tags of each other exchange in flight, lost with it).
   original: the message's frames as received (bytes), if keep_frames.
   damaged: the frames as delivered (corrupt, truncate, reorder), if
     keep_frames; None otherwise.
@@ -213,7 +227,8 @@ class Proxy:
     reset_sockets: which sockets a reset re-creates, drawn uniformly.
     keep_frames: keep each faulted message's frames in its record.
     reset_linger_s: how long a closed socket may flush what it queued.
-    on_lost: called with no argument after a fault in LOST has acted.
+    on_lost: called with the tags of the exchange lost after a fault in
+      LOST acted; after a reset, then with None (whatever was in flight).
   """
 
   def __init__(self, front_address, back_address, *, rate, seed, deadline_s,
@@ -245,11 +260,18 @@ class Proxy:
     self.keep_frames = keep_frames
     self.reset_linger_ms = int(reset_linger_s * 1000)
     self.on_lost = on_lost
-    self._rng = np.random.default_rng(seed)
+    self.seed = int(seed)
     self.faults = []
     self.forwarded = collections.Counter()   # (direction, kind name) -> n
     self.unroutable = 0       # replies held until the verifier reconnected
-    self._faulted = set()     # exchanges (frozensets of tags) with a fault
+    # Tags of the exchanges with a fault, and of those never to fault
+    # (`spare`): a message is eligible if it carries none of them (an
+    # answer to a STEP one frame short carries part of its exchange).
+    self._faulted = set()
+    self._spared = set()
+    # Exchanges whose STEP message passed and whose COMMIT has not: what
+    # the link may carry (frozenset of tags -> tags, in STEP order).
+    self._open = {}
     self._held = []
     self._to_front = []       # replies waiting for a (re)connected verifier
     self._peer = None         # the verifier's routing id on the front socket
@@ -298,6 +320,12 @@ class Proxy:
 
   def resume(self):
     self._paused.clear()
+
+  def spare(self, tags):
+    """No fault for the exchange of these (request, generation, round)
+    tags (its STEP and its reply); call it before its STEP is sent."""
+    with self._lock:
+      self._spared.update(tuple(int(x) for x in t) for t in tags)
 
   def counts(self):
     """{(direction, kind): number of faults injected}."""
@@ -435,6 +463,8 @@ class Proxy:
       self._send_front(message)
     kind = _kind_of(frames)
     if kind in (Kind.STEP, Kind.CONTEXT, Kind.PACKED_STEP):  # a STEP message
+      tags = message_tags(frames)
+      self._open[frozenset(tags)] = tags
       self._maybe_fault(TO_WORKER, frames)
       return
     self._send(TO_WORKER, frames)
@@ -442,6 +472,8 @@ class Proxy:
       # The verifier gave these exchanges up or finished them: a delayed
       # message of theirs is now late, whatever the clock says.
       done = set(message_tags(frames))
+      for key in [k for k in self._open if k & done]:
+        del self._open[key]
       for held in [h for h in self._held if h.tags & done]:
         self._release(held)
 
@@ -470,42 +502,51 @@ class Proxy:
       return
     tags = message_tags(frames)
     exchange = frozenset(tags)
-    # One draw per eligible message, so a run is reproducible from `seed`.
-    u = self._rng.random()
-    if (self._paused.is_set() or exchange in self._faulted
+    # A generator per message, from the seed, the direction and the tags:
+    # an exchange's fault does not depend on how its messages interleave
+    # with another exchange's.
+    rng = np.random.default_rng([self.seed, int(direction == TO_VERIFIER)] + [
+        x + 1 for t in tags for x in t])
+    u = rng.random()
+    with self._lock:
+      spared = not exchange.isdisjoint(self._spared)
+    if (self._paused.is_set() or spared or not exchange.isdisjoint(
+        self._faulted)
         or u >= self.rate):
       self._send(direction, frames)
       return
-    self._faulted.add(exchange)
-    kind = str(self._rng.choice(self.kinds, p=self._p))
+    self._faulted.update(exchange)
+    kind = str(rng.choice(self.kinds, p=self._p))
     if kind == "reorder" and len(frames) < 2:
       kind = "corrupt"          # nothing to swap in a one-frame message
     detail, damaged = {}, None
     if kind == "corrupt":
-      i = int(self._rng.integers(len(frames)))
+      i = int(rng.integers(len(frames)))
       frame = bytearray(frames[i])
       if frame:
-        byte, bit = int(self._rng.integers(len(frame))), int(
-            self._rng.integers(8))
+        byte, bit = int(rng.integers(len(frame))), int(
+            rng.integers(8))
         frame[byte] ^= 1 << bit
         detail = {"frame": i, "byte": byte, "bit": bit}
       damaged = frames[:i] + [bytes(frame)] + frames[i + 1:]
     elif kind == "truncate":
-      i = int(self._rng.integers(len(frames)))
-      cut = int(self._rng.integers(1, len(frames[i]) + 1)) if frames[i] else 0
+      i = int(rng.integers(len(frames)))
+      cut = int(rng.integers(1, len(frames[i]) + 1)) if frames[i] else 0
       damaged = frames[:i] + [frames[i][:len(frames[i]) - cut]] + (
           frames[i + 1:])
       detail = {"frame": i, "cut": cut, "kept": len(frames[i]) - cut}
     elif kind == "reorder":
-      i, j = sorted(int(x) for x in self._rng.choice(len(frames), 2,
+      i, j = sorted(int(x) for x in rng.choice(len(frames), 2,
                                                       replace=False))
       damaged = list(frames)
       damaged[i], damaged[j] = damaged[j], damaged[i]
       detail = {"frames": (i, j)}
     elif kind == "reset":
-      detail = {"sockets": str(self._rng.choice(self.reset_sockets))}
+      detail = {"sockets": str(rng.choice(self.reset_sockets)),
+                "in_flight": tuple(t for k, t in self._open.items()
+                                   if k != exchange)}
     elif kind == "jitter":
-      detail = {"hold_s": float(self._rng.uniform(0, self.jitter_s))}
+      detail = {"hold_s": float(rng.uniform(0, self.jitter_s))}
     keep = self.keep_frames
     with self._lock:
       self.faults.append(Fault(
@@ -530,12 +571,15 @@ class Proxy:
                               now + detail["hold_s"], index, now))
     # drop: nothing is sent.
     if kind in LOST:
-      self.lost()
+      self.lost(tags)
+    if kind == "reset":
+      self.lost(None)
 
-  def lost(self):
-    """The exchange in flight cannot complete: tells `on_lost`."""
+  def lost(self, tags):
+    """The exchange of these tags (None: every exchange in flight) cannot
+    complete: tells `on_lost`."""
     if self.on_lost is not None:
-      self.on_lost()
+      self.on_lost(tags)
 
 
 def _name(kind):

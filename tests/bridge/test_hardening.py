@@ -16,7 +16,8 @@ otherwise, and each defect is exactly the one named:
   process under a 500 MB message), frames-per-message caps;
 * memory bounded by the live requests (removal, bounded views);
 * authentication: a peer without the key gets nothing accepted (a HELLO
-  storm, replayed HELLOs, a fake worker on the port);
+  storm, replayed HELLOs and STEPs, oversize messages, a fake worker on
+  the port), with one round in flight and with two;
 * CONTEXT frames (a worker with `wants_context`): every refusal class
   counted under its code with no state change, every field at every
   extreme, the socket bound the frames need.
@@ -594,38 +595,126 @@ def test_views_are_bounded_without_removal():
   assert session.counters.events("views_evicted") == 92
 
 
-def test_a_hello_storm_without_the_key_forces_no_fallback():
-  """A HELLO every 2 ms from a process without the secret (and replays of
-  the real verifier's own recorded HELLO) forced 50% fallbacks before.
-  Now the storm is counted (AUTH_FAILED) and displaces nothing."""
-  with h.running(SPARSE) as (worker, verifier):
-    # A legitimate HELLO, recorded off the wire and replayed.
-    recorded = bytes(bridge.VerifierSession(
-        SPARSE, secret=h.SECRET).hello().message)
-    stop = threading.Event()
+GROUPS = [[0, 1], [2, 3]]
+ATTACKED_ROUNDS = 8            # rounds of each group under attack
 
-    def storm():
-      client = Client(worker.address, secret=h.random_secret())
-      replay = Client(worker.address)
-      while not stop.is_set():   # a full queue just drops: keep going
-        client.endpoint.send(client.session.hello().message)
-        replay.endpoint.send(recorded)
-        time.sleep(0.002)
-      client.close()
-      replay.close()
-    thread = threading.Thread(target=storm, daemon=True)
+
+class Recording(h.Tampering):
+  """A worker that keeps every message it received: what an on-path
+  observer records off the wire, to replay."""
+
+  def __init__(self, *args, **kwargs):
+    super().__init__(*args, **kwargs)
+    self.received = []
+    self.lock = threading.Lock()
+
+  def handle(self, message):
+    with self.lock:
+      self.received.append(bytes(message))
+    return super().handle(message)
+
+
+def _hello_storm(worker, stop):
+  """HELLOs from a process without the secret, and replays of a real
+  verifier's recorded HELLO, every 2 ms."""
+  recorded = bytes(bridge.VerifierSession(SPARSE, secret=h.SECRET).hello()
+                   .message)
+  client = Client(worker.address, secret=h.random_secret())
+  replay = Client(worker.address)
+  while not stop.is_set():   # a full queue just drops: keep going
+    client.endpoint.send(client.session.hello().message)
+    replay.endpoint.send(recorded)
+    time.sleep(0.002)
+  client.close()
+  replay.close()
+
+
+def _replays(worker, stop):
+  """The live session's own messages (STEPs, COMMITs, the HELLO), recorded
+  off the wire and replayed by a peer without the key, every 2 ms."""
+  rng = np.random.default_rng(7)
+  client = Client(worker.address, secret=h.random_secret())
+  while not stop.is_set():
+    with worker.lock:
+      recorded = worker.received[rng.integers(len(worker.received))]
+    client.endpoint.send(recorded)
+    time.sleep(0.002)
+  client.close()
+
+
+def _oversize(worker, stop):
+  """Messages over the worker's socket bound (libzmq drops each sender's
+  connection unread), and within it a frame that declares 2^32 - 1 bytes
+  (refused by the split, before any frame is read)."""
+  frame = bytearray(codec.encode(Kind.COMMIT, session=1, generation=0,
+                                 round_id=0))
+  frame[8:12] = (2 ** 32 - 1).to_bytes(4, "little")   # the header's length
+  client = Client(worker.address, secret=h.random_secret())
+  big = bytes(worker.max_message + 1)
+  while not stop.is_set():
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(worker.address)
+    sock.send(big, zmq.DONTWAIT)
+    client.endpoint.send(bytes(frame))
+    time.sleep(0.005)
+    sock.close(linger=0)
+  client.close()
+
+
+ATTACKS = {"hello_storm": _hello_storm, "replays": _replays,
+           "oversize": _oversize}
+
+
+@pytest.fixture(scope="module")
+def clean_tokens():
+  """Each request's committed tokens after ATTACKED_ROUNDS rounds of each
+  group, one round in flight, nothing else on the link."""
+  with h.running(SPARSE, requests=4) as (_, verifier):
+    h.drive(verifier, GROUPS, ATTACKED_ROUNDS)
+    return {rid: list(r.tokens) for rid, r in verifier.requests.items()}
+
+
+@pytest.mark.parametrize("in_flight", [1, 2])
+@pytest.mark.parametrize("attack", sorted(ATTACKS))
+def test_keyless_traffic_forces_no_fallback(attack, in_flight, clean_tokens):
+  """A peer without the key floods the worker while the verifier runs its
+  rounds, one or two in flight: HELLOs (and replays of a recorded HELLO:
+  they forced 50% fallbacks before), the live session's own recorded
+  messages replayed, oversize messages. Nothing of it is accepted: every
+  round verified, the session kept, no proposal drawn for the peer (no
+  PROPOSAL key spent), no resync; both groups commit the tokens one round
+  in flight commits undisturbed; and the worker counts the refusals."""
+  with h.running(SPARSE, worker_cls=Recording, requests=4) as (
+      worker, verifier):
+    proposals = worker.counters.events("proposals")
+    stop = threading.Event()
+    thread = threading.Thread(target=ATTACKS[attack], args=(worker, stop),
+                              daemon=True)
+    h.drive(verifier, GROUPS, 1, in_flight)   # the peer replays from here
     thread.start()
     try:
-      fallbacks = []
-      for _ in range(30):
-        fallbacks += [r for r in verifier.round([0, 1]) if r.fallback]
+      # The refusals are counted before and while the rounds run.
+      deadline = time.monotonic() + h.GENEROUS_S
+      while worker.counters.total_errors() < 3:
+        assert time.monotonic() < deadline, worker.counters.snapshot()
+        time.sleep(0.005)
+      results = h.drive(verifier, GROUPS, ATTACKED_ROUNDS - 1, in_flight)
     finally:
       stop.set()
       thread.join()
+    fallbacks = [r for batch in results for r in batch if r.fallback]
     assert not fallbacks, (fallbacks, verifier.counters.snapshot(),
                            worker.counters.snapshot())
-    assert worker.counters.errors(Code.AUTH_FAILED) > 10
+    assert {rid: r.tokens for rid, r in verifier.requests.items()} == (
+        clean_tokens)
     assert worker.session.established.id == verifier.session.session
+    assert worker.counters.events("proposals") - proposals == (
+        2 * len(GROUPS) * ATTACKED_ROUNDS)
+    assert not worker.counters.events("resyncs")
+    # Two drives: each one's first start overlaps nothing.
+    assert verifier.counters.events("overlapped") == (
+        (len(GROUPS) * ATTACKED_ROUNDS - 2) * (in_flight - 1))
 
 
 def test_a_fake_worker_without_the_key_gets_nothing_accepted():
@@ -645,32 +734,46 @@ def test_a_fake_worker_without_the_key_gets_nothing_accepted():
     fake.close()
 
 
-def test_replays_across_sessions_fail_authentication():
+@pytest.mark.parametrize("in_flight", [1, 2])
+def test_replays_across_sessions_fail_authentication(in_flight):
+  """STEPs of an old session (one round in flight, or two: requests 0 and
+  1 in rounds of their own) replayed into a new one with as many rounds
+  in flight: none is drawn, each refused and counted once."""
   c = SPARSE
+  groups = [[rid] for rid in range(in_flight)]
   worker = bridge.WorkerSession(c, secret=h.SECRET)
   old = bridge.VerifierSession(c, secret=h.SECRET)
   for send in worker.finish(worker.receive(old.hello().message)):
     old.receive(bytes(send.message))
-  old.add_request(0, [1], seed=1)
-  recorded = bytes(old.begin([0], 2, 0.0).message)
-  answer = worker.receive(recorded)
-  assert answer.propose
+  recorded = []
+  for rid, group in enumerate(groups):
+    old.add_request(rid, [1], seed=1 + rid)
+    recorded.append(bytes(old.begin(group, 2, 0.0).message))
+    answer = worker.receive(recorded[-1])
+    assert answer.propose
+    worker.finish(answer)
+  assert len(old.exchanges) == in_flight
   new = bridge.VerifierSession(c, secret=h.SECRET)
   for send in worker.finish(worker.receive(new.hello().message)):
     new.receive(bytes(send.message))
-  new.add_request(0, [1], seed=1)
-  worker.finish(worker.receive(new.begin([0], 2, 0.0).message))
+  for rid, group in enumerate(groups):
+    new.add_request(rid, [1], seed=1 + rid)
+    worker.finish(worker.receive(new.begin(group, 2, 0.0).message))
   new.abandon()
-  # The old session's STEP, replayed into the new session: its session id
-  # is no longer known (UNKNOWN_SESSION); forged into the new session's
-  # id it fails the MAC (AUTH_FAILED); reflected to its sender, too.
-  assert not worker.receive(recorded).propose
-  forged = bytearray(recorded)
-  forged[16:24] = new.session.to_bytes(8, "little")
-  assert not worker.receive(bytes(forged)).propose
-  assert worker.counters.errors(Code.AUTH_FAILED) == 1
-  assert new.receive(bytes(new.begin([0], 1, 0.0).message)) == []
-  assert new.counters.errors(Code.AUTH_FAILED) == 1
+  # The old session's STEPs, replayed into the new session: its session
+  # id is no longer known (UNKNOWN_SESSION); forged into the new session's
+  # id they fail the MAC (AUTH_FAILED); reflected to their sender, too.
+  for message in recorded:
+    assert not worker.receive(message).propose
+    forged = bytearray(message)
+    forged[16:24] = new.session.to_bytes(8, "little")
+    assert not worker.receive(bytes(forged)).propose
+  assert worker.counters.errors(Code.AUTH_FAILED) == in_flight
+  assert worker.counters.errors(Code.UNKNOWN_SESSION) == in_flight
+  for group in groups:
+    assert new.receive(bytes(new.begin(group, 1, 0.0).message)) == []
+  assert len(new.exchanges) == in_flight
+  assert new.counters.errors(Code.AUTH_FAILED) == in_flight
 
 
 def test_a_replayed_hello_cannot_evict_the_session_being_opened():

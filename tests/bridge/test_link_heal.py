@@ -106,11 +106,12 @@ def _key_set(tmp_path_factory):
           directory)
 
 
-def _restarted_link(squat, curve_pair=None):
+def _restarted_link(squat, curve_pair=None, in_flight=1):
   """Rounds of a verifier whose worker died, whose port `squat(address,
-  verifier)` took for a while, and which restarted on the same port:
-  [(fallback, tag)] of ROUNDS rounds after the restart, the tags of the
-  rounds before and the counters."""
+  verifier)` took for a while, and which restarted on the same port, one
+  round in flight (request 0) or two (requests 0 and 1, pipelined):
+  {rid: [(fallback, tag)]} of ROUNDS rounds after the restart,
+  {rid: [tag]} of the rounds before, and the counters."""
   wcurve, vcurve = curve_pair or (None, None)
   c = SPARSE
   served = h.serve(h.Tampering(c, h.proposer_for(c)), curve=wcurve)
@@ -118,22 +119,26 @@ def _restarted_link(squat, curve_pair=None):
   verifier = h.WarpVerifier(c, address, target_fn=h.target_fn_for(h.toy()),
                             secret=h.SECRET, timeout_s=h.GENEROUS_S,
                             clock=h.WarpClock(), curve=vcurve)
+  groups = [[rid] for rid in range(in_flight)]
+  before = {g[0]: [] for g in groups}
+  after = {g[0]: [] for g in groups}
   try:
     verifier.open()
-    verifier.add_request(0, [1], seed=3)
-    before = [(r.generation, r.round) for _ in range(3)
-              for r in verifier.round([0])]
+    for rid in before:
+      verifier.add_request(rid, [1], seed=3 + rid)
+    for results in h.drive(verifier, groups, 3, in_flight):
+      before[results[0].rid].append((results[0].generation,
+                                     results[0].round))
     served.close()                               # the worker dies
     squat(address, verifier)
     served = _bind(lambda a: h.serve(h.Tampering(c, h.proposer_for(c)), a,
                                      curve=wcurve), address)   # back again
-    after = []
     for _ in range(ROUNDS):
       # A round that waits is a lost one: the guard warps its deadline.
       timer = threading.Timer(15.0, verifier.clock.warp)
       timer.start()
-      after += [(r.fallback, (r.generation, r.round))
-                for r in verifier.round([0])]
+      for (r,) in h.drive(verifier, groups, 1, in_flight):
+        after[r.rid].append((r.fallback, (r.generation, r.round)))
       timer.cancel()
     return after, before, verifier.counters.snapshot()
   finally:
@@ -142,41 +147,52 @@ def _restarted_link(squat, curve_pair=None):
 
 
 def _assert_healed(after, before, snapshot, within):
-  fallbacks = [i for i, (fallback, _) in enumerate(after) if fallback]
-  assert all(i < within for i in fallbacks), (after, snapshot)
-  assert len(fallbacks) <= within, (after, snapshot)
-  # Nothing stale is committed: every round's (generation, round) tag is
-  # newer than any before it (no key is drawn twice).
-  tags = before + [tag for _, tag in after]
-  assert all(a < b for a, b in zip(tags, tags[1:])), tags
+  """Each request (its own round in flight) falls back in its first
+  `within` rounds only, and commits nothing stale."""
+  for rid, rounds in after.items():
+    fallbacks = [i for i, (fallback, _) in enumerate(rounds) if fallback]
+    assert all(i < within for i in fallbacks), (rid, after, snapshot)
+    # Nothing stale is committed: every round's (generation, round) tag
+    # is newer than any before it (no key is drawn twice).
+    tags = before[rid] + [tag for _, tag in rounds]
+    assert all(a < b for a, b in zip(tags, tags[1:])), (rid, tags)
+  # Two requests: two rounds in flight once a session is open.
+  assert (snapshot["events"].get("overlapped", 0) > 0) == (len(after) == 2)
 
 
-def test_an_oversize_squatter_cannot_cut_the_verifier_off():
+@pytest.mark.parametrize("in_flight", [1, 2])
+def test_an_oversize_squatter_cannot_cut_the_verifier_off(in_flight):
   """40 of 40 rounds fell back on main: libzmq never reconnects after the
-  protocol error. Now the worker is heard again within 2 rounds."""
+  protocol error. Now the worker is heard again within 2 rounds, with one
+  round in flight or two."""
   def squat(address, verifier):
     # One byte over the bound of the verifier's socket (its HELLO bound:
     # 4,096 bytes at these small capabilities).
     _oversize_squatter(address, verifier.endpoint.socket.getsockopt(
         zmq.MAXMSGSIZE) + 1)
-  after, before, snapshot = _restarted_link(squat)
+  after, before, snapshot = _restarted_link(squat, in_flight=in_flight)
   _assert_healed(after, before, snapshot, within=2)
   assert snapshot["events"]["reconnects"] >= 1
 
 
-def test_a_keyless_curve_squatter_cannot_cut_the_verifier_off(key_set):
+@pytest.mark.parametrize("in_flight", [1, 2])
+def test_a_keyless_curve_squatter_cannot_cut_the_verifier_off(key_set,
+                                                             in_flight):
   """With CURVE, a process that only binds the port (a failed handshake)
-  did the same on main. Now: heard again within 2 rounds."""
+  did the same on main. Now: heard again within 2 rounds, with one round
+  in flight or two."""
   worker_keys, verifier_keys, _ = key_set
   after, before, snapshot = _restarted_link(
       lambda address, verifier: _curve_squatter(address),
-      (worker_keys.curve, verifier_keys.curve))
+      (worker_keys.curve, verifier_keys.curve), in_flight=in_flight)
   _assert_healed(after, before, snapshot, within=2)
 
 
-def test_a_plain_worker_restart_costs_at_most_one_round():
+@pytest.mark.parametrize("in_flight", [1, 2])
+def test_a_plain_worker_restart_costs_at_most_one_round(in_flight):
   """The control: no squatter (main: 1 fallback, then it recovered)."""
-  after, before, snapshot = _restarted_link(lambda address, verifier: None)
+  after, before, snapshot = _restarted_link(lambda address, verifier: None,
+                                            in_flight=in_flight)
   _assert_healed(after, before, snapshot, within=1)
 
 
@@ -391,13 +407,16 @@ def test_an_on_path_observer_sees_no_frame_by_default(key_set):
     relay.close()
 
 
-def test_another_workers_refusal_cannot_end_a_round():
+@pytest.mark.parametrize("in_flight", [1, 2])
+def test_another_workers_refusal_cannot_end_a_round(in_flight):
   """A keyless STEP with the session and tags of a live exchange, sent to
   another worker of the deployment (one that knows no session), got an
   authentic RESET(UNKNOWN_SESSION) back; delivered on path it ended the
   round (a fallback, and a new HELLO). Now a refusal is keyed by the tag
   of the frame it refuses: the verifier counts it (AUTH_FAILED) and the
-  round is answered."""
+  round is answered; with two rounds in flight (requests 0 and 1 in
+  groups of their own) neither ends, whichever exchange's keys it is
+  tried under."""
   other = bridge.WorkerSession(SPARSE, secret=h.SECRET)   # knows no session
 
   class Relay(h.Tampering):
@@ -405,8 +424,9 @@ def test_another_workers_refusal_cannot_end_a_round():
       self.last = bytes(message)
       return super().handle(message)
 
+  groups = [[0, 1]] if in_flight == 1 else [[0], [1]]
   with h.running(SPARSE, worker_cls=Relay) as (worker, verifier):
-    verifier.round([0, 1])
+    h.drive(verifier, groups, 1, in_flight)
 
     def inject(messages, tagger):
       del tagger
@@ -417,9 +437,11 @@ def test_another_workers_refusal_cannot_end_a_round():
       return [bytes(refusal[0].message)] + messages
 
     worker.tamper = inject
-    results = verifier.round([0, 1])
+    results = [r for batch in h.drive(verifier, groups, 1, in_flight)
+               for r in batch]
     assert not any(r.fallback for r in results), (
         verifier.counters.snapshot())
+    assert verifier.counters.events("overlapped") == 2 * (in_flight - 1)
     assert verifier.counters.errors(Code.AUTH_FAILED) == 1
     assert verifier.counters.errors(Code.UNKNOWN_SESSION) == 0
 

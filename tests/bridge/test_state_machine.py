@@ -18,7 +18,12 @@ worker; reset, remove and re-add of a request; reconnect (maybe with a
 duplicated HELLO answer); another verifier taking the worker over; a
 worker restart; a storm of HELLOs without the key. ContextMachine runs
 them all on a session that agreed on CONTEXT frames, with a context
-budget small enough to evict.
+budget small enough to evict. TwoInFlightMachine keeps two exchanges in
+flight (HELLO's max_slots 2): a second round begun while the first is
+out, answers read in either order, one exchange's answer dropped,
+corrupted, forged, held back or timed out while the other commits, old
+STEPs and COMMITs replayed to the worker, a reconnect ending both; per
+exchange its tags, staging slot and fallback are its own.
 
 What is checked, without re-deriving the sessions' classification:
 
@@ -125,6 +130,58 @@ def _stand_in(seed, generation, round_id, what):
   return int.from_bytes(digest, "little")
 
 
+def _forge(pair, message):
+  """A buggy worker's answer: `message` with the first drafted token of its
+  first request replaced by another id its q gives mass, re-sealed with
+  the worker's session key (the sampling audit's case)."""
+  # The worker's key now (a STEP promoted its pending session).
+  tagger = pair.worker.established.keys.send
+  frames = h.frames(message)
+  for i, f in enumerate(frames):
+    if codec.peek(f)[0] == Kind.PACKED:   # the first record
+      buf = bytearray(f)
+      rows = codec.decode(buf, pair.caps.bounds._replace(packed=True)).rows
+      live = rows.ids[0, 0, :rows.n[0, 0]]
+      rows.tokens[0, 0] = int(next(x for x in live
+                                   if x != rows.tokens[0, 0]))
+      frames[i] = h.reseal(buf, tagger)
+      break
+    if codec.peek(f)[0] == Kind.REPLY:
+      _, rows = h.reply_rows(f, pair.caps)
+      live = rows.ids[0, :rows.n[0]]
+      tokens = rows.tokens.copy()
+      tokens[0] = int(next(x for x in live if x != rows.tokens[0]))
+      frames[i] = h.rewrite_reply(f, pair.caps, tagger, tokens=tokens)
+      break
+  return h.join(h.reframe(frames, tagger))
+
+
+def _outcomes(plan, model):
+  """Deterministic stand-in verification outcomes of a plan's requests:
+  (accepted, next token), or (0, a target-only token) where it fell
+  back."""
+  outcomes = []
+  for i, rid in enumerate(plan.rids):
+    g, r = (int(x) for x in plan.tags[i])
+    seed = model[int(rid)].seed
+    if plan.codes[i]:
+      outcomes.append((0, _stand_in(seed, g, r, "target") % V))
+    else:
+      accepted = _stand_in(seed, g, r, "accepted") % (
+          plan.rows.tokens.shape[1] + 1)
+      outcomes.append((accepted, _stand_in(seed, g, r, "next") % V))
+  return outcomes
+
+
+def _check_committed(model, verifier):
+  """Each request's committed tokens are its prompt and its results'."""
+  for rid, m in model.items():
+    tokens = list(m.prompt)
+    for res in m.results:
+      tokens.extend(res.committed)
+    assert verifier.requests[rid].tokens == tokens
+
+
 @dataclasses.dataclass
 class RequestModel:
   seed: int
@@ -195,16 +252,7 @@ class ProtocolMachine(RuleBasedStateMachine):
     # Read until the round ends (the deadline passes when the inbox runs
     # dry); the staged rows are validated and audited.
     plan = pair.outcome(self.net.inbox)
-    outcomes = []
-    for i, rid in enumerate(plan.rids):
-      g, r = (int(x) for x in plan.tags[i])
-      m = self.model[int(rid)]
-      if plan.codes[i]:
-        outcomes.append((0, _stand_in(m.seed, g, r, "target") % V))
-      else:
-        accepted = _stand_in(m.seed, g, r, "accepted") % (depth + 1)
-        outcomes.append((accepted, _stand_in(m.seed, g, r, "next") % V))
-    results, message = pair.commit(plan, outcomes)
+    results, message = pair.commit(plan, _outcomes(plan, self.model))
     for res in results:
       self._check_result(res, tags[res.rid])
     if message is not None:
@@ -305,34 +353,11 @@ class ProtocolMachine(RuleBasedStateMachine):
   def buggy_worker_forges_a_token(self, batch, depth):
     """A worker with the key re-seals its reply with one drafted token that
     its q gives mass but its draw did not pick: the sampling audit."""
-    def forge(message):
-      # The worker's key now (the STEP just promoted a pending session).
-      tagger = self.pair.worker.established.keys.send
-      frames = h.frames(message)
-      for i, f in enumerate(frames):
-        if codec.peek(f)[0] == Kind.PACKED:   # request 0's first record
-          buf = bytearray(f)
-          rows = codec.decode(buf, self.caps.bounds._replace(
-              packed=True)).rows
-          live = rows.ids[0, 0, :rows.n[0, 0]]
-          rows.tokens[0, 0] = int(next(x for x in live
-                                       if x != rows.tokens[0, 0]))
-          frames[i] = h.reseal(buf, tagger)
-          break
-        if codec.peek(f)[0] == Kind.REPLY:
-          body, rows = h.reply_rows(f, self.caps)
-          live = rows.ids[0, :rows.n[0]]
-          other = int(next(x for x in live if x != rows.tokens[0]))
-          tokens = rows.tokens.copy()
-          tokens[0] = other
-          frames[i] = h.rewrite_reply(f, self.caps, tagger, tokens=tokens)
-          del body
-          break
-      return h.join(h.reframe(frames, tagger))
     if not self._worker_knows_us():
       return
     known = True
-    results = self._round(batch, depth, "deliver", "deliver", forge)
+    results = self._round(batch, depth, "deliver", "deliver",
+                          lambda message: _forge(self.pair, message))
     assert results[0].fallback, results
     if known:
       assert results[0].code == Code.SAMPLING_MISMATCH, results
@@ -403,11 +428,7 @@ class ProtocolMachine(RuleBasedStateMachine):
 
   @invariant()
   def committed_tokens_are_the_results(self):
-    for rid, m in self.model.items():
-      tokens = list(m.prompt)
-      for res in m.results:
-        tokens.extend(res.committed)
-      assert self.verifier.requests[rid].tokens == tokens
+    _check_committed(self.model, self.verifier)
 
   @invariant()
   def rounds_end_and_are_counted(self):
@@ -460,18 +481,261 @@ class ContextMachine(ProtocolMachine):
     super().teardown()
 
 
-# 120 examples in all, as before PACKED answers were the default.
-TestProtocol = ProtocolMachine.TestCase
-TestProtocol.settings = hypothesis.settings(
+# -- two rounds in flight --------------------------------------------------------
+
+GROUPS = ((0, 1), (2, 3))
+
+
+@dataclasses.dataclass
+class Flight:
+  """An exchange in flight, as the machine sees it."""
+  rids: list
+  tags: dict                 # rid -> (generation, round)
+  answers: list              # the worker's answer and copies, undelivered
+  faults: set = dataclasses.field(default_factory=set)   # applied to it
+
+
+class TwoInFlightMachine(RuleBasedStateMachine):
+  """Two exchanges in flight at once (HELLO's max_slots = 2) on the two
+  sessions: a second round begins while the first is out, answers are
+  read in any order, one exchange's answer is dropped, corrupted, forged,
+  held back (late) or timed out while the other commits, old STEPs and
+  COMMITs are replayed to the worker, and a reconnect ends both. Per
+  exchange: its results carry its own tags (never reused),
+  no token is committed twice (each result starts where the request's
+  committed tokens end), a verified drafted token is the worker's own
+  proposal for that tag, at most max_slots exchanges hold distinct
+  staging slots, and an exchange falls back only for a fault applied to
+  it (fallback isolation), with its code counted."""
+  caps = CAPS
+
+  def __init__(self):
+    super().__init__()
+    self.recorder = Recorder()
+    self.pair = session_pair.SessionPair(
+        self.caps, secret=SECRET, proposer=self.recorder,
+        timeout_s=TIMEOUT_S)
+    self.verifier = self.pair.verifier
+    self.model = {}
+    for group in GROUPS:
+      for rid in group:
+        self.verifier.add_request(rid, [rid + 1], seed=100 + rid)
+        self.model[rid] = RequestModel(100 + rid, [rid + 1])
+    self.flights = {}          # exchange key -> Flight
+    self.late = []             # answers held back, deliverable later
+    self.result_tags = set()
+    self.fallbacks = 0
+    self.overlaps = 0
+
+  @initialize()
+  def open_session(self):
+    assert self.pair.open()
+
+  # -- rules -------------------------------------------------------------------
+
+  @precondition(lambda self: len(self.flights) < 2)
+  @rule(group=st.sampled_from(GROUPS), depth=DEPTH,
+        step=st.sampled_from(["deliver", "drop", "dup"]))
+  def begin(self, group, depth, step):
+    """A round of `group` begins (the second one in flight when the other
+    group's is out); its STEP reaches the worker, twice, or never."""
+    if any(r in f.rids for f in self.flights.values() for r in group):
+      return
+    if not self.verifier.is_open:
+      assert self.pair.open()
+    self.overlaps += bool(self.flights)
+    message = self.pair.begin(list(group), depth)
+    key = max(self.verifier.exchanges)
+    flight = Flight(list(group), dict(self.verifier.exchanges[key].tags),
+                    [])
+    if step == "drop":
+      flight.faults.add("STEP dropped")
+    else:
+      flight.answers = self.pair.to_worker(message)
+      if step == "dup":
+        again = self.pair.to_worker(message)
+        assert again == flight.answers, "a retry was not answered byte for byte"
+        flight.answers += again
+    self.flights[key] = flight
+
+  @precondition(lambda self: any(f.answers for f in self.flights.values()))
+  @rule(data=st.data(),
+        fate=st.sampled_from(["deliver"] * 4 + ["corrupt", "forge", "hold"]),
+        commit=st.sampled_from(COMMITS))
+  def answer(self, data, fate, commit):
+    """One exchange's next answer (either exchange's, in any order): read,
+    corrupted on the wire (fails authentication, dropped), re-sealed with
+    a forged token by a buggy worker (the audit) or held back (late)."""
+    key = data.draw(st.sampled_from(sorted(
+        k for k, f in self.flights.items() if f.answers)))
+    flight = self.flights[key]
+    message = flight.answers.pop(0)
+    if fate == "hold":
+      flight.faults.add("answer held")
+      self.late.append(message)
+      return
+    if fate == "corrupt":
+      flight.faults.add("answer corrupted")
+      buf = bytearray(message)
+      bit = data.draw(st.integers(0, 8 * len(buf) - 1))
+      buf[bit // 8] ^= 1 << (bit % 8)
+      before = self.verifier.counters.total_errors()
+      assert self.pair.to_verifier(bytes(buf)) == []
+      assert self.verifier.counters.total_errors() == before + 1
+      return
+    if fate == "forge":
+      flight.faults.add("token forged")
+      message = _forge(self.pair, message)
+    self._end(self.pair.to_verifier(message), commit)
+
+  @precondition(lambda self: any(not f.answers
+                                 for f in self.flights.values()))
+  @rule(data=st.data(), commit=st.sampled_from(COMMITS))
+  def time_out(self, data, commit):
+    """The deadline of an exchange whose answer is lost, dropped or held
+    passes; the other keeps its own."""
+    key = data.draw(st.sampled_from(sorted(
+        k for k, f in self.flights.items() if not f.answers)))
+    flight = self.flights[key]
+    flight.faults.add("timed out")
+    self.late += flight.answers
+    flight.answers = []
+    effects = self.verifier.poll(float("inf"), key)
+    assert [e.key for e in effects] == [key]
+    self._end(effects, commit)
+
+  @precondition(lambda self: self.late)
+  @rule(data=st.data())
+  def deliver_late(self, data):
+    """A held answer arrives: it answers its exchange if still in flight,
+    else it is refused (stale or duplicate) and changes nothing."""
+    message = self.late.pop(data.draw(st.integers(0, len(self.late) - 1)))
+    before = {k: self.verifier.exchanges[k].answered.copy()
+              for k in self.flights}
+    effects = self.pair.to_verifier(message)
+    if not effects:
+      for k, answered in before.items():
+        assert (self.verifier.exchanges[k].answered == answered).all()
+    self._end(effects, "deliver")
+
+  @precondition(lambda self: any(
+      codec.peek(m)[0] in (Kind.STEP, Kind.COMMIT)
+      for m in self.pair.worker_received))
+  @rule(data=st.data())
+  def replay_to_worker(self, data):
+    """An old STEP or COMMIT reaches the worker again while rounds are in
+    flight: refused, or answered from its cache (a copy, late); no key is
+    drawn twice (the Recorder)."""
+    seen = [m for m in self.pair.worker_received
+            if codec.peek(m)[0] in (Kind.STEP, Kind.COMMIT)]
+    self.late += self.pair.to_worker(
+        seen[data.draw(st.integers(0, len(seen) - 1))])
+
+  @precondition(lambda self: len(self.flights) == 2)
+  @rule()
+  def reconnect(self):
+    """A new session ends both exchanges in flight (TIMEOUT)."""
+    ended = set(self.flights)
+    for flight in self.flights.values():
+      flight.faults.add("reconnected")
+      self.late += flight.answers
+      flight.answers = []
+    self.verifier.reconnect()
+    effects = self.pair.poll()
+    assert sorted(e.key for e in effects) == sorted(ended)
+    for effect in effects:
+      assert (effect.plan.codes == Code.TIMEOUT).all()
+    self._end(effects, "deliver")
+    assert self.pair.open()
+
+  # -- ending an exchange --------------------------------------------------------
+
+  def _end(self, effects, commit):
+    """Validates (and audits) a Stage, commits each ended exchange."""
+    v = self.verifier
+    for effect in effects:
+      if isinstance(effect, bridge.Stage):
+        draws = audit.proposal_draws(*v.draw_inputs(effect.key),
+                                     effect.rows.tokens.shape[-1])
+        effect = self.pair.validate(effect, draws)
+      flight = self.flights.pop(effect.key)
+      plan = effect.plan
+      anchors = {r: len(v.requests[r].tokens) for r in flight.rids}
+      results, message = self.pair.commit(plan, _outcomes(plan, self.model))
+      for res in results:
+        self._check_result(res, flight, anchors[res.rid])
+      if message is not None:
+        for _ in range({"deliver": 1, "drop": 0, "dup": 2}[commit]):
+          self.pair.to_worker(message)
+
+  def _check_result(self, res, flight, anchor):
+    m = self.model[res.rid]
+    tag = flight.tags[res.rid]
+    assert (res.generation, res.round) == tag
+    key = (res.rid,) + tag
+    assert key not in self.result_tags, f"a tag repeated: {key}"
+    self.result_tags.add(key)
+    assert res.anchor == anchor       # nothing committed twice or skipped
+    if res.fallback:
+      self.fallbacks += 1
+      # Isolation: only a fault applied to this exchange fails it.
+      assert flight.faults, ("a fallback without a fault of its own", res)
+      assert self.verifier.counters.errors(res.code) > 0, res
+      allowed = {Code.TIMEOUT}
+      if "token forged" in flight.faults:
+        allowed.add(Code.SAMPLING_MISMATCH)
+      assert res.code in allowed, (res, flight.faults)
+    else:
+      drafted = self.recorder.tokens[(m.seed,) + tag]
+      assert res.committed[:-1] == drafted[:res.accepted], (res, drafted)
+    m.results.append(res)
+
+  # -- invariants ----------------------------------------------------------------
+
+  @invariant()
+  def committed_tokens_are_the_results(self):
+    _check_committed(self.model, self.verifier)
+
+  @invariant()
+  def exchanges_hold_their_own_slots(self):
+    exchanges = self.verifier.exchanges
+    assert sorted(exchanges) == sorted(self.flights)
+    assert len(exchanges) <= self.caps.max_slots
+    slots = [id(ex.slot) for ex in exchanges.values()]
+    assert len(set(slots)) == len(slots)
+    for key, flight in self.flights.items():
+      assert exchanges[key].tags == flight.tags
+
+  @invariant()
+  def every_fallback_and_overlap_is_counted(self):
+    counters = self.verifier.counters
+    assert counters.events("fallbacks") == self.fallbacks
+    assert counters.events("overlapped") == self.overlaps
+
+
+class TwoInFlightFramesMachine(TwoInFlightMachine):
+  caps = CAPS_FRAMES
+
+
+SETTINGS = hypothesis.settings(
     derandomize=True, database=None, deadline=None, max_examples=80,
     stateful_step_count=30, report_multiple_bugs=False,
     suppress_health_check=[hypothesis.HealthCheck.too_slow])
-TestProtocolFrames = FramesMachine.TestCase
-TestProtocolFrames.settings = hypothesis.settings(
-    TestProtocol.settings, max_examples=40)
-TestProtocolContext = ContextMachine.TestCase
-TestProtocolContext.settings = hypothesis.settings(
-    TestProtocol.settings, max_examples=40)
+
+
+def _test_case(machine, examples):
+  case = machine.TestCase
+  case.settings = hypothesis.settings(SETTINGS, max_examples=examples)
+  return case
+
+
+# One exchange at a time: 120 examples in all, as before PACKED answers
+# were the default; two in flight: 60.
+TestProtocol = _test_case(ProtocolMachine, 80)
+TestProtocolFrames = _test_case(FramesMachine, 40)
+TestProtocolContext = _test_case(ContextMachine, 40)
+TestTwoInFlight = _test_case(TwoInFlightMachine, 40)
+TestTwoInFlightFrames = _test_case(TwoInFlightFramesMachine, 20)
 
 
 def test_a_retried_hello_keeps_one_session_key():

@@ -316,3 +316,25 @@ def test_the_driver_commits_b_while_a_answer_is_lost(tamper, received):
     want["AUTH_FAILED"] = 1
   assert errors == want
   assert verifier.counters.events("overlapped") == 1
+
+
+@pytest.mark.parametrize("swap", [(0, 1), (0, 2), (0, 3), (1, 2), (1, 3),
+                                  (2, 3)])
+def test_a_reordered_answer_fails_its_own_round_alone(swap):
+  """B's per-frame answer with two frames swapped, read before A's: what
+  of it cannot be attributed to one request fails B's unanswered requests
+  (or nothing, once B is answered in full), never A's, though both
+  rounds carry the same (generation, round) (the two-in-flight soak
+  found A failed with BAD_SEQUENCE for B's frames)."""
+  pair = _pair(FORMS["frames"])
+  a, b = _both(pair)
+  frames = h.frames(b)
+  i, j = swap
+  frames[i], frames[j] = frames[j], frames[i]
+  effects = pair.to_verifier(h.join(frames)) + pair.to_verifier(a)
+  pair.now += pair.verifier.timeout_s        # what B still waits for
+  effects += pair.poll()
+  plans = {p.rids.tolist()[0]: p for p in (_plan(pair, e) for e in effects)}
+  assert sorted(plans) == [A[0], B[0]]
+  assert not plans[A[0]].codes.any(), plans[A[0]].codes
+  assert plans[B[0]].codes.any()      # a swap always breaks B's sequence

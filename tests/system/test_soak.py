@@ -5,19 +5,26 @@ loopback `Proxy` (dyadic_jax.testing.proxy) in front of it, and a real
 `Verifier` driving batches of 4 requests at depth 4 with the toy bigram
 models at V = 16 (target and draft logits divided by 4: a flat enough
 bigram that every transition is seen), authenticated by a deployment
-secret. Requests live for one epoch of EPOCH rounds; the last round of an
-epoch runs with the proxy paused, so that late and duplicated replies of
-the epoch are read (and counted) before its requests retire. The proxy
-faults STEP and reply messages (delay, drop, duplicate, reorder, truncate,
-corrupt, reset, and a benign jitter), at most one fault per exchange. It
-holds no key: every frame it damages fails authentication.
+secret. With one round in flight one group of requests runs a round at
+a time; with two (`in_flight=2`, HELLO's max_slots) two groups are
+pipelined as `generate` runs them: a group's next round starts while the
+other group's is out (`bridge_harness.drive`). Requests live for one
+epoch of EPOCH rounds; each group's last round of an epoch is spared by
+the proxy (`Proxy.spare`, named by its tags before its STEP leaves), so
+that late and duplicated replies of the epoch are read (and counted)
+before its requests retire. The proxy faults STEP and reply messages
+(delay, drop, duplicate, reorder, truncate, corrupt, reset, and a benign
+jitter), at most one fault per exchange, drawn per exchange (seed,
+direction, tags), whatever the order two exchanges' messages cross it
+in. It holds no key: every frame it damages fails authentication.
 
 No outcome depends on the machine's speed: the verifier's deadline is
 generous (DEADLINE_S, 60 s: no healthy exchange misses it, however loaded
 the machine), and when the proxy loses an exchange (a fault in
-`proxy.LOST`) it warps the verifier's clock past that deadline
-(`bridge_harness.WarpClock`), so the exchange times out at once instead of
-after a wall-clock wait.
+`proxy.LOST`) it names it (`on_lost(tags)`), and the verifier
+(`bridge_harness.ExpiringVerifier`) ends that exchange alone once its
+socket is quiet, so it times out at once instead of after a wall-clock
+wait, while the other exchange in flight keeps its deadline.
 
 What a soak asserts, without re-deriving how the sessions classify a
 message (the protocol's own objects classify; the soak checks outcomes):
@@ -28,16 +35,31 @@ message (the protocol's own objects classify; the soak checks outcomes):
     (round + 1, or generation + 1 and round 1 after a fallback); no
     (request, generation, round) tag repeats.
 (b) every fault is accounted for, exchange by exchange: no exchange without
-    a damaging fault falls back; an exchange whose STEP or reply was
+    a damaging fault falls back, except one in flight at a reset (a reset
+    loses what the link carried for both exchanges: the proxy calls
+    `on_lost(None)` and the verifier ends every exchange whose answer it
+    had not read, `Soak.reset_lost`, which may fall back with TIMEOUT and
+    nothing else); an exchange whose STEP or reply was
     dropped, delayed, cut, corrupted or lost in a reset falls back whole
     (TIMEOUT, or UNKNOWN_SESSION when the corruption hit the session id
     and the worker refused it), except that a cut of a whole frame leaves
     the other frames authentic (their requests may be verified); duplicates, jitter and a reordered STEP
     damage nothing; a reordered reply fails its requests with a sequencing
-    code or leaves them verified. Every fallback's code is counted, every
-    TIMEOUT exactly once per request, every damaged message's refusal
-    (AUTH_FAILED, a framing code) once, and every late or duplicated
-    reply's requests as STALE_GENERATION / DUPLICATE_ROUND.
+    code or leaves them verified. The counters, exactly: every fallback's
+    code is counted, every TIMEOUT once per request; each damaged message
+    is refused once where it arrives (AUTH_FAILED, a framing code, or
+    UNKNOWN_SESSION, whose STEP the worker answers with a RESET of that
+    other session, refused by the verifier); each duplicated or delayed
+    reply and each duplicated STEP's second answer adds one
+    STALE_GENERATION / DUPLICATE_ROUND per request, a delayed STEP one on
+    the worker, a duplicated STEP one retry served per request, and an
+    exchange a reset ended adds its requests' refusals when its answer
+    still came (0 or 4 each); with two in flight the session counts one
+    overlap per start but each epoch's first, less those where the other
+    group's exchange had already ended (lost, or refused whole: it fell
+    back whole). Each per-kind run faults every exchange but the drain
+    rounds exactly once, except, with two in flight, one a reset ended
+    before its message reached the proxy.
 (c) the committed tokens follow the target: every committed token after
     token a is drawn from P(. | a) = P_a / T_a, the quantized target
     (`quantize_target(target_probs(logits))`, what the sampler reproduces
@@ -57,10 +79,13 @@ exact law there is computed in `_mutant_law`; run through the same harness
 power at ALPHA is 1 - 3e-13 (the test recomputes this from the run's own
 counts and requires at least stats.POWER = 1 - 1e-4).
 
-Runtime on 2 shared CPU cores: the CI soak (600 rounds, worker process)
-about 30 s; the mutant run and the 16 per-kind runs about half a
-minute each; each slow soak (20,000 rounds, sparse or dense q, worker
-process, `--runslow`) several minutes. `pytest -s` prints the tables.
+Runtime on 2 shared CPU cores: the CI soaks (600 exchanges, worker
+process, one and two rounds in flight) about 15 s and 10 s; the mutant
+run and the 32 per-kind runs (16 per in-flight count) about half a
+minute each; each slow soak (20,000 exchanges, sparse or dense q, one or
+two in flight, worker process, `--runslow`) minutes (sparse, two in
+flight: 100 s of soak on a loaded machine). `pytest -s` prints the
+tables.
 """
 
 import collections
@@ -237,10 +262,15 @@ class _ThreadWorker:
 class Soak:
   """What a soak run left behind."""
   caps: bridge.Capabilities
+  in_flight: int         # rounds in flight: 1, or 2 (two request groups)
+  epochs: int
   exchanges: list        # per round: the RoundResults of the batch
   prompts: dict          # rid -> prompt
   requests: dict         # rid -> verifier Request (committed state)
   faults: list           # proxy Fault records
+  reset_lost: list       # tag sets of the exchanges in flight at a reset
+  ended_early: list      # tag sets: the other round had ended at a start
+  spared: list           # tag sets of the drain rounds (never faulted)
   verifier: dict         # counters snapshots
   worker: dict
   proxy_summary: str
@@ -250,39 +280,42 @@ class Soak:
 def run_soak(rounds, *, representation=Representation.SPARSE, rate=RATE,
              seed=SEED, kinds=SOAK_KINDS,
              directions=(proxy_lib.TO_WORKER, proxy_lib.TO_VERIFIER),
-             process=False,
+             process=False, in_flight=1,
              verify_fn=dj.verify_batch, epoch=EPOCH, deadline_s=DEADLINE_S,
              features=None):
-  """Drives `rounds` rounds (whole epochs) through the proxy; see above.
-  features: the verifier's offer (None: the default, packed answers)."""
+  """Drives `rounds` rounds (whole epochs) of each request group through
+  the proxy; see above. in_flight: 1 (one group of REQUESTS requests, a
+  round at a time) or 2 (two groups, pipelined: a group's next round
+  starts while the other group's is out). features: the verifier's offer
+  (None: the default, packed answers)."""
   assert rounds % epoch == 0, (rounds, epoch)
+  assert in_flight in (1, 2), in_flight
   caps = _caps(representation, features)
   worker = (_ProcessWorker if process else _ThreadWorker)(representation)
   proxy = verifier = None
-  clock = bridge_harness.WarpClock()
   start = time.monotonic()
   try:
+    # A lost exchange ends at once (the proxy names it; the verifier is
+    # made after the proxy, before any exchange can be lost).
     proxy = proxy_lib.Proxy(
         "tcp://127.0.0.1:0", worker.address, rate=rate, seed=seed,
         deadline_s=deadline_s, jitter_s=JITTER_S, kinds=kinds,
-        directions=directions, on_lost=clock.warp).start()
-    verifier = bridge_harness.WarpVerifier(
+        directions=directions,
+        on_lost=lambda tags: verifier.expire(tags)).start()
+    verifier = bridge_harness.ExpiringVerifier(
         caps, proxy.address, target_fn=_target_fn, verify_fn=verify_fn,
-        timeout_s=deadline_s, secret=SECRET, clock=clock).open()
+        timeout_s=deadline_s, secret=SECRET,
+        clock=time.monotonic).open()
     _warm_verifier(caps, verify_fn)
     rng = np.random.default_rng(seed)
-    exchanges, prompts = [], {}
+    exchanges, prompts, early, spared = [], {}, [], []
     for e in range(rounds // epoch):
-      rids = [REQUESTS * e + i for i in range(REQUESTS)]
-      for rid in rids:
+      groups = [[REQUESTS * (in_flight * e + g) + i for i in range(REQUESTS)]
+                for g in range(in_flight)]
+      for rid in (r for group in groups for r in group):
         prompts[rid] = [int(rng.integers(V))]
         verifier.add_request(rid, prompts[rid], seed=seed + rid)
-      for r in range(epoch):
-        if r == epoch - 1:
-          proxy.pause()   # the drain round: reads the epoch's late replies
-        else:
-          proxy.resume()
-        exchanges.append(verifier.round(rids, DEPTH))
+      exchanges += _epoch(verifier, proxy, groups, epoch, early, spared)
     # A barrier: the worker answers this HELLO only after it handled every
     # message before it (the last COMMITs), so nothing is in flight when
     # the proxy and the worker stop. One more session on both sides.
@@ -294,10 +327,36 @@ def run_soak(rounds, *, representation=Representation.SPARSE, rate=RATE,
     if verifier is not None:
       verifier.close()
     worker_counters = worker.stop()
-  return Soak(caps, exchanges, prompts, verifier.requests,
-              list(proxy.faults),
-              verifier.counters.snapshot(), worker_counters,
+  return Soak(caps, in_flight, rounds // epoch, exchanges, prompts,
+              verifier.requests, list(proxy.faults), verifier.reset_lost,
+              early, spared, verifier.counters.snapshot(), worker_counters,
               proxy.summary(), wall)
+
+
+def _epoch(verifier, proxy, groups, epoch, early, spared):
+  """`epoch` rounds of each group (`bridge_harness.drive`: with two groups
+  a group's next round starts while the other group's is out); returns
+  their RoundResults in the order they were finished. Appends to `early`
+  the tags of another group's exchange that had ended (lost, or refused
+  whole) when a round started: no overlap for the session then. Each
+  group's last round is the drain round, spared by the proxy (its tags
+  appended to `spared`): it reads the epoch's late replies before its
+  requests retire."""
+
+  def before_start(group, r, others):
+    for flight in others:
+      ex = flight.exchange
+      if ex.key not in verifier.session.exchanges:
+        early.append(frozenset((q,) + ex.tags[q] for q in ex.rids))
+    if r == epoch - 1:
+      reqs = verifier.requests
+      tags = [(rid, reqs[rid].generation, reqs[rid].round + 1)
+              for rid in group]
+      proxy.spare(tags)
+      spared.append(frozenset(tags))
+
+  return bridge_harness.drive(verifier, groups, epoch, len(groups),
+                              before_start)
 
 
 def _warm_verifier(caps, verify_fn):
@@ -351,6 +410,11 @@ def check_commits(soak):
 # Faults after which the worker never answered the exchange's STEP, or the
 # verifier never read an authentic reply in time.
 _LOST = {"drop", "reset", "delay", "corrupt", "truncate"}
+# How a message that does not arrive intact is refused where it arrives
+# (UNKNOWN_SESSION: the bit hit its session id).
+_FRAMING = (Code.AUTH_FAILED, Code.TRUNCATED, Code.UNEXPECTED_SIZE,
+            Code.BAD_MAGIC, Code.UNSUPPORTED_VERSION, Code.UNKNOWN_KIND,
+            Code.ABSURD_LENGTH, Code.UNKNOWN_SESSION)
 # Codes a reordered reply may fail a request with (its frames authenticate
 # one by one, but no longer sit where their COMPLETION says).
 _SEQUENCE = {Code.BAD_SEQUENCE, Code.CHECKSUM_MISMATCH, Code.UNEXPECTED_SIZE,
@@ -389,18 +453,32 @@ def check_accounting(soak):
   by_tags = {}
   for batch in soak.exchanges:
     by_tags[frozenset((r.rid, r.generation, r.round) for r in batch)] = batch
+  exchange_of = {tag: key for key in by_tags for tag in key}
   faults = {}
   for f in soak.faults:
-    key = frozenset(f.tags)
-    assert key in by_tags, f"fault of no exchange: {f}"
+    # A message of one exchange (its answer to a STEP one frame short
+    # carries part of its tags).
+    keys = {exchange_of.get(tuple(tag)) for tag in f.tags}
+    assert len(keys) == 1 and None not in keys, f"fault of no exchange: {f}"
+    key = keys.pop()
     assert key not in faults, f"two faults on one exchange: {f}"
     faults[key] = f
+  in_reset = set(soak.reset_lost)
+  # A reset's collateral only with another exchange in flight.
+  assert soak.in_flight == 2 or not in_reset, in_reset
+  assert not in_reset or any(f.kind == "reset" for f in soak.faults)
   codes_by_kind = collections.defaultdict(collections.Counter)
   damaged = collections.Counter()
   for key, batch in by_tags.items():
     fault = faults.get(key)
     allowed = _allowed(fault)
     label = "none" if fault is None else f"{fault.direction}/{fault.kind}"
+    if key in in_reset:
+      # In the link when another exchange's reset cut it: what it carried
+      # may be lost, so the proxy ended it too (TIMEOUT), unless the
+      # verifier had read its answer already.
+      allowed = allowed | {Code.TIMEOUT}
+      label += " (in flight at a reset)"
     codes = [r.code for r in batch]
     assert set(codes) <= allowed, (
         "an exchange outcome the fault cannot explain (without a fault: a "
@@ -423,22 +501,46 @@ def check_accounting(soak):
   for code in fallbacks:
     assert errors[code] > 0, (code, errors)
   assert errors[Code.TIMEOUT] == fallbacks[Code.TIMEOUT], (errors, fallbacks)
-  # Every damaged reply the verifier read was refused once (AUTH_FAILED or
-  # a framing code, before anything of it was used).
-  damaged_replies = sum(f.direction == proxy_lib.TO_VERIFIER and f.kind in (
-      "corrupt", "truncate") and not _frame_removed(f) for f in soak.faults)
-  framing = sum(errors[c] for c in (
-      Code.AUTH_FAILED, Code.TRUNCATED, Code.UNEXPECTED_SIZE,
-      Code.BAD_MAGIC, Code.UNSUPPORTED_VERSION, Code.UNKNOWN_KIND,
-      Code.ABSURD_LENGTH, Code.UNKNOWN_SESSION))
-  assert framing >= damaged_replies, (errors, damaged_replies)
-  # Late and duplicated replies: one refusal per request they carry.
-  late = sum(f.kind == "duplicate" or (
-      f.kind == "delay" and f.direction == proxy_lib.TO_VERIFIER)
-             for f in soak.faults)
-  assert errors[Code.STALE_GENERATION] + errors[Code.DUPLICATE_ROUND] >= (
-      REQUESTS * late) - REQUESTS, (errors, late)
+  # Every damaged message was refused once where it arrived (AUTH_FAILED
+  # or a framing code, before anything of it was used); a STEP whose
+  # session id was hit is answered by a RESET of that other session,
+  # refused as such by the verifier.
+  w_errors = collections.Counter({Code[k]: n for k, n in
+                                  soak.worker["errors"].items()})
+  n = lambda kinds, direction: sum(
+      f.kind in kinds and f.direction == direction and not _frame_removed(f)
+      for f in soak.faults)
+  framing = lambda e: sum(e[c] for c in _FRAMING)
+  unknown = w_errors[Code.UNKNOWN_SESSION]
+  assert framing(errors) == n(("corrupt", "truncate"),
+                              proxy_lib.TO_VERIFIER) + unknown, errors
+  assert framing(w_errors) == n(("corrupt", "truncate"),
+                                proxy_lib.TO_WORKER), w_errors
+  # Late and duplicated messages: one refusal per request they carry. A
+  # duplicated STEP is answered twice (from the worker's cache), a delayed
+  # one reaches the worker after its round's COMMIT. An exchange a reset
+  # ended early adds its answer when that answer still came.
+  late = errors[Code.STALE_GENERATION] + errors[Code.DUPLICATE_ROUND] - (
+      REQUESTS * (n(("duplicate",), proxy_lib.TO_VERIFIER)
+                  + n(("duplicate",), proxy_lib.TO_WORKER)
+                  + n(("delay",), proxy_lib.TO_VERIFIER)))
+  assert late % REQUESTS == 0 and 0 <= late <= REQUESTS * len(in_reset), (
+      errors, late)
+  assert soak.worker["events"].get("retries_served", 0) == REQUESTS * n(
+      ("duplicate",), proxy_lib.TO_WORKER), soak.worker
+  late_steps = w_errors[Code.DUPLICATE_ROUND] + w_errors[
+      Code.STALE_GENERATION] - REQUESTS * n(("delay",), proxy_lib.TO_WORKER)
+  assert late_steps % REQUESTS == 0 and 0 <= late_steps <= REQUESTS * len(
+      in_reset), (w_errors, late_steps)
   v_events = soak.verifier["events"]
+  # Every start but each epoch's first overlaps the other group's round,
+  # unless that round had ended already: refused whole or lost, so it
+  # fell back whole.
+  for key in soak.ended_early:
+    assert all(r.fallback for r in by_tags[key]), by_tags[key]
+  overlaps = (len(soak.exchanges) - soak.epochs - len(soak.ended_early)
+              if soak.in_flight == 2 else 0)
+  assert v_events.get("overlapped", 0) == overlaps, (v_events, overlaps)
   assert v_events["rounds"] == len(results)
   assert v_events["tokens"] == sum(len(r.committed) for r in results)
   assert v_events.get("fallbacks", 0) == sum(fallbacks.values())
@@ -603,6 +705,10 @@ def _table(name, soak, codes_by_kind, damaged, notes):
   print(f"{'fault':24s} outcomes per request")
   for label in sorted(codes_by_kind):
     print(f"  {label:22s} {dict(sorted(codes_by_kind[label].items()))}")
+  print(f"{soak.in_flight} in flight: overlapped "
+        f"{soak.verifier['events'].get('overlapped', 0)}, the other round "
+        f"ended before a start {len(soak.ended_early)}, in flight at a "
+        f"reset {len(soak.reset_lost)}")
   print(f"verifier: {soak.verifier}")
   print(f"worker:   {soak.worker}")
   for note, n in sorted(notes.items()):
@@ -639,16 +745,24 @@ def test_exact_laws():
   assert 0.05 < tv.min() and tv.max() < 0.2, tv
 
 
+@pytest.mark.parametrize("in_flight", [1, 2])
 @pytest.mark.parametrize("direction", [proxy_lib.TO_WORKER,
                                        proxy_lib.TO_VERIFIER])
 @pytest.mark.parametrize("kind", SOAK_KINDS)
-def test_each_fault_kind_is_accounted(kind, direction):
-  # Every exchange but the drain rounds gets this one fault.
+def test_each_fault_kind_is_accounted(kind, direction, in_flight):
+  # Every exchange but the drain rounds gets this one fault: 2 epochs of
+  # 4 rounds, 3 faulted rounds each, per group.
   soak, damaged = _soak_and_check(
-      f"{direction}/{kind}", 8, rate=1.0, kinds=(kind,),
-      directions=(direction,), epoch=4,
+      f"{direction}/{kind}, {in_flight} in flight", 8, rate=1.0,
+      kinds=(kind,), directions=(direction,), epoch=4, in_flight=in_flight,
       seed=SEED + SOAK_KINDS.index(kind), features=PER_FRAME)
-  assert len(soak.faults) == 6
+  # Exactly one fault per exchange that is not a drain round, except one
+  # that a reset lost before its message of this direction reached the
+  # proxy (with two in flight: the other group's).
+  faulted = {frozenset(f.tags) for f in soak.faults}
+  unreached = set(soak.reset_lost) - faulted - set(soak.spared)
+  assert len(soak.faults) + len(unreached) == 6 * in_flight
+  assert not unreached or (kind == "reset" and in_flight == 2), unreached
   assert all(f.kind == kind and f.direction == direction
              for f in soak.faults)
   harmless = kind in ("jitter", "duplicate") or (
@@ -657,10 +771,16 @@ def test_each_fault_kind_is_accounted(kind, direction):
 
 
 @pytest.mark.long
-def test_soak_ci_worker_process():
-  soak, damaged = _soak_and_check("CI soak (worker process, sparse q)",
-                                  ROUNDS, process=True)
-  assert sum(damaged.values()) >= 0.05 * ROUNDS
+@pytest.mark.parametrize("in_flight", [1, 2])
+def test_soak_ci_worker_process(in_flight):
+  # As many exchanges either way: ROUNDS of one group, or ROUNDS / 2 of
+  # each of two groups, pipelined.
+  soak, damaged = _soak_and_check(
+      f"CI soak (worker process, sparse q, {in_flight} in flight)",
+      ROUNDS // in_flight, process=True, in_flight=in_flight,
+      epoch=EPOCH // in_flight)
+  assert len(soak.exchanges) == ROUNDS
+  assert sum(damaged.values()) > 0
   kinds = collections.Counter(f.kind for f in soak.faults)
   assert set(kinds) == PACKED_KINDS, kinds
   probs = _exact_target()
@@ -686,14 +806,16 @@ def test_mutant_is_rejected_by_the_same_harness():
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("in_flight", [1, 2])
 @pytest.mark.parametrize("representation", [Representation.SPARSE,
                                             Representation.DENSE],
                          ids=["sparse", "dense"])
-def test_soak_long(representation):
+def test_soak_long(representation, in_flight):
   soak, damaged = _soak_and_check(
-      f"long soak (worker process, {representation.name.lower()} q)",
-      LONG_ROUNDS, process=True, representation=representation,
-      seed=SEED + 1)
+      f"long soak (worker process, {representation.name.lower()} q, "
+      f"{in_flight} in flight)", LONG_ROUNDS // in_flight, process=True,
+      representation=representation, seed=SEED + 1, in_flight=in_flight,
+      epoch=EPOCH // in_flight)
   assert len(soak.faults) >= 0.05 * LONG_ROUNDS
   assert sum(damaged.values()) >= 0.04 * LONG_ROUNDS
   probs = _exact_target()
@@ -710,30 +832,30 @@ class _Scripted(proxy_lib.Proxy):
   """Forwards everything; the i-th reply message goes through script[i]
   and the i-th STEP message through steps[i] (frames -> frames to deliver,
   or None: pass it untouched). An edit that loses its exchange (`_lost`)
-  warps the verifier's clock once it is delivered (a STEP's: once the
-  worker's answer to it passed), so that the verifier times it out."""
+  names it to `on_lost` once it is delivered (a STEP's: once the worker's
+  answer to it passed), so that the verifier times it out."""
 
   def __init__(self, *args, script, steps=(), **kwargs):
     super().__init__(*args, rate=0.0, seed=0, deadline_s=DEADLINE_S,
                      **kwargs)
     self.script = {proxy_lib.TO_VERIFIER: list(script),
                    proxy_lib.TO_WORKER: list(steps)}
-    self._lost_on_answer = False
+    self._lost_on_answer = None
 
   def _maybe_fault(self, direction, frames):
     edit = self.script[direction].pop(0) if self.script[direction] else None
     self._send(direction, edit(list(frames)) if edit else frames)
     if getattr(edit, "lost", False):
       if direction == proxy_lib.TO_VERIFIER:
-        self.lost()
+        self.lost(proxy_lib.message_tags(frames))
       else:
-        self._lost_on_answer = True
+        self._lost_on_answer = proxy_lib.message_tags(frames)
 
   def _send(self, direction, frames):
     super()._send(direction, frames)
     if direction == proxy_lib.TO_VERIFIER and self._lost_on_answer:
-      self._lost_on_answer = False
-      self.lost()
+      tags, self._lost_on_answer = self._lost_on_answer, None
+      self.lost(tags)
 
 
 def _lost(edit):
@@ -768,12 +890,13 @@ def _scripted_rounds(script, rounds, before=None, steps=(),
   the verifier's and the worker's counters. before(verifier, i) runs
   before round i."""
   worker = _ThreadWorker(representation)
-  clock = bridge_harness.WarpClock()
   proxy = _Scripted("tcp://127.0.0.1:0", worker.address, script=script,
-                    steps=steps, on_lost=clock.warp).start()
-  verifier = bridge_harness.WarpVerifier(
+                    steps=steps,
+                    on_lost=lambda tags: verifier.expire(tags)).start()
+  verifier = bridge_harness.ExpiringVerifier(
       _caps(representation, PER_FRAME), proxy.address, target_fn=_target_fn,
-      timeout_s=DEADLINE_S, secret=SECRET, clock=clock).open()
+      timeout_s=DEADLINE_S, secret=SECRET,
+      clock=time.monotonic).open()
   _warm_verifier(verifier.caps, dj.verify_batch)
   results = []
   try:
