@@ -72,6 +72,7 @@ class Feature(enum.IntFlag):
   PACKED_REPLY = 1   # the worker answers a batch with one PACKED frame
   CONTEXT = 2        # the verifier sends a request's committed prefix
   GMAC = 4           # PACKED frames tagged with AES-256-GMAC (wire.auth)
+  ADAPTIVE_DEPTH = 16  # an answer may carry 1..D rows (a short REPLY)
 
 
 class Representation(enum.IntEnum):
