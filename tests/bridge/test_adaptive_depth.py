@@ -354,3 +354,16 @@ def test_a_short_answer_leaves_the_others_of_its_batch_at_full_depth():
   assert pair.worker.counters.total_errors() == 0
   view = pair.worker.views[0]
   assert view.anchor == 1 + 2 and view.last_token == 7
+
+
+def test_the_plan_broadcast_carries_the_lengths():
+  """A multi-rank verifier's followers get the leader's lengths (the plan
+  padded to max_requests x max_depth and back, `bridge.ranks`)."""
+  from dyadic_jax.bridge import ranks  # pylint: disable=g-import-not-at-top
+  pair = _pair(PACKED, _shorten(0, 1))
+  plan = pair.run_round([0, 1], 3, draws=None)
+  size, padded = ranks.pad(plan, pair.caps)
+  assert list(padded.lengths) == [1, 3, DEPTH, DEPTH]
+  back = ranks.unpad(size, padded)
+  np.testing.assert_array_equal(back.lengths, plan.lengths)
+  np.testing.assert_array_equal(back.rows.tokens, plan.rows.tokens)
