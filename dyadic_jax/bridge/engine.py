@@ -58,6 +58,7 @@ from dyadic_jax.bridge.effects import Counts
 from dyadic_jax.errors import raise_for_status
 from dyadic_jax.wire import qformats
 from dyadic_jax.wire import status as status_lib
+from dyadic_jax.wire.layouts import Feature
 
 __all__ = ["Chain", "Engine", "Outcome", "SampleFn", "TargetFn", "Verified",
            "VerifyFn", "greedy_verify", "round_keys"]
@@ -339,7 +340,8 @@ class Engine:
     and on the fallback's single row, `verify_fn` on a full batch of
     `example_q(max_depth)` (`Validator.example_q`: a q of max_requests
     rows as the rounds hand it over; None: no q, no verification to
-    compile), the keys and `sample_fn`, in this order (on several ranks
+    compile; with capabilities that name ADAPTIVE_DEPTH, every depth
+    below it too), the keys and `sample_fn`, in this order (on several ranks
     some are collectives). prefix: a committed prefix of the rounds'
     shape; say: told what compiles next. Handles made here are kept
     nowhere."""
@@ -361,9 +363,15 @@ class Engine:
     if q is not None:
       say("verification of a full batch")
       keys = round_keys(zeros, zeros, zeros)
-      jax.block_until_ready(self.verify_fn(
-          jnp.stack([logits] * r), q, np.zeros((r, d), np.int32), keys,
-          np.full(r, len(committed))))
+      # Capabilities that name ADAPTIVE_DEPTH: chains of 1..D rows.
+      short = (range(d - 1, 0, -1)
+               if self.caps.features & Feature.ADAPTIVE_DEPTH else ())
+      for depth in (d, *short):
+        jax.block_until_ready(self.verify_fn(
+            jnp.stack([logits[:depth + 1]] * r),
+            q if depth == d else example_q(depth),
+            np.zeros((r, depth), np.int32), keys,
+            np.full(r, len(committed))))
     say("the target-only sampler")
     key = fallback_keys(zeros, zeros, zeros, zeros)[0]
     jax.block_until_ready(self.sample_fn(logits[0], key))

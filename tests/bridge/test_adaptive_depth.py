@@ -171,6 +171,8 @@ def test_the_zeromq_drivers_commit_what_one_process_commits(rep, in_flight,
   verifier = bridge.Verifier(caps, served.address, target=target,
                              secret=h.SECRET, timeout_s=h.GENEROUS_S)
   try:
+    if agreed:    # compiles verification at every depth 1..D
+      verifier.warmup(PROMPTS[0])
     verifier.open()
     assert verifier.session.adaptive == agreed
     out = generate.generate(generate.Bridged(verifier), PROMPTS,
