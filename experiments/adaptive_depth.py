@@ -17,9 +17,9 @@ recorded in earlier rounds; docs/numerics.md section 7).
 
 Cost model: a round costs one target pass plus c per draft step, c the
 draft's step cost over the target's. c is measured here as bench_pair
-does (the fixed run's draft seconds per drafted row over target-only
-decoding's target seconds per token), or given by --step_cost; the rule is
-told the same c. A fixed round computes D rows; an adaptive round d for
+does (the fixed run's draft seconds per drafted position of a round over
+one batched target-only step, both over the whole batch of --requests),
+or given by --step_cost; the rule is told the same c. A fixed round computes D rows; an adaptive round d for
 d admitted, or with --lookahead min(d + 1, max_depth)
 (`admission.draft_steps`: the row a stop is decided on is paid for). Reported for each: rounds, mean drafted
 rows, mean accepted, tokens per round (accepted + 1), and tokens per unit
@@ -161,12 +161,16 @@ def main(argv):
   c = _STEP_COST.value
   if not c:
     cli.progress("target-only decoding (the step cost's denominator)")
-    few = prompts[:4]
-    generate.target_only(pair.target, few[:1], max_new_tokens=2)   # warm
-    base = generate.target_only(pair.target, few, max_new_tokens=32,
-                                seed=_SEED.value)
-    c = ((out.seconds["draft"] / max(sum(fixed.rows), 1))
-         / (base.seconds["target"] / base.new_tokens))
+    batch = _REQUESTS.value
+    few = prompts[:batch]
+    generate.target_only(pair.target, few, batch=batch,
+                         max_new_tokens=2)   # warm
+    base = generate.target_only(pair.target, few, batch=batch,
+                                max_new_tokens=32, seed=_SEED.value)
+    # One batched target-only step, bench_pair's unit; the draft's
+    # seconds per drafted position of a batch's round.
+    step_s = base.seconds["target"] / base.rounds
+    c = out.seconds["draft"] / depth / max(out.rounds, 1) / step_s
   cli.progress(f"AdaptiveDepth(max_depth={max_depth}, step_cost={c:.3f})")
   adaptive = Tally(max_depth, _LOOKAHEAD.value)
   rule = dj.AdaptiveDepth(max_depth=max_depth, step_cost=c, min_depth=1,
