@@ -2,9 +2,12 @@
 
   python -m experiments.adaptive_depth [--model=stdlib --prompts=16
       --prompt_tokens=64 --new_tokens=96 --depth=5 --max_depth=8 --q=dense
-      --step_cost=0 --lookahead --json_out=F]
+      --step_cost=0 --lookahead --prior_weight=16 --train_prompts
+      --json_out=F]
 
-On held-out prompts of the standard library's source (experiments/corpus.py)
+On held-out prompts of the standard library's source (experiments/corpus.py;
+`--train_prompts`: the same cut from the training files, where the rule's
+parameters are tuned, never reported)
 and the shipped stdlib pair, at temperature 1, the same prompts and seeds
 are decoded speculatively in this process (`bridge.generate.Local`) twice:
 with `FixedDepth(--depth)` (every round drafts D rows), and with
@@ -14,9 +17,9 @@ recorded in earlier rounds; docs/numerics.md section 7).
 
 Cost model: a round costs one target pass plus c per draft step, c the
 draft's step cost over the target's. c is measured here as bench_pair
-does (the fixed run's draft seconds per drafted row over target-only
-decoding's target seconds per token), or given by --step_cost; the rule is
-told the same c. A fixed round computes D rows; an adaptive round d for
+does (the fixed run's draft seconds per drafted position of a round over
+one batched target-only step, both over the whole batch of --requests),
+or given by --step_cost; the rule is told the same c. A fixed round computes D rows; an adaptive round d for
 d admitted, or with --lookahead min(d + 1, max_depth)
 (`admission.draft_steps`: the row a stop is decided on is paid for). Reported for each: rounds, mean drafted
 rows, mean accepted, tokens per round (accepted + 1), and tokens per unit
@@ -57,6 +60,12 @@ _STEP_COST = flags.DEFINE_float("step_cost", 0.0, "Draft step cost over "
 _LOOKAHEAD = flags.DEFINE_bool("lookahead", False, "AdaptiveDepth reads "
                                 "position i's own row before admitting it "
                                 "(a stop then wastes that row).")
+_PRIOR_WEIGHT = flags.DEFINE_float("prior_weight", 16.0, "AdaptiveDepth's "
+                                   "prior weight (`admission.estimate`).",
+                                   lower_bound=1e-3)
+_TRAIN_PROMPTS = flags.DEFINE_bool("train_prompts", False, "Prompts from "
+                                   "the training files (tuning), not the "
+                                   "held-out ones.")
 _REQUESTS = flags.DEFINE_integer("requests", 4, "Requests per batch.",
                                  lower_bound=1, upper_bound=64)
 _SEED = flags.DEFINE_integer("seed", 0, "Seed of the prompts and the "
@@ -142,8 +151,9 @@ def main(argv):
                     f"exceeds the model's context ({pair.target.max_len})")
   if _Q.value != "dense" and int(_Q.value) > pair.target.vocab:
     cli.usage_error(f"--q: k={_Q.value} exceeds V={pair.target.vocab}")
-  prompts = [list(p) for p in corpus.held_out_prompts(
-      pair.tokenizer, _PROMPTS.value, _PROMPT_TOKENS.value, _SEED.value)]
+  prompts = [list(p) for p in corpus.prompts(
+      pair.tokenizer, _PROMPTS.value, _PROMPT_TOKENS.value, _SEED.value,
+      held_out=not _TRAIN_PROMPTS.value)]
 
   cli.progress(f"FixedDepth({depth}), q {_Q.value}")
   fixed = Tally(depth)
@@ -151,23 +161,30 @@ def main(argv):
   c = _STEP_COST.value
   if not c:
     cli.progress("target-only decoding (the step cost's denominator)")
-    few = prompts[:4]
-    generate.target_only(pair.target, few[:1], max_new_tokens=2)   # warm
-    base = generate.target_only(pair.target, few, max_new_tokens=32,
-                                seed=_SEED.value)
-    c = ((out.seconds["draft"] / max(sum(fixed.rows), 1))
-         / (base.seconds["target"] / base.new_tokens))
+    batch = _REQUESTS.value
+    few = prompts[:batch]
+    generate.target_only(pair.target, few, batch=batch,
+                         max_new_tokens=2)   # warm
+    base = generate.target_only(pair.target, few, batch=batch,
+                                max_new_tokens=32, seed=_SEED.value)
+    # One batched target-only step, bench_pair's unit; the draft's
+    # seconds per drafted position of a batch's round.
+    step_s = base.seconds["target"] / base.rounds
+    c = out.seconds["draft"] / depth / max(out.rounds, 1) / step_s
   cli.progress(f"AdaptiveDepth(max_depth={max_depth}, step_cost={c:.3f})")
   adaptive = Tally(max_depth, _LOOKAHEAD.value)
   rule = dj.AdaptiveDepth(max_depth=max_depth, step_cost=c, min_depth=1,
-                          lookahead=_LOOKAHEAD.value)
+                          lookahead=_LOOKAHEAD.value,
+                          prior_weight=_PRIOR_WEIGHT.value)
   run(pair, prompts, max_depth, rule, adaptive)
   record = {"model": _MODEL.value, "q": _Q.value, "prompts": _PROMPTS.value,
             "prompt_tokens": _PROMPT_TOKENS.value,
+            "train_prompts": _TRAIN_PROMPTS.value,
             "new_tokens": _NEW_TOKENS.value, "seed": _SEED.value,
             "step_cost": c, "measured": not _STEP_COST.value,
             "fixed": dict(depth=depth, **fixed.record(c)),
             "adaptive": dict(max_depth=max_depth, lookahead=_LOOKAHEAD.value,
+                             prior_weight=_PRIOR_WEIGHT.value,
                              **adaptive.record(c))}
   record["ratio"] = (record["adaptive"]["tokens_per_cost"]
                      / record["fixed"]["tokens_per_cost"])

@@ -94,17 +94,28 @@ def held_out_prompts(tokenizer: _Encoder, n: int, length: int, seed: int,
   Raises:
     ValueError: no held-out file is that long.
   """
+  return prompts(tokenizer, n, length, seed, files, held_out=True)
+
+
+def prompts(tokenizer: _Encoder, n: int, length: int, seed: int,
+            files: list[SourceFile] | None = None, *,
+            held_out: bool) -> np.ndarray:
+  """`held_out_prompts`, or with held_out=False the same cut from the
+  training files (what a policy is tuned on, never reported on)."""
   if files is None:
     files = load_files()
-  _, held = split(files)
-  encoded = [tokenizer.encode(f.text) for f in held]
+  train, held = split(files)
+  chosen = held if held_out else train
+  which = "held-out" if held_out else "training"
+  encoded = [tokenizer.encode(f.text) for f in chosen]
   long_enough = [e for e in encoded if e.size >= length]
   if not long_enough:
-    raise ValueError(f"held_out_prompts: no held-out file has {length} tokens")
+    raise ValueError(f"{'held_out_prompts' if held_out else 'prompts'}: no "
+                     f"{which} file has {length} tokens")
   rng = np.random.default_rng(seed)
-  prompts = np.empty((n, length), np.int32)
+  out = np.empty((n, length), np.int32)
   for i in range(n):
     tokens = long_enough[int(rng.integers(len(long_enough)))]
     offset = int(rng.integers(tokens.size - length + 1))
-    prompts[i] = tokens[offset:offset + length]
-  return prompts
+    out[i] = tokens[offset:offset + length]
+  return out

@@ -4,7 +4,9 @@ Each input drives one `WorkerSession` and one `VerifierSession` (sans I/O,
 a sparse, dense or greedy session answering with PACKED frames, or a
 sparse or dense one with per-frame REPLY + COMPLETION answers; the
 sparse, greedy and per-frame dense ones agree on CONTEXT frames, with a
-small context budget;
+small context budget; the dense and per-frame sparse ones on
+ADAPTIVE_DEPTH, the fake proposer giving each proposal a fuzzed length,
+0 and depth + 1 included;
 `dyadic_jax.testing.session_pair`: fixed secret, deterministic nonces, a
 fake proposer: no JAX), the verifier's session opened by a real HELLO and
 the worker then restarted (see `Pair`), through a sequence of operations
@@ -26,7 +28,8 @@ decoded from the input (atheris.FuzzedDataProvider):
 
 Any exception out of a session is a crash, and so is a broken invariant:
 committed tokens change only through commits, tags only grow, at most
-`max_views` worker views, a Stage only with framed rows, counters bounded
+`max_views` worker views, a Stage only with framed rows, a plan's
+lengths in [1, D] (all D without ADAPTIVE_DEPTH), counters bounded
 by what was fed, a proposal's context (when handed one) of the STEP's
 length and last token, the worker's contexts within their budget. Every refusal must be counted (no silent drop of an
 authenticated frame of the current exchange is checked by the round
@@ -85,7 +88,7 @@ with _instrumented:
   from dyadic_jax.bridge.effects import Stage, Verify
   from dyadic_jax.testing import session_pair
   from dyadic_jax.wire import auth, layouts
-  from dyadic_jax.wire.layouts import Mode, Representation
+  from dyadic_jax.wire.layouts import Feature, Mode, Representation
 
 # Refusals are counted; their log lines would only slow the fuzzer down.
 logging.getLogger("absl").setLevel(logging.ERROR)
@@ -112,6 +115,12 @@ CAPS.update({f"{name}.frames": dataclasses.replace(CAPS[name], features=0)
 # Sessions whose worker wants CONTEXT frames: each form (packed, per
 # frame) with and without them, with the same input bytes as before.
 CONTEXT_NAMES = frozenset({"sparse", "greedy", "dense.frames"})
+# Sessions that agree on ADAPTIVE_DEPTH (short answers), one per form,
+# with the same input bytes as before.
+ADAPTIVE_NAMES = frozenset({"dense", "sparse.frames"})
+CAPS.update({name: dataclasses.replace(
+    CAPS[name], features=CAPS[name].features | Feature.ADAPTIVE_DEPTH)
+             for name in ADAPTIVE_NAMES})
 CONTEXT_BUDGET = 16
 MAX_OPS = 6
 _U64 = (1 << 64) - 1
@@ -150,12 +159,18 @@ def fake_propose(fdp, p):
 
 def _proposer(fdp):
   """The pair's proposer: rows drawn from the input, then some proposals
-  failed (PROPOSER_FAILED, as the worker driver reports a raising one)."""
+  failed (PROPOSER_FAILED, as the worker driver reports a raising one);
+  on an ADAPTIVE_DEPTH session each with a fuzzed length in [0, depth +
+  1] (those outside [1, depth] the worker must refuse itself)."""
   def draw(proposals):
+    lengths = {}
     for p in proposals:
       fake_propose(fdp, p)
-    return {p.entry: 31 for p in proposals
-            if fdp.ConsumeIntInRange(0, 15) == 0}
+      if p.adaptive:
+        lengths[p.entry] = fdp.ConsumeIntInRange(0, p.depth + 1)
+    failed = {p.entry: 31 for p in proposals
+              if fdp.ConsumeIntInRange(0, 15) == 0}
+    return failed, lengths
   return draw
 
 
@@ -232,7 +247,8 @@ def _hello_answer(name):
         CAPS[name], secret=SECRET, proposer=None,
         worker_entropy=session_pair.CountingEntropy(1),
         verifier_entropy=session_pair.CountingEntropy(2),
-        wants_context=name in CONTEXT_NAMES)
+        wants_context=name in CONTEXT_NAMES,
+        wants_adaptive=name in ADAPTIVE_NAMES)
     (_ANSWERS[name],) = pair.to_worker(pair.hello())
   return _ANSWERS[name]
 
@@ -256,7 +272,8 @@ class Pair(session_pair.SessionPair):
                      worker_entropy=session_pair.CountingEntropy(3),
                      verifier_entropy=session_pair.CountingEntropy(2),
                      wants_context=name in CONTEXT_NAMES,
-                     context_budget=CONTEXT_BUDGET)
+                     context_budget=CONTEXT_BUDGET,
+                     wants_adaptive=name in ADAPTIVE_NAMES)
     self.fdp = fdp
     self.hello()
     self.to_verifier(_hello_answer(name))
@@ -278,10 +295,14 @@ class Pair(session_pair.SessionPair):
                                np.zeros(effect.rows.tokens.shape, np.uint32))
       assert isinstance(effect, Verify)
       plan = effect.plan
+      assert np.all((plan.lengths >= 1)
+                    & (plan.lengths <= plan.rows.tokens.shape[1]))
+      if not self.verifier.adaptive:
+        assert np.all(plan.lengths == plan.rows.tokens.shape[1])
       outcomes = []
       for i in range(len(plan.rids)):
         accepted = 0 if plan.codes[i] else fdp.ConsumeIntInRange(
-            0, plan.rows.tokens.shape[1])
+            0, int(plan.lengths[i]))
         outcomes.append((accepted, fdp.ConsumeIntInRange(0, V - 1)))
       before = {int(r): list(self.verifier.requests[int(r)].tokens)
                 for r in plan.rids}

@@ -22,8 +22,9 @@ never raise (a session-level code), or a broken invariant:
     tokens in [0, vocab), no q;
   - an accepted PACKED frame: the session's form, 1..max_requests
     records, depth <= the bound, width, mass and size the layout's, the
-    rows [R, D, ...]; the rows of records whose status is 0 hold what an
-    accepted REPLY's do (their counts checked as above);
+    rows [R, D, ...]; the first min(depth, D) rows of records whose
+    status is 0 (a record's depth: fewer on an ADAPTIVE_DEPTH session)
+    hold what an accepted REPLY's do (their counts checked as above);
   - an accepted CONTEXT frame: a session that agreed on it, 1..max_context
     tokens, each in [0, vocab), size exactly the layout's;
   - an accepted PACKED_STEP frame: a session that agreed on it,
@@ -112,8 +113,12 @@ def _check_packed(frame, bounds):
   ok = np.flatnonzero(records["status"] == 0)
   counts = None if frame.counts is None else np.asarray(frame.counts)
   for i, j in enumerate(ok):
-    _check_rows(qformats.Rows(*(None if a is None else a[j] for a in rows)),
-                None if counts is None else counts[i], d, bounds)
+    # A record's rows: its first `depth` (a short answer's are fewer).
+    n = min(int(records["depth"][j]), d)
+    _check_rows(qformats.Rows(*(None if a is None else a[j, :n]
+                                for a in rows)),
+                None if counts is None else np.asarray(counts[i])[:n], n,
+                bounds)
 
 
 def _check_context(frame, bounds):

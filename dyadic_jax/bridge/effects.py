@@ -45,7 +45,10 @@ class Propose(typing.NamedTuple):
   entry: its place in the answer (the key of `finish`'s `failed`).
   context: the request's committed prefix, int32[anchor] (prompt first,
   its last token `last_token`; read only), on a session that agreed on
-  CONTEXT frames when the worker holds it; else None."""
+  CONTEXT frames when the worker holds it; else None. adaptive: the
+  session agreed on ADAPTIVE_DEPTH: the driver may draw d in [1, depth]
+  rows under its stopping rule, written to rows[:d], and tells `finish`
+  d (its `lengths`); else exactly `depth`."""
   entry: int
   request: int
   seed: int
@@ -56,6 +59,7 @@ class Propose(typing.NamedTuple):
   depth: int
   rows: qformats.Rows
   context: np.ndarray | None = None
+  adaptive: bool = False
 
 
 class Call(typing.NamedTuple):
@@ -82,7 +86,10 @@ class Plan(typing.NamedTuple):
 
   rows: the staged rows of those requests, copied out of the slot (tokens
   int32[R, D] drafted, n int32[R, D] live entries, ids int32[R, D, k] for
-  sparse q, else None; values None: q travels as `counts`).
+  sparse q, else None; values None: q travels as `counts`). lengths[r]:
+  request r's drafted rows d in [1, D] (D but on a session that agreed on
+  ADAPTIVE_DEPTH): only rows[r, :d] and counts[r, :d] are its chain, the
+  correction or bonus row the target's row d.
   """
   rids: np.ndarray       # int32[R]
   tags: np.ndarray       # int64[R, 2]  (generation, round)
@@ -90,6 +97,7 @@ class Plan(typing.NamedTuple):
   rows: qformats.Rows    # [R, D, ...], values None
   counts: Counts         # int32[R, D, w] validated q, or None
   stop: np.ndarray       # int32[]: 1 tells follower ranks to return
+  lengths: np.ndarray    # int32[R] rows of each request's chain (<= D)
 
 
 class Stage(typing.NamedTuple):

@@ -15,17 +15,21 @@ tokens and q layout, and `counts` the validated q.
   processors applied). Each request's handle (a KV cache) is kept between
   rounds under its request id until `drop`. The only place a round calls
   the target: batching the target over requests changes this method.
-* `verify(chains, logits, rows, counts, index)`: the plan rows `index`
-  verified in one `verify_fn` call, padded to `caps.max_requests` rows
-  (copies of the first; one compiled shape for every round): accepted,
-  token and status int32[R], R = len(chains). Keys: each chain's round
-  key, `rng.round_key(seed, generation, round)` (`round_keys`), anchor the
-  prefix's length. A greedy session (no q) verifies by the target's
-  argmax instead (`greedy_verify`), status 0.
+* `verify(chains, logits, rows, counts, index, lengths)`: the plan rows
+  `index` verified in one `verify_fn` call, padded to `caps.max_requests`
+  rows (copies of the first; one compiled shape for every round and
+  depth): accepted, token and status int32[R], R = len(chains). Keys:
+  each chain's round key, `rng.round_key(seed, generation, round)`
+  (`round_keys`), anchor the prefix's length. Chains of several lengths
+  (`lengths`: adaptive depth, a session that agreed on ADAPTIVE_DEPTH or
+  `generate.Local` with a rule) are verified in one call per length, each
+  on its first d rows and the target's d + 1 rows (the correction or
+  bonus row the one after its last drafted token). A greedy session (no
+  q) verifies by the target's argmax instead (`greedy_verify`), status 0.
 * `fallback(chains)`: one token per chain from the target alone: its row
   after the prefix (an empty draft), drawn by `sample_fn` with the
   TARGET_ONLY key of (seed, generation, round, anchor).
-* `run(chains, codes, rows, counts)`: a round's `Outcome` per row: the
+* `run(chains, codes, rows, counts, lengths)`: a round's `Outcome` per row: the
   fallback's token where codes[i] != 0 (the proposal was discarded), else
   the verified one; a row that `verify_fn` refuses (status != 0, e.g. NaN
   target logits) becomes a fallback too, its Code in `Outcome.code`.
@@ -54,6 +58,7 @@ from dyadic_jax.bridge.effects import Counts
 from dyadic_jax.errors import raise_for_status
 from dyadic_jax.wire import qformats
 from dyadic_jax.wire import status as status_lib
+from dyadic_jax.wire.layouts import Feature
 
 __all__ = ["Chain", "Engine", "Outcome", "SampleFn", "TargetFn", "Verified",
            "VerifyFn", "greedy_verify", "round_keys"]
@@ -215,16 +220,41 @@ class Engine:
   def verify(self, chains: typing.Sequence[Chain],
              logits: typing.Sequence[jax.Array], rows: qformats.Rows,
              counts: Counts,
-             index: typing.Sequence[int] | None = None) -> Verified:
+             index: typing.Sequence[int] | None = None,
+             lengths: ArrayLike | None = None) -> Verified:
     """Rows `index` of `rows` and `counts` (default all), one per chain,
-    verified on their logits (see the module docstring)."""
+    verified on their logits (see the module docstring). lengths: each
+    chain's drafted rows (int[R], parallel to `chains`; None: every row
+    of `rows`); chain i's logits then hold lengths[i] + 1 rows."""
     index = list(range(len(chains)) if index is None else index)
+    depth = rows.tokens.shape[-1]
+    sizes = (np.full(len(chains), depth) if lengths is None
+             else np.asarray(lengths).reshape(len(chains)))
     if self.caps.greedy:
-      out = [greedy_verify(x, np.asarray(rows.tokens[i]))
-             for x, i in zip(logits, index)]
+      out = [greedy_verify(x, np.asarray(rows.tokens[i][:d]))
+             for x, i, d in zip(logits, index, sizes)]
       return Verified(np.asarray([a for a, _ in out], np.int32),
                       np.asarray([t for _, t in out], np.int32),
                       np.zeros(len(out), np.int32))
+    if (sizes != depth).any():
+      # One call per length: each verified on its own rows.
+      got = np.zeros((3, len(chains)), np.int32)
+      for d in np.unique(sizes):
+        group = [int(j) for j in np.flatnonzero(sizes == d)]
+        part = self._verify_rows(
+            [chains[j] for j in group], [logits[j] for j in group], rows,
+            counts, [index[j] for j in group], int(d))
+        got[:, group] = part
+      return Verified(*got)
+    return Verified(*self._verify_rows(chains, logits, rows, counts, index,
+                                       depth))
+
+  def _verify_rows(self, chains: typing.Sequence[Chain],
+                   logits: typing.Sequence[jax.Array], rows: qformats.Rows,
+                   counts: Counts, index: list[int], depth: int
+                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """`verify` of chains that all draft `depth` rows (their first
+    `depth` rows of `rows`): (accepted, token, status)."""
     pad = self.caps.max_requests - len(chains)
     padded = index + [index[0]] * pad
     idx = np.asarray(padded)
@@ -232,6 +262,13 @@ class Engine:
       assert counts is not None     # sampled rows carry their counts
       counts = counts[idx]
     take = rows.take(idx)
+    if depth < rows.tokens.shape[-1]:
+      take = qformats.Rows(
+          take.tokens[:, :depth], take.n[:, :depth],
+          None if take.ids is None else take.ids[:, :depth],
+          None if take.values is None else take.values[:, :depth])
+      assert counts is not None
+      counts = counts[:, :depth]
     q = self.caps.format.to_q(counts, take)
     zeros = [0] * pad
     keys = round_keys([c.seed for c in chains] + zeros,
@@ -242,7 +279,7 @@ class Engine:
     accepted, token, status = (
         np.asarray(a)[:len(chains)]
         for a in self.verify_fn(batch, q, take.tokens, keys, anchors))
-    return Verified(accepted, token, status)
+    return accepted, token, status
 
   def fallback(self, chains: typing.Sequence[Chain]) -> list[int]:
     """One target-only token per chain (see the module docstring)."""
@@ -263,8 +300,12 @@ class Engine:
     return out
 
   def run(self, chains: typing.Sequence[Chain], codes: np.ndarray,
-          rows: qformats.Rows, counts: Counts) -> list[Outcome]:
-    """The Outcome of every row (see the module docstring)."""
+          rows: qformats.Rows, counts: Counts,
+          lengths: ArrayLike | None = None) -> list[Outcome]:
+    """The Outcome of every row (see the module docstring). lengths:
+    each row's drafted rows (int[R]; None: all of `rows`' D)."""
+    sizes = (np.full(len(chains), rows.tokens.shape[-1]) if lengths is None
+             else np.asarray(lengths).reshape(len(chains)))
     outcomes: list[Outcome | None] = [None] * len(chains)
     discarded = [i for i in range(len(chains)) if codes[i]]
     for i, token in zip(discarded, self.fallback([chains[i]
@@ -273,9 +314,10 @@ class Engine:
     verified = [i for i in range(len(chains)) if not codes[i]]
     if verified:
       mine = [chains[i] for i in verified]
-      logits = self.target_rows(mine, [np.array(rows.tokens[i])
+      logits = self.target_rows(mine, [np.array(rows.tokens[i][:sizes[i]])
                                        for i in verified])
-      got = self.verify(mine, logits, rows, counts, verified)
+      got = self.verify(mine, logits, rows, counts, verified,
+                        sizes[verified])
       for j, i in enumerate(verified):
         status, token = int(got.status[j]), int(got.token[j])
         if status or token < 0:
@@ -298,7 +340,8 @@ class Engine:
     and on the fallback's single row, `verify_fn` on a full batch of
     `example_q(max_depth)` (`Validator.example_q`: a q of max_requests
     rows as the rounds hand it over; None: no q, no verification to
-    compile), the keys and `sample_fn`, in this order (on several ranks
+    compile; with capabilities that name ADAPTIVE_DEPTH, every depth
+    below it too), the keys and `sample_fn`, in this order (on several ranks
     some are collectives). prefix: a committed prefix of the rounds'
     shape; say: told what compiles next. Handles made here are kept
     nowhere."""
@@ -320,9 +363,15 @@ class Engine:
     if q is not None:
       say("verification of a full batch")
       keys = round_keys(zeros, zeros, zeros)
-      jax.block_until_ready(self.verify_fn(
-          jnp.stack([logits] * r), q, np.zeros((r, d), np.int32), keys,
-          np.full(r, len(committed))))
+      # Capabilities that name ADAPTIVE_DEPTH: chains of 1..D rows.
+      short = (range(d - 1, 0, -1)
+               if self.caps.features & Feature.ADAPTIVE_DEPTH else ())
+      for depth in (d, *short):
+        jax.block_until_ready(self.verify_fn(
+            jnp.stack([logits[:depth + 1]] * r),
+            q if depth == d else example_q(depth),
+            np.zeros((r, depth), np.int32), keys,
+            np.full(r, len(committed))))
     say("the target-only sampler")
     key = fallback_keys(zeros, zeros, zeros, zeros)[0]
     jax.block_until_ready(self.sample_fn(logits[0], key))

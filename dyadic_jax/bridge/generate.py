@@ -170,7 +170,7 @@ class Local:
     outcomes (accepted, token)): what a benchmark screens (untimed).
     admission: None (fixed depth), or an `AdaptiveDepth` the proposer
     drafts under (`draft_proposer`): a round's chains then hold 1..depth
-    rows each, verified in groups of one length."""
+    rows each, verified per length (`Engine.verify`'s `lengths`)."""
     if draft.vocab != caps.vocab or target.vocab != caps.vocab:
       raise ValueError(f"Local: draft V {draft.vocab}, target V "
                        f"{target.vocab} and session V {caps.vocab} differ")
@@ -249,30 +249,31 @@ class Local:
   def _verify(self, chains: list[engine_lib.Chain],
               proposals: list[qformats.Rows],
               logits: list[jax.Array]) -> list[tuple[int, int]]:
-    """The engine's verification of the drawn rows (a refusal raises)."""
-    lengths = [len(p.tokens) for p in proposals]
-    if len(set(lengths)) > 1:
-      # Adaptive chains: each length verified on its own (its d rows,
-      # then the target row after the last one: correction or bonus).
-      out: list[tuple[int, int]] = [(0, 0)] * len(chains)
-      for d in sorted(set(lengths)):
-        group = [i for i, n in enumerate(lengths) if n == d]
-        for i, outcome in zip(group, self._verify(
-            [chains[i] for i in group], [proposals[i] for i in group],
-            [logits[i] for i in group])):
-          out[i] = outcome
+    """The engine's verification of the drawn rows (a refusal raises);
+    adaptive chains of several lengths are padded to the longest and
+    verified per length by the engine, as a bridged verifier's are."""
+    lengths = np.asarray([len(p.tokens) for p in proposals])
+    depth = int(lengths.max())
+
+    def stack(part: str, dtype: typing.Any) -> typing.Any:
+      """The proposals' `part` [R, depth, ...] (zeros past a chain's
+      length), or None where they carry none."""
+      if getattr(proposals[0], part) is None:
+        return None
+      first = np.asarray(getattr(proposals[0], part))
+      out = np.zeros((len(proposals), depth) + first.shape[1:], dtype)
+      for i, p in enumerate(proposals):
+        out[i, :lengths[i]] = np.asarray(getattr(p, part))
       return out
-    rows = qformats.Rows(
-        np.stack([p.tokens for p in proposals]),
-        np.stack([np.asarray(p.n) for p in proposals]),
-        None if proposals[0].ids is None
-        else np.stack([np.asarray(p.ids) for p in proposals]))
+
+    rows = qformats.Rows(stack("tokens", np.int32), stack("n", np.int32),
+                         stack("ids", np.int32))
     counts = None
-    if proposals[0].values is not None:
+    values = stack("values", np.float64)
+    if values is not None:
       # The drawn q rows are exact multiples of 1 / M: their counts.
-      counts = np.stack([np.rint(np.asarray(p.values, np.float64) * M)
-                         for p in proposals]).astype(np.int32)
-    got = self.engine.verify(chains, logits, rows, counts)
+      counts = np.rint(values * M).astype(np.int32)
+    got = self.engine.verify(chains, logits, rows, counts, lengths=lengths)
     raise_for_status("verify_fn", got.status)
     return [(int(a), int(t)) for a, t in zip(got.accepted, got.token)]
 

@@ -17,7 +17,10 @@ the answer holds (the PACKED reply: `Feature.PACKED_REPLY`; the
 committed prefix in CONTEXT frames: `Feature.CONTEXT`, which a worker
 accepts only when its session is made with `wants_context`; the PACKED
 reply's AES-256-GMAC tag: `Feature.GMAC`, `wire.auth`; a batch's STEPs
-in one PACKED_STEP frame: `Feature.PACKED_STEP`).
+in one PACKED_STEP frame: `Feature.PACKED_STEP`; answers of 1..D
+rows drawn under a sequential stopping rule: `Feature.ADAPTIVE_DEPTH`,
+offered only by capabilities that name it, never by default, and accepted
+by a worker only when its proposer runs such a rule).
 
 `max_context` is no HELLO field: a local bound, the same default on both
 sides (a verifier never sends a longer CONTEXT; a worker refuses one).
@@ -42,7 +45,10 @@ MAX_REQUESTS = 1024
 MAX_SHARDS = 64
 # The features this build offers and accepts (HELLO `features`).
 FEATURES = (Feature.PACKED_REPLY | Feature.CONTEXT | Feature.GMAC
-            | Feature.PACKED_STEP)
+            | Feature.PACKED_STEP | Feature.ADAPTIVE_DEPTH)
+# What a side offers and accepts unless told otherwise: adaptive depth is
+# a session's choice (both sides' capabilities name it), never a default.
+DEFAULT_FEATURES = FEATURES & ~Feature.ADAPTIVE_DEPTH
 # Tokens of one CONTEXT frame: the default bound, and the most a side
 # accepts as its bound (one frame is 4 bytes a token).
 MAX_CONTEXT = 4096
@@ -93,11 +99,14 @@ class Capabilities:
       (`shard_range`); its rows are that block's counts (`width`), the
       last block's ids >= V zero. 1, 0: the whole vocabulary.
     features: the `layouts.Feature`s this side offers (a verifier) or
-      accepts (a worker); default all of this build's (`FEATURES`; GMAC
-      only while a PACKED frame fits in 2^31 - 1 bytes), 0 for
+      accepts (a worker), within this build's (`FEATURES`); default
+      `DEFAULT_FEATURES`, all of them but ADAPTIVE_DEPTH (GMAC only
+      while a PACKED frame fits in 2^31 - 1 bytes), 0 for
       the v3 per-frame protocol only (a peer from before features: it
       refuses a HELLO offering any, IDENTITY_MISMATCH). A worker's
-      CONTEXT also needs its session's `wants_context`.
+      CONTEXT also needs its session's `wants_context`, its
+      ADAPTIVE_DEPTH its session's `wants_adaptive` (a proposer with an
+      `admission` rule).
     max_context: the most tokens of a CONTEXT frame, in [1,
       MAX_CONTEXT_BOUND]: local, not in the HELLO (equal on both sides: a
       verifier sends no CONTEXT for a longer prefix, a worker refuses a
@@ -119,7 +128,7 @@ class Capabilities:
   precision: int = PRECISION
   shards: int = 1
   shard: int = 0
-  features: int = FEATURES
+  features: int = DEFAULT_FEATURES
   max_context: int = MAX_CONTEXT
 
   def __post_init__(self) -> None:

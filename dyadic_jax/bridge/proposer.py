@@ -30,11 +30,13 @@ is drawn under that sequential stopping rule (`admission.draft_chain`):
 one jitted draft step a position, the rule asked on the host (on the
 statistics of the rows before position i, or with `lookahead` of row i
 too), and only then x_i drawn; the proposal holds the d <=
-depth admitted rows (d >= 1). Where drafts go into a REPLY frame (`out`:
-the bridge's worker) the chain keeps the STEP's depth: the wire's
-fixed-depth contract is unchanged (this build's verifier takes a REPLY
-of exactly the STEP's depth), so only a one-process link
-(`generate.Local`) runs the rule. The acceptance
+depth admitted rows (d >= 1). Where drafts go into a REPLY frame (`out`)
+the chain keeps the STEP's depth: a session that did not agree on
+`Feature.ADAPTIVE_DEPTH` has the wire's fixed-depth contract. On one that
+did (the worker asks for it when its proposer has a rule:
+`DraftProposer.admission`), the worker calls without `out` and sends the
+d rows (a short REPLY, `bridge.worker`); so does the one-process link
+(`generate.Local`). The acceptance
 of a request's previous proposal is read off its next call (the anchor
 moves by accepted + 1) and recorded in the proposer's
 `admission.AcceptanceHistory`, which the rule sees for later rounds only.
@@ -92,10 +94,11 @@ def check_step(caps: hello.Capabilities, seed: int, generation: int,
 
 
 def write(out: qformats.Rows, proposal: qformats.Rows) -> None:
-  """Copies a proposal into the Rows views of a REPLY frame."""
+  """Copies a proposal of d rows into the first d of the Rows views of
+  a REPLY frame (all of them but for a short chain)."""
   depth = len(proposal.tokens)
-  out.tokens[:] = proposal.tokens
-  out.n[:] = proposal.n
+  out.tokens[:depth] = proposal.tokens
+  out.n[:depth] = proposal.n
   if out.values is not None:
     assert proposal.values is not None   # the frame's format carries q
     _copy(out.values[:depth], proposal.values)
@@ -305,7 +308,7 @@ def draft_proposer(
     return proposal
 
   return DraftProposer(propose, many, forget,
-                       slabs is not None and adaptive is None)
+                       slabs is not None and adaptive is None, admission)
 
 
 class DraftProposer(typing.NamedTuple):
@@ -313,11 +316,14 @@ class DraftProposer(typing.NamedTuple):
   `many(calls, depth)`, the proposals of a batch of requests (`Call`s) in
   one draft call where the draft offers a slab, and `forget(request)`,
   which drops a request's handle (a slab has `max_requests` slots, one
-  slab per round in flight)."""
+  slab per round in flight). admission: the stopping rule a call without
+  `out` drafts under (None: fixed depth); a worker with one asks its
+  session for `Feature.ADAPTIVE_DEPTH`."""
   propose: Proposer
   many: typing.Callable[[typing.Sequence[Call], int], list[qformats.Rows]]
   forget: typing.Callable[[int], None]
   batched: bool = False    # `many` is one draft call (else one per call)
+  admission: admission_lib.AdaptiveDepth | None = None
 
   def __call__(self, seed: int, generation: int, round_id: int, anchor: int,
                last_token: int, depth: int,

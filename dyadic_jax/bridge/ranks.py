@@ -78,6 +78,7 @@ def pad(plan: Plan, caps: hello.Capabilities,
   big.rids[:r] = plan.rids
   big.tags[:r] = plan.tags
   big.codes[:r] = plan.codes
+  big.lengths[:r] = plan.lengths
   for name in ("tokens", "n", "ids"):
     a = getattr(big.rows, name)
     if a is not None:
@@ -102,7 +103,7 @@ def unpad(size: np.ndarray, plan: Plan) -> Plan:
   if counts is not None:
     counts = jax.device_put(counts[:r, :d], jax.local_devices()[0])
   return Plan(plan.rids[:r], plan.tags[:r], plan.codes[:r], rows, counts,
-              plan.stop)
+              plan.stop, plan.lengths[:r])
 
 
 class PlanBroadcast:

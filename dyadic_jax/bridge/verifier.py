@@ -523,7 +523,8 @@ class Verifier:
       chains.append(engine_lib.Chain(rid, req.tokens, req.seed,
                                      int(plan.tags[i, 0]),
                                      int(plan.tags[i, 1])))
-    return self.engine.run(chains, plan.codes, plan.rows, plan.counts)
+    return self.engine.run(chains, plan.codes, plan.rows, plan.counts,
+                           plan.lengths)
 
   def log(self) -> None:
     logging.info("verifier counters: %s", self.counters.snapshot())

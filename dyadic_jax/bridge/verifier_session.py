@@ -46,6 +46,14 @@ Sending. `begin` makes one STEP frame per request, or on a session that
 agreed on PACKED_STEP frames (`Feature.PACKED_STEP`) one frame of a
 record per request under one tag (after the round's CONTEXT frames).
 
+Short answers. On a session that agreed on ADAPTIVE_DEPTH a request may
+be answered with d in [1, the exchange's depth] rows (a REPLY and
+COMPLETION of depth d, a PACKED record of depth d); elsewhere any depth
+but the exchange's is BAD_SEQUENCE, as before. Its d rows are staged, the
+verdicts of the slot's rows past d are not read (`short_answers` counts
+such requests), and the Plan carries each request's length
+(`Plan.lengths`).
+
 Contexts. On a session that agreed on CONTEXT frames (`Feature.CONTEXT`),
 `begin` puts a CONTEXT frame (the request's committed tokens, prompt
 first) right before a request's STEP whenever the worker may not hold
@@ -137,6 +145,9 @@ class Exchange:
     r = len(rids)
     self.answered = np.zeros(r, bool)
     self.codes = np.zeros(r, np.int32)
+    # Rows each answer carries: the STEP's depth, or 1..depth on a
+    # session that agreed on ADAPTIVE_DEPTH.
+    self.lengths = np.full(r, depth, np.int32)
     self.rows = slot.rows(r, depth)
     self.staging = False          # a Stage was handed out: await `staged`
     # The PACKED records a worker answers with when all is well, in STEP
@@ -153,8 +164,9 @@ class Exchange:
 
 def empty_plan(caps: hello.Capabilities, rids: typing.Sequence[int],
                tags: typing.Sequence[tuple[int, int]], codes: ArrayLike,
-               depth: int) -> Plan:
-  """A Plan of R requests with zero drafts and no q (codes say what to do)."""
+               depth: int, lengths: ArrayLike | None = None) -> Plan:
+  """A Plan of R requests with zero drafts and no q (codes say what to
+  do); each chain `depth` rows long unless `lengths` says otherwise."""
   r = len(rids)
   ids = (np.zeros((r, depth, caps.width), np.int32) if caps.format.has_ids
          else None)
@@ -162,7 +174,9 @@ def empty_plan(caps: hello.Capabilities, rids: typing.Sequence[int],
                        np.zeros((r, depth), np.int32), ids)
   return Plan(np.asarray(rids, np.int32),
               np.asarray(tags, np.int64).reshape(r, 2),
-              np.asarray(codes, np.int32), rows, None, np.zeros((), np.int32))
+              np.asarray(codes, np.int32), rows, None, np.zeros((), np.int32),
+              np.full(r, depth, np.int32) if lengths is None
+              else np.asarray(lengths, np.int32).reshape(r))
 
 
 class VerifierSession:
@@ -186,6 +200,7 @@ class VerifierSession:
     self._hello_keys = auth.hello_keys(secret, auth.VERIFIER)
     self.keys: auth.Keys | None = None    # of the open session
     self.features = Feature(0)            # the open session's agreed ones
+    self.adaptive = False                 # it agreed on ADAPTIVE_DEPTH
     self.state = CLOSED
     self.session: int | None = None       # its id, once a HELLO left
     self._nonce: bytes | None = None
@@ -361,6 +376,7 @@ class VerifierSession:
       self.state, self.refused = CLOSED, Code.IDENTITY_MISMATCH
       return
     self.keys, self.state, self.features = keys, OPEN, features
+    self.adaptive = bool(features & Feature.ADAPTIVE_DEPTH)
     self.bounds = self.caps.bounds._replace(
         packed=bool(features & Feature.PACKED_REPLY),
         max_context=(self.caps.max_context if features & Feature.CONTEXT
@@ -708,15 +724,18 @@ class VerifierSession:
       m = min(r, len(ex.rids))
       # Field by field: a reserved field is not the worker's to fill.
       good[:m] = ~ex.answered[:m]
-      for name in ("request", "depth", "status", "generation", "round",
-                   "anchor", "context_version"):
+      for name in ("request", "status", "generation", "round", "anchor",
+                   "context_version"):
         good[:m] &= records[name][:m] == ex.expected[name][:m]
+      good[:m] &= self._fits(records["depth"][:m], ex)
     if good.all() and ex is not None and r == len(ex.rids):
+      ex.lengths[:] = records["depth"]
       self._stage_in_place(ex, rows)     # expected, reserved fields apart
       return
     if good.any():
       assert ex is not None
       index = np.flatnonzero(good)
+      ex.lengths[index] = records["depth"][index]
       self._take(ex, index, rows, index)
     for j in np.flatnonzero(~good):
       self._record(f, int(j))
@@ -730,6 +749,15 @@ class VerifierSession:
       ex.rows = ex.rows._replace(values=rows.values)
       rows = rows._replace(values=None)
     self._take(ex, slice(None), rows, slice(None))
+
+  def _fits(self, depth: np.ndarray | int, ex: Exchange) -> np.ndarray:
+    """Whether an answer of `depth` rows fits exchange `ex`: its STEP's
+    depth, or 1..that on a session that agreed on ADAPTIVE_DEPTH (a short
+    answer elsewhere is refused as any other wrong depth is)."""
+    depth = np.asarray(depth)
+    if self.adaptive:
+      return (depth >= 1) & (depth <= ex.depth)
+    return depth == ex.depth
 
   def _take(self, ex: Exchange, into: slice | np.ndarray,
             rows: qformats.Rows, src: slice | np.ndarray) -> None:
@@ -762,9 +790,10 @@ class VerifierSession:
     elif (int(rec["anchor"]), int(rec["context_version"])) != (
         req.anchor, req.context_version):
       self._fail(ex, i, Code.STATE_MISMATCH, f"{what}: anchor or context")
-    elif int(rec["depth"]) != ex.depth or f.body.depth != ex.depth:
+    elif not self._fits(int(rec["depth"]), ex) or f.body.depth != ex.depth:
       self._fail(ex, i, Code.BAD_SEQUENCE, f"{what}: depth")
     else:
+      ex.lengths[i] = int(rec["depth"])
       self._take(ex, np.array([i]), f.rows, np.array([j]))
 
   def _open_slot(self, rid: int, tag: tuple[int, int],
@@ -807,9 +836,9 @@ class VerifierSession:
       self._fail(ex, i, Code.STATE_MISMATCH, f"{what}: anchor or context")
     elif reply_code is not None:
       self._fail(ex, i, reply_code, f"{what}: REPLY")
-    elif reply is None or body.depth != ex.depth or (
+    elif reply is None or not self._fits(body.depth, ex) or (
         reply.body.request, reply.tag, reply.body.depth) != (rid, tag,
-                                                              ex.depth):
+                                                              body.depth):
       self._fail(ex, i, Code.BAD_SEQUENCE, f"{what}: rows")
     elif body.reply_bytes != len(reply.raw):
       self._fail(ex, i, Code.UNEXPECTED_SIZE, f"{what}: reply bytes")
@@ -819,12 +848,13 @@ class VerifierSession:
       rows = ex.rows
       got = reply.rows
       assert got is not None        # a decoded REPLY has its rows
-      rows.tokens[i] = got.tokens
-      rows.n[i] = got.n
+      d = ex.lengths[i] = body.depth
+      rows.tokens[i, :d] = got.tokens
+      rows.n[i, :d] = got.n
       if got.ids is not None and rows.ids is not None:
-        rows.ids[i] = got.ids
+        rows.ids[i, :d] = got.ids
       if got.values is not None and rows.values is not None:
-        rows.values[i] = got.values
+        rows.values[i, :d] = got.values
       ex.answered[i] = True
 
   def _progress(self, now: float) -> list[Stage | Verify]:
@@ -879,6 +909,12 @@ class VerifierSession:
     if ex is None or not ex.staging:
       raise RuntimeError(f"staged: no exchange {key} awaits its verdict")
     codes = np.asarray(verdict.codes)
+    if (ex.lengths < ex.depth).any():
+      # A short answer's rows past its length are no part of its chain
+      # (the slot's older bytes): their verdicts are not read.
+      self.counters.event("short_answers", int((ex.lengths < ex.depth).sum()))
+      codes = np.where(np.arange(codes.shape[-1]) < ex.lengths[:, None],
+                       codes, 0)
     # One pass finds the refused requests (rare); each is then counted.
     for i in np.flatnonzero(codes.any(-1) & (ex.codes == 0)):
       bad = np.flatnonzero(codes[i])
@@ -892,7 +928,7 @@ class VerifierSession:
       del self._owner[rid]
     reqs = [self.requests[r] for r in ex.rids]
     plan = empty_plan(self.caps, ex.rids, [ex.tags[q.rid] for q in reqs],
-                      ex.codes, ex.depth)
+                      ex.codes, ex.depth, ex.lengths)
     ok = plan.codes == 0
     if ok.any():
       rows = plan.rows

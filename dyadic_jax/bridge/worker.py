@@ -4,6 +4,11 @@ The protocol lives in `worker_session.WorkerSession` (sans I/O); this
 driver only moves bytes and draws proposals: it receives a message, hands
 it to the session, calls the proposer for every `Propose` (writing into
 the REPLY frame's rows), lets the session seal the answer, and sends it.
+A proposer with a stopping rule (`DraftProposer.admission`) makes the
+session accept `Feature.ADAPTIVE_DEPTH` where the verifier offers it; on
+such a session each proposal is drawn under the rule (1..depth rows,
+without `out`), copied into the frame's first rows, and its length handed
+to `WorkerSession.finish` (a short REPLY).
 A proposer that raises (a local bug, a refused draft row) is answered with
 a COMPLETION whose status is PROPOSER_FAILED: counted, never fatal. Zero-
 copy sends are tracked; a slot is reported released once ZeroMQ let go of
@@ -26,7 +31,7 @@ from dyadic_jax.bridge.counters import Counters
 from dyadic_jax.bridge.effects import Call, Propose, Send
 from dyadic_jax.bridge.transport import Curve, Endpoint
 from dyadic_jax.bridge.worker_session import WorkerSession
-from dyadic_jax.wire import layouts
+from dyadic_jax.wire import layouts, qformats
 from dyadic_jax.wire.refusals import Code
 
 if typing.TYPE_CHECKING:     # the proposer is JAX's; this driver is not
@@ -64,9 +69,10 @@ class Worker:
     self.caps = caps
     self.propose = propose_fn
     self.draw_hook = draw_hook or DrawHook()
-    self.session = WorkerSession(caps, secret=secret, counters=counters,
-                                 max_views=max_views,
-                                 wants_context=wants_context)
+    self.session = WorkerSession(
+        caps, secret=secret, counters=counters, max_views=max_views,
+        wants_context=wants_context,
+        wants_adaptive=getattr(propose_fn, "admission", None) is not None)
     self._trackers: dict[int, list[zmq.MessageTracker]] = {}
 
   @property
@@ -112,12 +118,15 @@ class Worker:
     """Answers one message: the list of `Send`s (no socket involved)."""
     answer = self.session.receive(message)
     failed: dict[int, int] = {}
+    lengths: dict[int, int] = {}
     if self._draw_many(answer.propose):
       return self.session.finish(answer, failed)
     for p in answer.propose:
       start = time.perf_counter()
       try:
-        self.draw(p)
+        d = self.draw(p)
+        if p.adaptive and d != p.depth:
+          lengths[p.entry] = d
       except Exception as e:  # pylint: disable=broad-except
         # The proposer is local code: its failure fails this request's
         # round (a counted fallback on both sides), never the worker.
@@ -126,7 +135,7 @@ class Worker:
         failed[p.entry] = Code.PROPOSER_FAILED
       self.counters.event("propose_us",
                           int((time.perf_counter() - start) * 1e6))
-    return self.session.finish(answer, failed)
+    return self.session.finish(answer, failed, lengths)
 
   def _batch_draw(self) -> typing.Callable[..., typing.Any] | None:
     """The proposer's batched draw (`many` of a `proposer.DraftProposer`
@@ -145,7 +154,7 @@ class Worker:
     then each is drawn alone, so a failure fails its own request only.
     The rows are those of the per-request draws (the same keys)."""
     many = self._batch_draw()
-    if (many is None or len(props) < 2
+    if (many is None or len(props) < 2 or any(p.adaptive for p in props)
         or any(p.context is None for p in props)
         or len({p.depth for p in props}) != 1):
       return False
@@ -159,20 +168,27 @@ class Worker:
                                   "drawing one by one: %r", 1.0, e)
       return False
     for p, rows in zip(props, drawn):
-      for name in ("tokens", "n", "ids", "values"):
-        into = getattr(p.rows, name)
-        if into is not None:
-          into[...] = getattr(rows, name)
+      _put(p.rows, rows)
     self.counters.event("propose_us",
                         int((time.perf_counter() - start) * 1e6))
     self.counters.event("batched_draws")
     return True
 
-  def draw(self, p: Propose) -> None:
-    """Draws one proposal into its REPLY rows (the draw hook first)."""
+  def draw(self, p: Propose) -> int:
+    """Draws one proposal into its REPLY rows (the draw hook first);
+    returns its rows: the STEP's depth, or on an adaptive session
+    (`Propose.adaptive`) the 1..depth its proposer's rule admitted."""
     self.draw_hook.draw(p)
-    self.propose(p.seed, p.generation, p.round, p.anchor, p.last_token,
-                 p.depth, out=p.rows, request=p.request, context=p.context)
+    if not p.adaptive:
+      self.propose(p.seed, p.generation, p.round, p.anchor, p.last_token,
+                   p.depth, out=p.rows, request=p.request, context=p.context)
+      return p.depth
+    # Without `out` the proposer's rule decides the length.
+    drawn = self.propose(p.seed, p.generation, p.round, p.anchor,
+                         p.last_token, p.depth, request=p.request,
+                         context=p.context)
+    _put(p.rows, drawn)
+    return len(drawn.tokens)
 
   def _release(self) -> None:
     for slot, trackers in list(self._trackers.items()):
@@ -204,6 +220,15 @@ class Worker:
           self.session.released(send.slot)
       self.counters.event("busy_us",
                           int((time.perf_counter() - start) * 1e6))
+
+
+def _put(into: qformats.Rows, rows: qformats.Rows) -> None:
+  """Copies a proposal of d rows into the first d of a frame's rows."""
+  d = len(rows.tokens)
+  for name in ("tokens", "n", "ids", "values"):
+    dst = getattr(into, name)
+    if dst is not None:
+      dst[:d] = getattr(rows, name)
 
 
 def serve_forever(caps: hello.Capabilities,

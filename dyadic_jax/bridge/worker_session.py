@@ -49,6 +49,14 @@ digest, from COMMITs) and the reply of the latest round it served:
 * a STEP whose anchor or digest disagrees with the committed view (a
   COMMIT was lost) resyncs the view from the STEP, counted as an event.
 
+Short answers. On a session that agreed on ADAPTIVE_DEPTH (the verifier
+offers it, this side accepts it with `wants_adaptive`), a proposal
+(`Propose.adaptive`) may be drawn with d in [1, depth] rows under the
+driver's stopping rule: `finish(answer, failed, lengths)` lays its REPLY
+out again for d rows (its COMPLETION says d), or writes d in its PACKED
+record and zeros in the record's other rows. A length the session did not
+agree on fails that proposal (PROPOSER_FAILED).
+
 Contexts. On a session that agreed on CONTEXT frames (`Feature.CONTEXT`:
 the verifier offers it, this side accepts it with `wants_context`), a
 STEP message may hold a CONTEXT frame right before a request's STEP (the
@@ -106,6 +114,7 @@ class _Session(typing.NamedTuple):
   bounds: codec.Bounds   # what its frames are decoded under
   packed: bool = False   # agreed on PACKED replies
   context: bool = False  # agreed on CONTEXT frames
+  adaptive: bool = False  # agreed on ADAPTIVE_DEPTH (short answers)
 
 
 class _Context:
@@ -189,12 +198,16 @@ class WorkerSession:
                entropy: typing.Callable[[int], bytes] = os.urandom,
                max_views: int = 4096, counters: Counters | None = None,
                wants_context: bool = False,
-               context_budget: int = 1 << 22):
+               context_budget: int = 1 << 22,
+               wants_adaptive: bool = False):
     """caps: this side's Capabilities; secret: the deployment secret (32
     bytes) or None (`--insecure`: CRC32C tags, nothing authenticated);
     entropy(n): n fresh random bytes (the HELLO nonces); wants_context:
     accept CONTEXT frames (the draft needs the committed prefix);
-    context_budget: the most context tokens kept over all views."""
+    context_budget: the most context tokens kept over all views;
+    wants_adaptive: accept ADAPTIVE_DEPTH where `caps` and the offer
+    have it (the driver draws under a stopping rule: answers of 1..D
+    rows, `finish`'s `lengths`)."""
     self.caps = caps
     self.bounds = caps.bounds
     self._greedy = caps.greedy    # read per STEP (a property of caps)
@@ -204,6 +217,7 @@ class WorkerSession:
     self._hello_keys = auth.hello_keys(secret, auth.WORKER)
     self.max_views = int(max_views)
     self.wants_context = bool(wants_context)
+    self.wants_adaptive = bool(wants_adaptive)
     self.context_budget = int(context_budget)
     self.context_tokens = 0     # held by the views' contexts
     self.established: _Session | None = None
@@ -352,6 +366,8 @@ class WorkerSession:
     agreed = hello.agree(self.caps, body.features)
     if not self.wants_context:    # nothing to do with a prefix: never ask
       agreed &= ~Feature.CONTEXT
+    if not self.wants_adaptive:   # no stopping rule: fixed depth only
+      agreed &= ~Feature.ADAPTIVE_DEPTH
     keys = auth.session_keys(self._secret, header.session, body.nonce,
                              nonce_w, auth.WORKER,
                              gmac=bool(agreed & Feature.GMAC))
@@ -369,7 +385,8 @@ class WorkerSession:
                             bounds._replace(packed_step=bool(
                                 agreed & Feature.PACKED_STEP)),
                             bool(agreed & Feature.PACKED_REPLY),
-                            bool(agreed & Feature.CONTEXT))
+                            bool(agreed & Feature.CONTEXT),
+                            bool(agreed & Feature.ADAPTIVE_DEPTH))
     if self.slots is None:   # sized from the agreed (local) bounds, once
       self.slots = [bytearray(self.bounds.max_reply_message)
                     for _ in range(self.caps.max_slots)]
@@ -591,7 +608,7 @@ class WorkerSession:
         proposals.append(Propose(
             len(entries), body.request, body.seed, tag[0], tag[1],
             body.anchor, body.last_token, body.depth, rows,
-            self._draw_context(view, body, session)))
+            self._draw_context(view, body, session), session.adaptive))
       entries.append(_Entry(body.request, tag, offset, reply, rows,
                             body.depth, body.anchor, body.context_version,
                             int(status)))
@@ -647,7 +664,7 @@ class WorkerSession:
         proposals.append(Propose(
             j, body.request, body.seed, tag[0], tag[1], body.anchor,
             body.last_token, depth, rows,
-            self._draw_context(view, body, session)))
+            self._draw_context(view, body, session), session.adaptive))
       entries.append(_Entry(body.request, tag, j, None, rows, depth,
                             body.anchor, body.context_version, int(status)))
     self.counters.event("proposals", len(entries))
@@ -683,8 +700,19 @@ class WorkerSession:
     return WorkerAnswer(sends + [Send(self._refusal(
         Code.SESSION_EXHAUSTED, first.raw, first.header))], [])
 
-  def _finish_packed(self, answer: WorkerAnswer,
-                     failed: dict[int, int]) -> list[Send]:
+  def _length(self, e: _Entry, i: int, lengths: dict[int, int]) -> int:
+    """Rows entry `i` carries: `lengths[i]` where the driver drew fewer
+    than the STEP's depth (a session that agreed on ADAPTIVE_DEPTH: 1..
+    depth; anything else is the driver's error: 0, its proposal fails)."""
+    d = lengths.get(i, e.depth)
+    session = self.established
+    if d == e.depth or (session is not None and session.adaptive
+                        and 1 <= d <= e.depth):
+      return int(d)
+    return 0
+
+  def _finish_packed(self, answer: WorkerAnswer, failed: dict[int, int],
+                     lengths: dict[int, int]) -> list[Send]:
     session = self.established
     assert session is not None and answer.packed is not None
     assert answer.slot is not None
@@ -696,36 +724,47 @@ class WorkerSession:
     table = []
     for j, e in enumerate(answer.entries):
       status = e.status or int(failed.get(j, 0))
+      d = self._length(e, j, lengths)
+      if not (status or d):
+        status = Code.PROPOSER_FAILED    # a length the session never agreed
       if status and e.status == 0:
         self.counters.reject(status, f"proposal of request {e.request}")
-      table.append((e.request, 0 if status else e.depth, status, 0, e.tag[0],
-                    e.tag[1], e.anchor, e.context))
-      if status:    # no rows: zeros, not a previous message's bytes
+      d = 0 if status else d
+      table.append((e.request, d, status, 0, e.tag[0], e.tag[1], e.anchor,
+                    e.context))
+      if d < e.depth:   # rows past d: zeros, not a previous message's bytes
         for a in rows:
           if a is not None:
-            a[j] = 0
+            a[j, d:] = 0
       view = self.views.get(e.request)
       if view is not None and (view.generation, view.round) == e.tag:
         view.cached = (answer.slot, epoch, 0, len(frame))
-        view.proposal = None if status else drafted[j]
+        view.proposal = None if status else drafted[j][:d]
     records[:] = table
     auth.seal(frame, session.keys.send)
     self._busy[answer.slot] = True
     return list(answer.send) + [Send(frame, answer.slot)]
 
   def finish(self, answer: WorkerAnswer,
-             failed: dict[int, int] | None = None) -> list[Send]:
+             failed: dict[int, int] | None = None,
+             lengths: dict[int, int] | None = None) -> list[Send]:
     """Seals a fresh answer once its proposals are drawn; returns its Sends.
 
     failed: {Propose.entry: Code} of proposals the driver could not draw
     (the proposer raised): each is answered by a COMPLETION with that
-    status instead of its rows.
+    status instead of its rows. lengths: {Propose.entry: d} of proposals
+    drawn with d < depth rows (`Propose.adaptive`), written to rows[:d]:
+    each answer carries those d rows (a REPLY of d rows, or a PACKED
+    record of depth d whose other rows are zeros). A length the session
+    did not agree on (no ADAPTIVE_DEPTH, or d outside [1, depth]) fails
+    that proposal, PROPOSER_FAILED.
     """
     if answer.slot is None:
       return list(answer.send)
     failed = failed or {}
+    lengths = lengths or {}
     if answer.packed is not None:
-      return self._finish_packed(answer, failed)
+      return self._finish_packed(answer, failed, lengths)
     session = self.established
     assert session is not None    # a fresh answer is the established's
     keys = session.keys
@@ -735,10 +774,15 @@ class WorkerSession:
     offset = 0
     for i, e in enumerate(answer.entries):
       status = e.status or int(failed.get(i, 0))
+      d = self._length(e, i, lengths)
+      if not (status or d):
+        status = Code.PROPOSER_FAILED    # a length the session never agreed
       view = self.views.get(e.request)
       reply = None if status else e.reply
       tokens = (None if reply is None or e.rows is None
-                else np.array(e.rows.tokens))
+                else np.array(e.rows.tokens[:d]))
+      if reply is not None and d < e.depth:
+        reply = self._shorten(reply, e, d)
       if reply is not None:
         if e.start != offset:      # an earlier request failed: close the gap
           buf[offset:offset + len(reply)] = bytes(reply)
@@ -751,7 +795,7 @@ class WorkerSession:
       codec.encode(Kind.COMPLETION, session=session.id, generation=e.tag[0],
                    round_id=e.tag[1], send=keys.send, out=buf[offset:],
                    body={"request": e.request,
-                         "depth": 0 if reply is None else e.depth,
+                         "depth": 0 if reply is None else d,
                          "status": status,
                          "reply_bytes": 0 if reply is None else len(reply),
                          "anchor": e.anchor, "context_version": e.context,
@@ -763,6 +807,19 @@ class WorkerSession:
         view.proposal = tokens
     self._busy[slot] = True
     return list(answer.send) + [Send(buf[:offset], slot)]
+
+  def _shorten(self, reply: memoryview, e: _Entry, d: int) -> memoryview:
+    """The REPLY of `e` laid out again for its first d rows, in place
+    (a REPLY of d rows is shorter, its arrays nearer its start)."""
+    assert e.rows is not None
+    head = [None if a is None else np.array(a[:d]) for a in e.rows]
+    frame, rows = codec.begin_reply(
+        reply, bounds=self.bounds, session=codec.header(reply).session,
+        generation=e.tag[0], round_id=e.tag[1], request=e.request, depth=d)
+    for into, got in zip(rows, head):
+      if into is not None and got is not None:
+        into[...] = got
+    return frame
 
   # -- COMMIT and RESET ------------------------------------------------------
 

@@ -23,7 +23,9 @@ and `validate` one at a time.
 The proposer stands in for the worker's model: `proposer(proposals)` gets
 one fresh answer's `bridge.Propose`s, writes each one's rows (tokens, n,
 ids, values) and returns {Propose.entry: Code} of those it could not draw
-(or None), as `WorkerSession.finish` takes them.
+(or None), as `WorkerSession.finish` takes them; or a pair (that, and
+{Propose.entry: d} of those it drew d < depth rows of: `finish`'s
+`lengths`, on a session that agreed on ADAPTIVE_DEPTH).
 
 Used by the sessions fuzz target (tests/fuzz_sessions.py), the protocol
 state machine (tests/bridge/test_state_machine.py) and
@@ -41,8 +43,9 @@ from dyadic_jax.bridge.verifier_session import RoundResult, VerifierSession
 from dyadic_jax.bridge.worker_session import WorkerSession
 from dyadic_jax.wire import auth
 
+Failed = typing.Mapping[int, int] | None
 Proposer = typing.Callable[[typing.Sequence[Propose]],
-                           typing.Mapping[int, int] | None]
+                           Failed | tuple[Failed, typing.Mapping[int, int]]]
 # audit.proposal_draws's signature: (seeds, generations, rounds, anchors,
 # depth) -> uint32[R, D].
 DrawsFn = typing.Callable[..., typing.Any]
@@ -97,7 +100,7 @@ class SessionPair:
                worker_entropy: Entropy = os.urandom,
                verifier_entropy: Entropy = os.urandom,
                record: bool = True, wants_context: bool = False,
-               context_budget: int = 1 << 22):
+               context_budget: int = 1 << 22, wants_adaptive: bool = False):
     """Builds both sessions; nothing is sent (`open` does the HELLO).
 
     Args:
@@ -115,6 +118,7 @@ class SessionPair:
         are views of its slot buffers, valid until it reuses that slot
         (`caps.max_slots` fresh answers later): no copy, for benchmarks.
       wants_context, context_budget: the worker's (CONTEXT frames).
+      wants_adaptive: the worker's (ADAPTIVE_DEPTH: short answers).
     """
     self.caps = caps
     self.proposer = proposer
@@ -125,6 +129,7 @@ class SessionPair:
     self._secret = secret
     self._max_views = max_views
     self._context = (bool(wants_context), int(context_budget))
+    self._adaptive = bool(wants_adaptive)
     self._worker_entropy = worker_entropy
     self._hello_keys: auth.Keys | None = None
     self._crc = auth.Crc32cTag()
@@ -138,7 +143,8 @@ class SessionPair:
                          max_views=self._max_views,
                          counters=Counters("worker", log=False),
                          wants_context=self._context[0],
-                         context_budget=self._context[1])
+                         context_budget=self._context[1],
+                         wants_adaptive=self._adaptive)
 
   def _sent(self, message):
     if self.record:
@@ -159,13 +165,17 @@ class SessionPair:
     if self.record:
       self.worker_received.append(bytes(message))
     answer = self.worker.receive(message, self.now)
-    failed = None
+    failed: typing.Any = None
+    lengths: typing.Mapping[int, int] = {}
     if answer.propose:
       if self.proposer is None:
         raise RuntimeError("to_worker: a STEP to draw, and no proposer")
       failed = self.proposer(answer.propose)
+      if isinstance(failed, tuple):
+        failed, lengths = failed
     out = []
-    for send in self.worker.finish(answer, dict(failed or {})):
+    for send in self.worker.finish(answer, dict(failed or {}),
+                                   dict(lengths)):
       out.append(self._sent(send.message))
       if send.slot is not None:
         self.worker.released(send.slot)

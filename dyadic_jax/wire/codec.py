@@ -336,7 +336,10 @@ def _packed(h: layouts.Header, frame: memoryview, bounds: Bounds,
   if validate_rows:
     ok = records["status"] == 0
     verdict = fmt.validate(select(rows, ok), vocab=bounds.vocab)
-    bad = np.argwhere(verdict.codes)
+    # A record's rows are its first `depth` (fewer than the frame's on a
+    # session that agreed on ADAPTIVE_DEPTH); the rest are no one's.
+    live = np.arange(d) < records["depth"][ok][:, None]
+    bad = np.argwhere(np.where(live, verdict.codes, 0))
     if bad.size:
       raise ProtocolError(int(verdict.codes[tuple(bad[0])]),
                           f"record row {bad[0]}")

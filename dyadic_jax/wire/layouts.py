@@ -76,6 +76,7 @@ class Feature(enum.IntFlag):
   CONTEXT = 2        # the verifier sends a request's committed prefix
   GMAC = 4           # PACKED frames tagged with AES-256-GMAC (wire.auth)
   PACKED_STEP = 8    # the verifier sends a batch's STEPs as one frame
+  ADAPTIVE_DEPTH = 16  # an answer may carry 1..D rows (a short REPLY)
 
 
 class Representation(enum.IntEnum):

@@ -412,32 +412,6 @@ def test_local_with_adaptive_depth_commits_short_chains():
   assert all(0 <= a <= d <= 4 for d, a in rows)
 
 
-def test_a_worker_with_adaptive_depth_keeps_the_wires_fixed_depth():
-  # Over the bridge every REPLY is laid out for its STEP's depth: a worker
-  # whose proposer has a rule draws that depth, and the session commits
-  # what a fixed-depth one-process link commits.
-  target, draft = _pair()
-  caps = _caps(Representation.SPARSE)
-  rule = dj.AdaptiveDepth(max_depth=4, step_cost=0.3, min_depth=1)
-  kw = dict(max_new_tokens=8, seed=4)
-  local = generate.generate(_local(Representation.SPARSE), PROMPTS[:2], **kw)
-  served = h.serve(bridge.Worker(
-      caps, bridge.draft_proposer(draft, caps, admission=rule),
-      secret=h.SECRET))
-  verifier = bridge.Verifier(caps, served.address, target=target,
-                             secret=h.SECRET, timeout_s=h.GENEROUS_S)
-  try:
-    verifier.open()
-    bridged = generate.generate(generate.Bridged(verifier), PROMPTS[:2],
-                                **kw)
-  finally:
-    served.close()
-    verifier.close()
-  assert verifier.counters.events("fallbacks") == 0
-  for a, b in zip(local.tokens, bridged.tokens):
-    np.testing.assert_array_equal(a, b)
-
-
 def test_the_bridge_on_slabs_commits_what_one_process_commits():
   """The shipped pair over the bridge: the worker draws each STEP
   message's proposals in one batched draft call (its proposer's `many`),

@@ -22,11 +22,12 @@ def test_a_small_run(tmp_path):
   run = subprocess.run(
       [sys.executable, "-m", "experiments.adaptive_depth", "--prompts=2",
        "--new_tokens=16", "--step_cost=0.2", "--max_depth=6",
-       f"--json_out={out}"], cwd=_ROOT, env=paths.subprocess_env(),
+       "--train_prompts", f"--json_out={out}"], cwd=_ROOT, env=paths.subprocess_env(),
       capture_output=True, text=True, timeout=600)
   assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
   record = json.loads(out.read_text())
   fixed, adaptive = record["fixed"], record["adaptive"]
+  assert record["train_prompts"] and adaptive["prior_weight"] == 16
   assert fixed["mean_rows"] == fixed["mean_steps"] == 5
   assert 1 <= adaptive["mean_rows"] <= 6
   assert adaptive["mean_steps"] == adaptive["mean_rows"]   # no lookahead

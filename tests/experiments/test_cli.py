@@ -165,6 +165,7 @@ _BAD = [
     ("adaptive_depth", ["--q=bogus"], "q"),
     ("adaptive_depth", ["--max_depth=0"], "max_depth"),
     ("adaptive_depth", ["--model=/nonexistent/pair"], "model"),
+    ("adaptive_depth", ["--prior_weight=0"], "prior_weight"),
 ]
 
 

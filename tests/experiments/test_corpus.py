@@ -53,6 +53,22 @@ def test_held_out_prompts_are_deterministic(tree):
     corpus.held_out_prompts(_Bytes(), 1, 10**6, seed=0, files=files)
 
 
+def test_training_prompts_come_from_the_training_files(tree):
+  """What `adaptive_depth --train_prompts` tunes on: the same cut from the
+  other side of the split, never a held-out file's text."""
+  files = corpus.load_files(tree)
+  train = corpus.prompts(_Bytes(), 5, 40, seed=1, files=files,
+                         held_out=False)
+  train_text = "".join(f.text for f in corpus.split(files)[0])
+  assert train.shape == (5, 40)
+  for row in train:
+    assert bytes(row.astype(np.uint8)).decode() in train_text
+  np.testing.assert_array_equal(train, corpus.prompts(
+      _Bytes(), 5, 40, seed=1, files=files, held_out=False))
+  with pytest.raises(ValueError, match="no training file"):
+    corpus.prompts(_Bytes(), 1, 10**6, seed=0, files=files, held_out=False)
+
+
 def test_the_real_stdlib_is_there():
   root = corpus.stdlib_root()
   assert (root / "os.py").is_file()

@@ -116,20 +116,22 @@ def _reply(bounds=BOUNDS, edit=None, depth=2, token=9):
   return _seal(buf)
 
 
-def _packed(bounds=PACKED_BOUNDS, edit=None, depth=2, token=9):
+def _packed(bounds=PACKED_BOUNDS, edit=None, depth=2, token=9, short=None):
   """A valid PACKED frame of two records: request 2 answered with `depth`
-  rows as `_reply`'s, request 5 refused (PROPOSER_FAILED: zero rows);
-  then edit(rows) (and resealed)."""
+  rows as `_reply`'s (or its first `short` only, the rest zeros: a short
+  answer of an ADAPTIVE_DEPTH session), request 5 refused
+  (PROPOSER_FAILED: zero rows); then edit(rows) (and resealed)."""
+  d = depth if short is None else short
   packed = codec.begin_packed(
       bytearray(bounds.packed_bytes(2, depth)), bounds=bounds,
       session=0x0123456789AB, generation=3, round_id=11, requests=2,
       depth=depth)
-  packed.records[0] = (2, depth, 0, 0, 3, 11, 1000, 7)
+  packed.records[0] = (2, d, 0, 0, 3, 11, 1000, 7)
   packed.records[1] = (5, 0, int(Code.PROPOSER_FAILED), 0, 3, 11, 1000, 7)
-  rows = codec.qformats.Rows(*(None if a is None else a[0]
+  rows = codec.qformats.Rows(*(None if a is None else a[0, :d]
                                for a in packed.rows))
-  bounds.format.put(rows, np.broadcast_to(_SPARSE_IDS, (depth, 5)),
-                    np.broadcast_to(_SPARSE_COUNTS, (depth, 5)))
+  bounds.format.put(rows, np.broadcast_to(_SPARSE_IDS, (d, 5)),
+                    np.broadcast_to(_SPARSE_COUNTS, (d, 5)))
   rows.tokens[:] = token
   if edit is not None:
     edit(packed.rows)
@@ -193,6 +195,11 @@ def _valid():
       "packed.valid_PACKED_sparse": _packed(),
       "packed_dense.valid_PACKED_dense": _packed(PACKED_DENSE_BOUNDS,
                                                  token=_DENSE_TOKEN),
+      # Short answers (ADAPTIVE_DEPTH): 1 row of 3, a record's 1 of 2.
+      "valid_REPLY_short": _reply(depth=1),
+      "packed.valid_PACKED_short": _packed(short=1),
+      "packed_dense.valid_PACKED_dense_short": _packed(
+          PACKED_DENSE_BOUNDS, token=_DENSE_TOKEN, short=1),
       "packed.valid_STEP": _encode(Kind.STEP, **step),
       "context.valid_CONTEXT": _context(),
       "context.valid_CONTEXT_full": _context(range(56, 64)),
