@@ -509,6 +509,11 @@ class RankRound(RankValidator, verifier.RoundHook):
 
   executor, assemble: as `RankValidator`'s; broadcast: the plan's, without
   q (`ranks.PlanBroadcast(caps, counts=False)`). Dense q only.
+
+  Every round the leader begins it must finish (`Verifier.finish`): a
+  round given up with `Verifier.abandon` is never announced finished, and
+  the follower ranks keep collecting it (its requests cannot begin again
+  there); a run that gives up its rounds ends the ranks (`stop`).
   """
 
   def __init__(self, caps: hello.Capabilities, *,
