@@ -3,11 +3,11 @@
     python -m experiments.bench_rank_links [--vocab=129280 --tokens=12
         --json_out=/tmp/bench_rank_links.json --plot_out=/tmp/links.png]
 
-Expected runtime: about 3-4 minutes on a 2-core CPU at V = 129280 (two
-pipelines of 3 and 4 processes, each mostly JAX start-up and compiles).
+Expected runtime: about 5-6 minutes on a 2-core CPU at V = 129280 (three
+pipelines of 3, 4 and 4 processes, each mostly JAX start-up and compiles).
 
-Runs the main job twice with the same seed, --q=dense and a TP-2 verifier
-(2 jax.distributed ranks on loopback):
+Runs the main job three times with the same seed, --q=dense and a TP-2
+verifier (2 jax.distributed ranks on loopback):
 
   one link     --verifier_ranks=2: the worker (one process) sends the
                whole dense q to verifier rank 0, which broadcasts it to
@@ -15,15 +15,20 @@ Runs the main job twice with the same seed, --q=dense and a TP-2 verifier
   rank links   --worker_ranks=2 --verifier_ranks=2: worker rank s sends
                only vocabulary block s to verifier rank s on its own link
                (dyadic_jax/bridge/rank_links.py); the plan travels without q.
+  rank links, 1 in flight
+               the same with --in_flight=1: one exchange at a time instead
+               of two request groups in flight (the others' default).
 
 (each with a 60 s exchange deadline: a slow healthy round is measured, not
 timed out) and reports, per link: bytes per request and round (the seed expects
 V / 2 x 4 B x D = 1,292,800 B per rank link at V = 129280, D = 5, plus
 framing), the link's time per round (STEP out to the last frame in, p50),
-that time per request beside the seed's ideal 0.259 ms/request/shard
+that time per request of a round beside the seed's ideal 0.259 ms/request/shard
 (a block's bytes at 40 Gb/s; the one link carries both blocks), and two floors measured
 here on the same bytes: one memcpy, and one ZeroMQ loopback send of a
-round's bytes. It checks that both runs committed the same tokens.
+round's bytes; and per run the rounds' time (draft + bridge +
+verification + host, the time split's round phases) and new tokens per
+second of it. It checks that every run committed the same tokens.
 
 What loopback can show: the bytes each link carries, that no rank receives
 another rank's block, what framing, MACs and copies cost per byte, and that
@@ -64,16 +69,23 @@ cli.parse_flags_early(__name__, extra="experiments")
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _MODES = {"one link": ["--verifier_ranks=2"],
-          "rank links": ["--worker_ranks=2", "--verifier_ranks=2"]}
+          "rank links": ["--worker_ranks=2", "--verifier_ranks=2"],
+          "rank links, 1 in flight": ["--worker_ranks=2",
+                                      "--verifier_ranks=2", "--in_flight=1"]}
+# The time split's phases of the rounds themselves.
+_ROUND_PHASES = ("draft", "bridge", "verification", "host")
 
 
 def _pipeline(flags_, tmp, name):
-  out = os.path.join(tmp, name.replace(" ", "_") + ".json")
+  out = os.path.join(tmp, "".join(c if c.isalnum() else "_" for c in name)
+                     + ".json")
   env = dict(os.environ, PYTHONPATH=_ROOT)
   env.pop("XLA_FLAGS", None)
   start = time.perf_counter()
   proc = subprocess.run(
-      [sys.executable, "-m", "experiments.pp1_pipeline", "--q=dense",
+      # The toy pair: any V (the trained pair's is its tokenizer's).
+      [sys.executable, "-m", "experiments.pp1_pipeline", "--model=toy",
+       "--q=dense",
        f"--vocab={_VOCAB.value}", f"--tokens={_TOKENS.value}",
        f"--seed={_SEED.value}", f"--json_out={out}", "--plot_out=",
        # Healthy runs are measured: no slow round may become a fallback.
@@ -124,18 +136,32 @@ def main(argv):
   depth = runs["one link"]["config"]["depth"]
   shard_bytes = 4 * (-(-_VOCAB.value // 2)) * depth
   ideal_ms = shard_bytes * 8 / (_LINK_GBPS.value * 1e9) * 1e3
-  same = runs["one link"]["committed"] == runs["rank links"]["committed"]
+  same = all(r["committed"] == runs["one link"]["committed"]
+             for r in runs.values())
+  speed = []
+  for name, record in runs.items():
+    split = record["time_s"]["split"]
+    rounds_s = sum(split[p] for p in _ROUND_PHASES)
+    speed.append({"mode": name, "in_flight": record["config"]["in_flight"],
+                  "rounds": record["rounds"],
+                  "request_rounds": record["request_rounds"],
+                  "fallback_rounds": record["fallback_rounds"],
+                  "rounds_s": rounds_s,
+                  "tokens_per_rounds_s": record["tokens"] / rounds_s,
+                  **{f"{p}_s": split[p] for p in _ROUND_PHASES}})
   rows = []
   for name, record in runs.items():
     for link in record["links"]:
-      per_round = link["bytes_per_round"]
-      memcpy_ms, zmq_ms = _floors(int(per_round))
+      memcpy_ms, zmq_ms = _floors(int(link["bytes_per_round"]))
       shards = 2 if name == "one link" else 1     # blocks the link carries
-      per_request = link["round_ms_p50"] / requests
+      # A round carries one group's requests (two groups in flight: half).
+      per_round = record["request_rounds"] / max(record["rounds"], 1)
+      per_request = link["round_ms_p50"] / per_round
       rows.append({
           "mode": name, "link": link["rank"], "shards_on_link": shards,
           "bytes_per_request_round": link["bytes_per_request_round"],
-          "bytes_per_round": per_round,
+          "bytes_per_round": link["bytes_per_round"],
+          "requests_per_round": per_round,
           "round_ms_p50": link["round_ms_p50"],
           "ms_per_request": per_request,
           "ideal_ms_per_request": shards * ideal_ms,
@@ -145,23 +171,34 @@ def main(argv):
   print(f"\ndense q, V={_VOCAB.value}, D={depth}, {requests} requests, TP-2 "
         f"verifier; ideal {ideal_ms:.3f} ms/request/shard "
         f"({shard_bytes:,} B at {_LINK_GBPS.value:g} Gb/s)")
-  print(f"  {'mode':<11} {'link':>4} {'B/request-round':>16} "
+  print(f"  {'mode':<24} {'link':>4} {'B/request-round':>16} "
         f"{'p50 ms/round':>13} {'ms/request':>11} {'ideal':>7} "
         f"{'x ideal':>8} {'memcpy ms':>10} {'zmq ms':>8}")
   for r in rows:
-    print(f"  {r['mode']:<11} {r['link']:>4} "
+    print(f"  {r['mode']:<24} {r['link']:>4} "
           f"{r['bytes_per_request_round']:>16,.0f} {r['round_ms_p50']:>13.1f} "
           f"{r['ms_per_request']:>11.2f} {r['ideal_ms_per_request']:>7.3f} "
           f"{r['ratio_to_ideal']:>8.1f} {r['memcpy_ms_round']:>10.2f} "
           f"{r['zmq_loopback_ms_round']:>8.2f}")
-  print("  (ms/request: the link's p50 round time / requests; ideal: the "
+  print("  (ms/request: the link's p50 round time / the requests of a "
+        "round (a group's, with two in flight); ideal: the "
         "link's blocks at --link_gbps; memcpy, zmq: one round's bytes of "
         "that link, copied once / sent once over loopback)")
-  print(f"  committed tokens identical in both modes: {same}")
+  print(f"\n  {'mode':<24} {'in flight':>9} {'rounds':>6} {'rounds s':>9} "
+        f"{'tokens/s':>9} {'draft s':>8} {'bridge s':>9} {'verify s':>9} "
+        f"{'host s':>7}")
+  for r in speed:
+    print(f"  {r['mode']:<24} {r['in_flight']:>9} {r['rounds']:>6} "
+          f"{r['rounds_s']:>9.2f} {r['tokens_per_rounds_s']:>9.1f} "
+          f"{r['draft_s']:>8.2f} {r['bridge_s']:>9.2f} "
+          f"{r['verification_s']:>9.2f} {r['host_s']:>7.2f}")
+  print("  (rounds s: the time split's draft + bridge + verification + host; "
+        "tokens/s: the new tokens over it)")
+  print(f"  committed tokens identical in every mode: {same}")
   record = {"vocab": _VOCAB.value, "depth": depth, "requests": requests,
             "ideal_ms_per_request_per_shard": ideal_ms,
             "shard_bytes_per_request": shard_bytes, "links": rows,
-            "committed_identical": same,
+            "rounds": speed, "committed_identical": same,
             "time_split": {n: r["time_s"] for n, r in runs.items()}}
   if _JSON_OUT.value:
     with open(_JSON_OUT.value, "w") as f:
@@ -182,7 +219,7 @@ def _plot(rows, ideal_ms, path):
   import matplotlib.pyplot as plt
   # pylint: enable=g-import-not-at-top
   names = [f"{r['mode']}\nlink {r['link']}" for r in rows]
-  fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+  fig, axes = plt.subplots(1, 2, figsize=(14, 4.2))
   axes[0].bar(names, [r["bytes_per_request_round"] / 1e6 for r in rows])
   axes[0].set(title="bytes per request-round on each link", ylabel="MB")
   axes[1].bar(names, [r["ms_per_request"] for r in rows],

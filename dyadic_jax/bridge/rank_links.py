@@ -31,9 +31,10 @@ other ranks send theirs on their links (`follow_proposals`).
 The verifier ranks agree before anything is used (`RankRound` on the
 leader, and `follow_rounds` on the other ranks). Per round:
 
-1. the leader broadcasts what it expects (request ids, tags, depth);
+1. the leader announces the round as it begins (BEGIN: request ids, tags,
+   depth), and again as its finish begins (FINISH);
 2. rank 0 runs the leader link's exchange, rank s collects its block's
-   frames, both under the same deadline;
+   frames, both under the same deadline, from BEGIN to FINISH and on;
 3. the ranks all-gather their per-request codes (a frame missing, late,
    forged or malformed on ANY rank) with the leader's tokens and PROPOSAL
    draws;
@@ -48,7 +49,20 @@ leader, and `follow_rounds` on the other ranks). Per round:
 
 A request refused on any rank is discarded on every rank, its code counted
 by the leader; no rank waits past its deadline, and a dead worker rank is a
-timeout. Sparse q keeps the leader's single link (k entries, the global
+timeout.
+
+Two rounds are in flight (the session's `max_slots`, as over one link):
+the leader begins round B while round A's exchange is out, and finishes
+them in the order its caller does. Every collective of a round (steps 3-5)
+happens inside its finish, and the leader announces each BEGIN and FINISH
+(step 1, numbered by `seq`), so a follower rank, which cannot see the
+leader's calls, issues the same collectives in the same order; between a
+BEGIN and its FINISH a follower's link stages the round's block in a
+buffer of its own (`shard_link`: rounds keyed by `seq`, on disjoint
+requests), so a frame missing, late or forged in A is A's code alone and B
+commits as it would have. The leader's round hook `finishing` sends the
+FINISH before the exchange is awaited: the ranks wait for their links
+together. Sparse q keeps the leader's single link (k entries, the global
 top-k): the worker's other ranks take part in the draws and send nothing.
 """
 
@@ -78,6 +92,10 @@ from dyadic_jax.wire.refusals import Code, ProtocolError
 _U64 = (1 << 64) - 1
 # The proposal broadcast: what the draw needs, the request, and a mode.
 _WARM, _SEND, _STOP = 0, 1, 2
+# The verifier leader's announcements: a round begins (its exchange's
+# requests, tags and depth; none: it falls back whole), a round's finish
+# begins, no more rounds.
+BEGIN, FINISH, STOP = 0, 1, 2
 # This rank's block [R, D, w] -> the global array [R, D, n w] split over
 # "vocab" (`sharding.from_blocks`).
 Assemble = typing.Callable[[np.ndarray], jax.Array]
@@ -233,6 +251,10 @@ class ShardReceiver:
     self.address = address
     self.curve = curve
     self.endpoint: transport.Endpoint | None = None
+    # Rounds over, by key, not yet `finish`ed; rounds finished, whose
+    # buffers the next `begin` releases.
+    self._ended: dict[int, Collected] = {}
+    self._read: list[int] = []
 
   @property
   def timeout_s(self) -> float:
@@ -242,17 +264,14 @@ class ShardReceiver:
   def timeout_s(self, seconds: float) -> None:
     self.session.timeout_s = seconds
 
-  def _perform(self, effects: typing.Sequence[Send | Collected]
-               ) -> Collected | None:
-    """Sends the effects' messages; returns a Collected among them."""
-    done = None
+  def _perform(self, effects: typing.Sequence[Send | Collected]) -> None:
+    """Sends the effects' messages; keeps the Collected among them."""
     for effect in effects:
       if isinstance(effect, Collected):
-        done = effect
+        self._ended[effect.key] = effect
       else:
         assert self.endpoint is not None   # `open` connected it
         self.endpoint.send(effect.message)
-    return done
 
   def _connect(self) -> transport.Endpoint:
     """A new socket (the old one closed): a lost link is replaced, never
@@ -285,28 +304,50 @@ class ShardReceiver:
   def collect(self, rids: typing.Sequence[int],
               tags: typing.Sequence[typing.Sequence[int]],
               depth: int) -> tuple[qformats.Rows, np.ndarray]:
-    """Block s's rows of one round: (Rows [R, D, w], codes int32[R]).
+    """Block s's rows of one round: (Rows [R, D, w], codes int32[R]);
+    `begin` then `finish`, under key 0."""
+    self.begin(rids, tags, depth)
+    return self.finish()
 
-    Waits until every request's frame is in or the deadline passes; a
-    request without a good frame gets its code (TIMEOUT when none came).
-    """
+  def begin(self, rids: typing.Sequence[int],
+            tags: typing.Sequence[typing.Sequence[int]], depth: int,
+            key: int = 0) -> None:
+    """Starts round `key` (its deadline runs from now); at most
+    `caps.max_slots` are in flight, on disjoint requests. The rows of
+    rounds already finished are released: they are read."""
     session = self.session
+    for read in self._read:
+      session.release(read)
+    self._read.clear()
     if self.endpoint is not None and self.endpoint.broken():
       session.lost()
     if self.endpoint is None or session.silent:
       self._connect()         # the round's HELLO goes out on a new socket
-    done = self._perform(session.begin(rids, tags, depth, self.clock()))
-    while done is None:
-      assert self.endpoint is not None     # connected above
-      deadline = session.round_deadline
-      assert deadline is not None            # begun
+    self._perform(session.begin(rids, tags, depth, self.clock(), key))
+
+  def finish(self, key: int = 0) -> tuple[qformats.Rows, np.ndarray]:
+    """Block s's rows of round `key`: (Rows [R, D, w], valid until the
+    next `begin`; codes int32[R]).
+
+    Waits until every request's frame is in or its deadline passes (frames
+    of other rounds in flight that come meanwhile are staged for theirs);
+    a request without a good frame gets its code (TIMEOUT when none came).
+    """
+    session = self.session
+    while key not in self._ended:
+      deadline = session.round_deadline(key)
+      if deadline is None:
+        raise RuntimeError(f"finish: round {key} is not in flight")
+      assert self.endpoint is not None     # connected by `begin`
       # A lost connection ends the round now, as its deadline would.
       now = deadline if self.endpoint.broken() else self.clock()
-      done = self._perform(session.poll(now))
-      if done is None:
+      self._perform(session.poll(now))
+      if key not in self._ended:
         got = self.endpoint.recv(max(deadline - self.clock(), 0.0))
         if got is not None:
-          done = self._perform(session.receive(got[1], self.clock()))
+          self._perform(session.receive(got[1], self.clock()))
+    done = self._ended.pop(key)
+    self._read.append(key)
     return done.rows, done.codes
 
   def figures(self) -> dict[str, typing.Any]:
@@ -317,6 +358,18 @@ class ShardReceiver:
     if self.endpoint is not None:
       self.endpoint.close()
       self.endpoint = None
+
+
+class Announced(typing.NamedTuple):
+  """What the leader announced (`_Agreement.announce`): its `kind` (BEGIN,
+  FINISH, STOP), which round (`seq`, numbered as the leader begins them),
+  and for a BEGIN the round's requests, their tags and depth (no requests:
+  a round without an exchange)."""
+  kind: int
+  seq: int
+  rids: list[int]
+  tags: list[list[int]]
+  depth: int
 
 
 class _Agreement:
@@ -330,22 +383,30 @@ class _Agreement:
     self.assemble = assemble   # local block [R, D, w] -> global [R, D, n w]
     self.leader = jax.process_index() == 0
 
-  def expect(self, rids: typing.Sequence[int] = (),
-             tags: typing.Sequence[typing.Sequence[int]] = (),
-             depth: int = 0, stop: bool = False
-             ) -> tuple[list[int], list[list[int]], int] | None:
-    """Step 1: (rids, tags, depth) of the round, or None: stop."""
+  def announce(self, kind: int = STOP, seq: int = 0,
+               rids: typing.Sequence[int] = (),
+               tags: typing.Sequence[typing.Sequence[int]] = (),
+               depth: int = 0) -> Announced:
+    """Step 1, and what orders every other collective: the leader's
+    announcement (its arguments) on every rank; a follower's are unused.
+
+    With two rounds in flight the leader interleaves its rounds' begins
+    and finishes as its caller does; a follower learns each from this
+    broadcast, so every rank issues the same collectives in the same
+    order (BEGIN at `Verifier.start`, FINISH at the top of
+    `Verifier.finish`, before its exchange is awaited, so the ranks wait
+    for their links together).
+    """
     r = self.caps.max_requests
     out = np.full((r, 3), -1, np.int64)
     if self.leader:
       out[:len(rids), 0] = rids
       out[:len(rids), 1:] = np.asarray(tags, np.int64).reshape(-1, 2)
-    head = np.array([len(rids), depth, int(stop)], np.int64)
+    head = np.array([kind, seq, len(rids), depth], np.int64)
     head, out = ranks.broadcast((head, out), self.leader)
-    if head[2]:
-      return None
-    n = int(head[0])
-    return out[:n, 0].tolist(), out[:n, 1:].tolist(), int(head[1])
+    n = int(head[2])
+    return Announced(int(head[0]), int(head[1]), out[:n, 0].tolist(),
+                     out[:n, 1:].tolist(), int(head[3]))
 
   def agree(self, rows: qformats.Rows, codes: np.ndarray,
             draws: np.ndarray | None,
@@ -412,7 +473,9 @@ class RankValidator(verifier.Validator):
   "vocab" (`sharding.from_blocks`). Dense q only.
   """
 
-  overlaps = False    # the ranks agree on one exchange at a time
+  # Two exchanges in flight: the leader announces each round's begin and
+  # finish (`_Agreement.announce`), each agreed on its own.
+  overlaps = True
 
   def __init__(self, caps: hello.Capabilities, *,
                executor: rowops.Executor, assemble: Assemble) -> None:
@@ -446,6 +509,11 @@ class RankRound(RankValidator, verifier.RoundHook):
 
   executor, assemble: as `RankValidator`'s; broadcast: the plan's, without
   q (`ranks.PlanBroadcast(caps, counts=False)`). Dense q only.
+
+  Every round the leader begins it must finish (`Verifier.finish`): a
+  round given up with `Verifier.abandon` is never announced finished, and
+  the follower ranks keep collecting it (its requests cannot begin again
+  there); a run that gives up its rounds ends the ranks (`stop`).
   """
 
   def __init__(self, caps: hello.Capabilities, *,
@@ -453,16 +521,31 @@ class RankRound(RankValidator, verifier.RoundHook):
                broadcast: ranks.PlanBroadcast) -> None:
     super().__init__(caps, executor=executor, assemble=assemble)
     self.broadcast = broadcast
+    self._seq = 0       # rounds begun
+    # The seq of each round in flight: by exchange key, and those without
+    # an exchange in the order they began.
+    self._seqs: dict[int, int] = {}
+    self._bare: collections.deque[int] = collections.deque()
 
   def begin(self, exchange: Exchange | None) -> None:
     """Step 1: the other ranks learn the round (or that it has no
-    exchange: they skip theirs)."""
+    exchange: they skip theirs) and begin collecting its blocks."""
+    seq, self._seq = self._seq, self._seq + 1
     if exchange is None:
-      self.agreement.expect()
+      self._bare.append(seq)
+      self.agreement.announce(BEGIN, seq)
       return
-    self.agreement.expect(exchange.rids, [exchange.tags[r]
-                                          for r in exchange.rids],
-                          exchange.depth)
+    self._seqs[exchange.key] = seq
+    self.agreement.announce(BEGIN, seq, exchange.rids,
+                            [exchange.tags[r] for r in exchange.rids],
+                            exchange.depth)
+
+  def finishing(self, exchange: Exchange | None) -> None:
+    """The other ranks learn which round the next agreement (or plan, for
+    a round without an exchange) is of."""
+    seq = (self._bare.popleft() if exchange is None
+           else self._seqs.pop(exchange.key))
+    self.agreement.announce(FINISH, seq)
 
   def warmup(self, rows: qformats.Rows, draws: np.ndarray | None) -> None:
     """Nothing to compile alone: the ranks compiled the collective check
@@ -489,7 +572,7 @@ class RankRound(RankValidator, verifier.RoundHook):
 
   def stop(self) -> None:
     """The other ranks' loop (`follow_rounds`) ends."""
-    self.agreement.expect(stop=True)
+    self.agreement.announce(STOP)
 
 
 def _padded(rows: qformats.Rows, r: int) -> qformats.Rows:
@@ -514,18 +597,36 @@ def follow_rounds(follower: verifier.Verifier, receiver: ShardReceiver,
   `ranks.PlanBroadcast(caps, counts=False)`, `request_factory` set), used
   to verify and commit exactly what the leader does; receiver: its open
   `ShardReceiver`. Returns the number of rounds.
+
+  The leader's announcements order everything: a BEGIN starts collecting
+  the round's block on this rank's link (under the round's seq, while
+  another round may be in flight), its FINISH collects it (frames of the
+  other round that come meanwhile are staged for it), agrees and commits
+  the leader's plan. Raises RuntimeError on a FINISH of a round never
+  begun (the ranks would no longer issue the same collectives).
   """
   agreement = _Agreement(follower.caps, executor, assemble)
+  assert follower.sharer is not None   # a follower gets the leader's plans
+  # Rounds begun, not finished: seq -> depth (None: no exchange).
+  begun: dict[int, int | None] = {}
   rounds = 0
   while True:
-    expected = agreement.expect()
-    if expected is None:
+    said = agreement.announce()
+    if said.kind == STOP:
       return rounds
-    rids, tags, depth = expected
+    if said.kind == BEGIN:
+      begun[said.seq] = None
+      if said.rids:
+        receiver.begin(said.rids, said.tags, said.depth, key=said.seq)
+        begun[said.seq] = said.depth
+      continue
+    if said.seq not in begun:
+      raise RuntimeError(f"follow_rounds: round {said.seq} finishes, never "
+                         "begun (the ranks are out of step)")
+    depth = begun.pop(said.seq)
     counts = None
-    if rids:
-      rows, codes = receiver.collect(rids, tags, depth)
+    if depth is not None:
+      rows, codes = receiver.finish(said.seq)
       _, counts = agreement.agree(rows, codes, None, depth)
-    assert follower.sharer is not None   # a follower gets the leader's plans
     follower.apply(follower.sharer.share(None)._replace(counts=counts))
     rounds += 1

@@ -15,19 +15,27 @@ drivers are `rank_links.ShardReceiver` and `rank_links.ShardSender`.
 
     ShardLinkSession (verifier rank s)
       hello(now) -> Send                     until `is_open` or `refused`
-      receive(message, now) -> [Send] | [Collected] | []
-      begin(rids, tags, depth, now) -> [Send]  a HELLO after a silent round
-      poll(now) -> [] | [Collected]          the round's deadline
+      receive(message, now) -> [Send] | [Collected, ...] | []
+      begin(rids, tags, depth, now, key) -> [Send]  a HELLO after silence
+      poll(now) -> [Collected, ...] | []     the rounds' deadlines
+      release(key)                           a collected round's buffer
     ShardSourceSession (worker rank s)
       receive(message) -> [Send]             HELLO answers
       reply(request, tag, depth) -> ShardReply | None, then seal(reply)
 
-A frame is staged only when it is of this link's session, authentic, a
-REPLY, of a request of the round with its tag and depth; anything else is
-counted and dropped. A round ends when every request's frame is in or at
-its deadline; a request without its frame is a TIMEOUT. A round without a
-single frame makes the next one start with a fresh HELLO (the worker rank
-may be a restarted process that knows no session).
+Up to `caps.max_slots` rounds are in flight at once (the leader's two
+exchanges), each named by its `key` and staged in a buffer of its own;
+the requests of rounds in flight are disjoint (the leader's are), so a
+frame's request names its round. A frame is staged only when it is of
+this link's session, authentic, a REPLY, of a request of a round in flight
+with its tag and depth; anything else is counted and dropped. A round ends
+when every request's frame is in or at its deadline; a request without its
+frame is a TIMEOUT. Each round ends on its own: a frame missing, late or
+forged in one changes no other. A round that ends without the link having
+carried a single frame since it began (to it or to another round) makes the
+next one start with a fresh HELLO (the worker rank may be a restarted
+process that knows no session); one in flight beside a silent round, whose
+frames do come, keeps the session.
 """
 
 import os
@@ -46,14 +54,16 @@ from dyadic_jax.wire.refusals import Code, ProtocolError
 
 
 class Collected(typing.NamedTuple):
-  """A round of the link is over: block s's rows [R, D, w] (the session's
-  staging buffer, valid until the next round) and codes int32[R] (0: the
-  request's frame is in; else why not: TIMEOUT when none came)."""
+  """Round `key` of the link is over: block s's rows [R, D, w] (a staging
+  buffer of the session's, held until `release(key)`) and codes int32[R]
+  (0: the request's frame is in; else why not: TIMEOUT when none came)."""
   rows: qformats.Rows
   codes: np.ndarray
+  key: int = 0
 
 
 class _Round(typing.NamedTuple):
+  key: int
   rids: list[int]
   position: dict[int, int]
   tags: list[tuple[int, int]]
@@ -61,6 +71,8 @@ class _Round(typing.NamedTuple):
   start: float
   deadline: float
   codes: np.ndarray
+  buffer: int          # which staging buffer
+  heard: int           # frames the link had staged when it began
 
 
 class ShardLinkSession:
@@ -81,12 +93,17 @@ class ShardLinkSession:
                                          entropy=entropy)
     self.timeout_s = timeout_s
     self.deadline = deadline
-    self.rows = caps.format.staging(caps.max_requests, caps.max_depth,
-                                    caps.width)
+    # One staging buffer per round in flight; a buffer's holder: the key
+    # of the round staged in it, until `release`.
+    self.buffers = [caps.format.staging(caps.max_requests, caps.max_depth,
+                                        caps.width)
+                    for _ in range(caps.max_slots)]
+    self._holders: list[int | None] = [None] * caps.max_slots
     self.seconds: list[float] = []   # per round: start to its last frame
     self.request_rounds = 0
-    self._round: _Round | None = None
-    self._silent = False     # the last round got nothing: say HELLO again
+    self._rounds: dict[int, _Round] = {}     # in flight, by key
+    self._heard = 0          # frames staged, ever
+    self._silent = False     # a round ended unheard: say HELLO again
 
   @property
   def is_open(self) -> bool:
@@ -113,10 +130,14 @@ class ShardLinkSession:
     (its driver makes a new socket for it, too)."""
     return self._silent
 
-  @property
-  def round_deadline(self) -> float | None:
-    """When the round in flight ends at the latest (None: none is)."""
-    return None if self._round is None else self._round.deadline
+  def round_deadline(self, key: int = 0) -> float | None:
+    """When round `key` ends at the latest (None: it is not in flight)."""
+    rnd = self._rounds.get(key)
+    return None if rnd is None else rnd.deadline
+
+  def in_flight(self, key: int) -> bool:
+    """Whether round `key` is begun and not yet over."""
+    return key in self._rounds
 
   def hello(self, now: float = 0.0) -> Send:
     """The HELLO to send (again)."""
@@ -128,27 +149,55 @@ class ShardLinkSession:
 
   def begin(self, rids: typing.Sequence[int],
             tags: typing.Sequence[typing.Sequence[int]], depth: int,
-            now: float) -> list[Send]:
-    """Starts a round of requests `rids` with the leader's `tags`
-    [(generation, round)] and `depth`; returns what to send first."""
+            now: float, key: int = 0) -> list[Send]:
+    """Starts round `key` of requests `rids` with the leader's `tags`
+    [(generation, round)] and `depth`; returns what to send first.
+
+    A round over under the same `key` is released first (its rows are
+    read: the key is reused).
+
+    Raises RuntimeError (the driver's misuse, nothing changed): round
+    `key` is in flight, a request is in another round in flight, or every
+    staging buffer is held (`release` one first).
+    """
+    key = int(key)
+    rids = [int(r) for r in rids]
+    if key in self._rounds:
+      raise RuntimeError(f"begin: round {key} is in flight")
+    busy = {r for rnd in self._rounds.values() for r in rnd.rids}
+    if busy & set(rids):
+      raise RuntimeError(f"begin: requests {sorted(busy & set(rids))} are "
+                         "in another round in flight")
+    if None not in self._holders and key not in self._holders:
+      raise RuntimeError(f"begin: {len(self._holders)} staging buffers held "
+                         "(release a collected round first)")
+    self.release(key)
+    buffer = self._holders.index(None)
+    self._holders[buffer] = key
     seconds = self.timeout_s if self.deadline is None else (
         self.deadline.seconds())
-    rids = [int(r) for r in rids]
-    self._round = _Round(rids, {r: i for i, r in enumerate(rids)},
-                         [(int(g), int(n)) for g, n in tags], int(depth),
-                         now, now + seconds,
-                         np.full(len(rids), int(Code.TIMEOUT), np.int32))
+    self._rounds[key] = _Round(
+        key, rids, {r: i for i, r in enumerate(rids)},
+        [(int(g), int(n)) for g, n in tags], int(depth), now, now + seconds,
+        np.full(len(rids), int(Code.TIMEOUT), np.int32), buffer, self._heard)
     if not self._silent:
       return []
     # Frames are refused until the fresh HELLO is answered.
+    self._silent = False
     self.reconnect()
     return [self.hello(now)]
+
+  def release(self, key: int) -> None:
+    """Round `key`'s buffer may stage another round (its `Collected.rows`
+    are read). A key that holds none is a no-op."""
+    self._holders = [None if h == key and key not in self._rounds else h
+                     for h in self._holders]
 
   def receive(self, message: Message,
               now: float = 0.0) -> list[Send | Collected]:
     """Handles one message: the HELLO's answer ([Send] of the confirming
-    frame once the session opens) or frames of the round in flight
-    ([Collected] once every request's frame is in)."""
+    frame once the session opens) or frames of the rounds in flight (a
+    Collected for each round whose every frame is now in)."""
     if not self.is_open:
       self.hello_session.receive(message, now)
       if not self.is_open:
@@ -156,22 +205,23 @@ class ShardLinkSession:
       if self.deadline is not None:
         self.deadline.new_session()      # from the next round on
       return [self._confirm()]
-    if self._round is None:
+    if not self._rounds:
       self.counters.reject(Code.BAD_SEQUENCE, f"shard {self.caps.shard} "
                            "frames between rounds")
       return []
     self.counters.event("bytes_in", len(message))
+    staged: set[int] = set()
     for frame in self._frames(message):
-      self._frame(frame)
-    if (self._round.codes == Code.TIMEOUT).any():
-      return []
-    return [self._end(now)]
+      key = self._frame(frame)
+      if key is not None:
+        staged.add(key)
+    return [self._end(self._rounds[k], now) for k in sorted(staged)
+            if not (self._rounds[k].codes == Code.TIMEOUT).any()]
 
   def poll(self, now: float) -> list[Collected]:
-    """The round's end at its deadline ([] before it, or with none)."""
-    if self._round is None or now < self._round.deadline:
-      return []
-    return [self._end(now)]
+    """The end of every round past its deadline ([] when none is)."""
+    return [self._end(rnd, now) for rnd in list(self._rounds.values())
+            if now >= rnd.deadline]
 
   def _confirm(self) -> Send:
     """The session's first authenticated frame to the worker rank (a
@@ -191,10 +241,10 @@ class ShardLinkSession:
       self.counters.reject(e.code, f"shard {self.caps.shard} message")
       return []
 
-  def _frame(self, frame: memoryview) -> None:
-    """Stages one frame of the round, or counts why not."""
-    shard, rnd = self.caps.shard, self._round
-    assert rnd is not None        # `receive` stages frames of a round only
+  def _frame(self, frame: memoryview) -> int | None:
+    """Stages one frame of a round in flight (returns its key), or counts
+    why not (None)."""
+    shard = self.caps.shard
     try:
       h = codec.header(frame)
       if h.session != self.session:
@@ -206,24 +256,29 @@ class ShardLinkSession:
                             "link")
     except ProtocolError as e:
       self.counters.reject(e.code, f"shard {shard} frame")
-      return
-    i = rnd.position.get(f.body.request)
-    if i is None or f.tag != rnd.tags[i] or f.body.depth != rnd.depth:
-      late = i is not None and f.tag[0] == rnd.tags[i][0]
+      return None
+    # The rounds in flight hold disjoint requests: at most one has it.
+    rnd = next((r for r in self._rounds.values()
+                if f.body.request in r.position), None)
+    i = -1 if rnd is None else rnd.position[f.body.request]
+    if rnd is None or f.tag != rnd.tags[i] or f.body.depth != rnd.depth:
+      late = rnd is not None and f.tag[0] == rnd.tags[i][0]
       self.counters.reject(
           Code.DUPLICATE_ROUND if late else Code.STALE_GENERATION,
           f"shard {shard} request {f.body.request} {f.tag}")
-      return
+      return None
+    rows = self.buffers[rnd.buffer]
     for name in ("tokens", "n", "values"):
-      np.copyto(getattr(self.rows, name)[i, :rnd.depth],
-                getattr(f.rows, name))
+      np.copyto(getattr(rows, name)[i, :rnd.depth], getattr(f.rows, name))
     rnd.codes[i] = 0
+    self._heard += 1
+    return rnd.key
 
-  def _end(self, now: float) -> Collected:
-    rnd, self._round = self._round, None
-    assert rnd is not None        # `receive` and `poll` end a round only
+  def _end(self, rnd: _Round, now: float) -> Collected:
+    del self._rounds[rnd.key]
     codes = rnd.codes
-    self._silent = bool((codes == Code.TIMEOUT).all())
+    # Silent: the link carried no frame, to any round, while it flew.
+    self._silent = self._heard == rnd.heard
     self.seconds.append(now - rnd.start)
     if self.deadline is not None and not (codes == Code.TIMEOUT).any():
       self.deadline.observe(self.seconds[-1])      # every frame in
@@ -231,7 +286,7 @@ class ShardLinkSession:
     for i in np.flatnonzero(codes):
       self.counters.reject(int(codes[i]), f"shard {self.caps.shard} "
                            f"request {rnd.rids[i]}")
-    return Collected(self.rows, codes)
+    return Collected(self.buffers[rnd.buffer], codes, rnd.key)
 
   def figures(self) -> dict[str, typing.Any]:
     """What the link carried: bytes and seconds per round."""

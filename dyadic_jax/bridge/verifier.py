@@ -78,8 +78,9 @@ __all__ = ["InFlight", "PlanSharer", "Request", "RoundHook", "RoundResult",
 class Validator:
   """Judges a round's answer: the q format's kernel on the staged rows (the
   dense batch in one jitted pass) and the sampling audit. overlaps:
-  whether it judges rounds whose exchanges overlap (two in flight); a
-  rank links' check agrees with the other ranks on one at a time."""
+  whether it judges rounds whose exchanges overlap (two in flight; the
+  rank links' check does too: the leader announces each round's begin
+  and finish to the other ranks)."""
 
   overlaps = True
 
@@ -127,6 +128,10 @@ class RoundHook:
   def begin(self, exchange: Exchange | None) -> None:
     """A round begins: its STEP is made, not yet sent (None: a round
     without an exchange, every request falls back)."""
+
+  def finishing(self, exchange: Exchange | None) -> None:
+    """A round's finish begins (`Verifier.finish`), before its answer is
+    awaited (None: the round has no exchange, it falls back whole)."""
 
   def around_exchange(self) -> contextlib.AbstractContextManager[None]:
     """The context each exchange runs in: STEP out to its verdict."""
@@ -425,6 +430,8 @@ class Verifier:
     deadline), judges it (the validator), verifies and commits it;
     returns its RoundResults. Answers of other rounds in flight that
     arrive meanwhile are kept for their own `finish`."""
+    for hook in self.hooks:
+      hook.finishing(flight.exchange)
     if flight.plan is not None:
       return self.execute(flight.plan)
     with contextlib.ExitStack() as scope:

@@ -112,6 +112,11 @@ KILL_AT = flags.DEFINE_integer(
     "on the same address(es), as a supervisor would (0: never). The "
     "verifier falls back while it is gone and negotiates a new session "
     "with the new process.", lower_bound=0)
+IN_FLIGHT = flags.DEFINE_integer(
+    "in_flight", 2, "Rounds in flight at once, 1..2: the requests run in "
+    "this many groups, the worker drafting one group's round while the "
+    "verifier verifies another's (1: one exchange at a time). The tokens "
+    "are the same either way.", lower_bound=1, upper_bound=2)
 PROMPT_TOKENS = flags.DEFINE_integer(
     "prompt_tokens", 64, "With --model (not the toy): tokens of each "
     "request's prompt, cut from a held-out file of the standard library "

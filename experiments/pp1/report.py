@@ -152,6 +152,7 @@ def summarize(run, verifier, config, worker_stats, proxy, watch, check,
                  "seed": flags.SEED.value,
                  "mutant": flags.MUTANT.value,
                  "kill_worker_at": flags.KILL_AT.value,
+                 "in_flight": run.in_flight,
                  "authentication": (
                      "none (--insecure)" if config.insecure else
                      "keyed BLAKE3, batch answers AES-256-GMAC"

@@ -72,7 +72,7 @@ class Run(typing.NamedTuple):
   rounds: int                # verifier rounds (batches)
   outputs: dict              # rid -> its new tokens (--tokens of them, or
                              # the check's first token)
-  in_flight: int = 1         # rounds in flight (request groups)
+  in_flight: int = 1         # rounds in flight at once (request groups)
 
 
 # A drill between rounds: (verifier, rounds so far, live request ids) ->
@@ -85,8 +85,9 @@ def generate(verifier: bridge.Verifier, progress: Progress,
              drill: Drill | None = None) -> Run:
   """Rounds until every request has --tokens new tokens.
 
-  The requests are split into `verifier.in_flight` groups (two where the
-  session allows it) whose rounds overlap: a group's next round starts
+  The requests are split into --in_flight groups (at most
+  `verifier.in_flight`: two where the session allows it, the rank links
+  included) whose rounds overlap: a group's next round starts
   as soon as its last one is committed, so the worker drafts it while
   the verifier verifies the other group's. A request leaves its group as
   soon as it has its tokens. `drill` may run rounds of its own (the
@@ -99,7 +100,8 @@ def generate(verifier: bridge.Verifier, progress: Progress,
   start = {rid: len(verifier.requests[rid].tokens) for rid in rids}
   new = lambda r: len(verifier.requests[r].tokens) - start[r]
   results, rounds = [], 0
-  slots = 1 if drill else min(verifier.in_flight, len(rids))
+  slots = 1 if drill else min(flags.IN_FLIGHT.value, verifier.in_flight,
+                              len(rids))
   flying = collections.deque((group, verifier.start(group)) for group in (
       rids[g::slots] for g in range(slots)))
   while flying:

@@ -4,7 +4,8 @@ ShardSender (worker rank s) and ShardReceiver (verifier rank s) in one
 process: the HELLO with the block's capabilities, REPLY frames of block s
 staged only when authentic, of this link's session and of the round's
 tags; anything else is refused with its code and counted, and a request
-whose frame never comes is a TIMEOUT. The multi-process agreement and the
+whose frame never comes is a TIMEOUT; with two rounds in flight a fault in
+one leaves the other whole. The multi-process agreement and the
 pipeline's faults across ranks are tests/experiments/test_pp1_pipeline.py's.
 """
 
@@ -113,6 +114,35 @@ def test_stale_and_forged_frames_are_refused(link):
   collect.join()
   rows, codes = out[0]
   assert codes.tolist() == [0]
+  np.testing.assert_array_equal(rows.values[0, :3], want)
+
+
+def test_two_rounds_in_flight_a_fault_in_one_leaves_the_other(link):
+  """Rounds A and B in flight on one link (the leader's two exchanges): A's
+  frame is forged, B's come whole. A ends at its deadline (TIMEOUT) while
+  B's frames, read meanwhile, wait staged for B's finish; the session
+  stays (the link was heard), and the next round is staged as usual."""
+  sender, receiver = link
+  before = sender.link_session
+  receiver.timeout_s = 0.5            # A's deadline: it must pass
+  receiver.begin([10], [(0, 4)], 3, key=1)
+  receiver.timeout_s = 60.0           # B's: never reached
+  receiver.begin([11, 12], [(0, 4), (0, 4)], 3, key=2)
+  want = [_send(sender, rid, (0, 4), seed=rid) for rid in (11, 12)]
+  _send(sender, 10, (0, 4), edit=lambda f: f.__setitem__(200, f[200] ^ 1))
+  _, codes = receiver.finish(1)
+  assert codes.tolist() == [Code.TIMEOUT]
+  rows, codes = receiver.finish(2)
+  assert codes.tolist() == [0, 0]
+  for i in range(2):
+    np.testing.assert_array_equal(rows.values[i, :3], want[i])
+  with pytest.raises(RuntimeError, match="not in flight"):
+    receiver.finish(2)
+  assert receiver.counters.errors(Code.AUTH_FAILED) == 1
+  receiver.begin([10], [(0, 5)], 3, key=3)
+  want = _send(sender, 10, (0, 5), seed=3)
+  rows, codes = receiver.finish(3)
+  assert codes.tolist() == [0] and sender.link_session == before
   np.testing.assert_array_equal(rows.values[0, :3], want)
 
 

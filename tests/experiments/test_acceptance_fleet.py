@@ -159,15 +159,22 @@ def test_wire_sizes_fleet(tmp_path):
 @pytest.mark.slow   # 4 processes, ~3 minutes on 2 cores: --runslow
 @pytest.mark.multidevice
 def test_bench_rank_links(tmp_path):
-  """One link vs rank links, one run: each rank link carries half of the
-  one link's q bytes, and both modes commit the same tokens."""
+  """One link vs rank links (two rounds in flight, and one), one run:
+  each rank link carries half of the one link's q bytes, and every mode
+  commits the same tokens."""
   stdout, record = _run("bench_rank_links", tmp_path, "--vocab=512",
                         "--tokens=3")
   assert record["committed_identical"]
-  assert "committed tokens identical in both modes: True" in stdout
+  assert "committed tokens identical in every mode: True" in stdout
   one, *ranked = record["links"]
-  assert [r["mode"] for r in record["links"]] == ["one link", "rank links",
-                                                  "rank links"]
+  assert [r["mode"] for r in record["links"]] == (
+      ["one link"] + ["rank links"] * 2 + ["rank links, 1 in flight"] * 2)
+  speed = {r["mode"]: r for r in record["rounds"]}
+  assert speed["rank links"]["in_flight"] == 2
+  assert speed["rank links, 1 in flight"]["in_flight"] == 1
+  for r in record["rounds"]:
+    assert r["rounds_s"] == pytest.approx(
+        r["draft_s"] + r["bridge_s"] + r["verification_s"] + r["host_s"])
   # The session's link (one link; rank 0's) carries PACKED answers: per
   # request a 32 B record, tokens and n (5 x 4 B each), q (5 x width x 4
   # B), and a share of the 64 B header (at most 4 requests a batch); rank

@@ -59,6 +59,7 @@ _BAD = [
     ("pp1_pipeline", ["--requests=8", "--check_samples=4"], "check_samples"),
     ("pp1_pipeline", ["--mutant=uniform_q"], "mutant"),
     ("pp1_pipeline", ["--kill_worker_at=-1"], "kill_worker_at"),
+    ("pp1_pipeline", ["--in_flight=3"], "in_flight"),
     ("pp1_pipeline", ["--check_distribution", "--kill_worker_at=2"],
      "kill_worker_at"),
     ("pp1_pipeline", ["--multiprocess", "--verifier_devices=4"],

@@ -14,10 +14,11 @@ power.
 
 The default tier runs the pipeline once per mode (one process, a
 requests x vocab verifier mesh, TP-2 x TP-2 over gloo ranks), the
-distribution check, one rank-link drill and a worker that cannot start;
---runslow adds the check's mutant (its power, by default: the audit
-drill), the check under injected faults, a killed worker, the rank-link
-equality at an uneven vocabulary with CURVE, and the other two rank-link
+distribution check, one rank-link drill (a fault in one exchange of two
+in flight) and a worker that cannot start; --runslow adds the check's
+mutant (its power, by default: the audit drill), the check under injected
+faults, a killed worker, the rank-link equality at an uneven vocabulary
+with CURVE (two rounds in flight and one), and the other three rank-link
 drills, and the trained pair's distribution check with its mutant (the
 default tier runs the trained pair once: over the bridge and a 2-device
 mesh, against one process).
@@ -234,22 +235,27 @@ _LINKS = ("--worker_ranks=2", "--verifier_ranks=2")
 @pytest.mark.multidevice
 def test_rank_links_commit_what_one_process_commits(tmp_path):
   """A TP-2 worker and a TP-2 verifier, 4 processes, each verifier rank
-  receiving only its block of q: the same tokens as one process."""
+  receiving only its block of q, two rounds in flight (and one): the same
+  tokens as one process."""
   # A generous deadline: a loaded machine must not turn a slow healthy
   # round into a fallback (which would change the committed tokens).
   single, _, _ = _run(tmp_path, *_RANKS, "--timeout=30")
   links, stdout, _ = _run(tmp_path, *_RANKS, *_LINKS, "--timeout=30",
                           "--encrypt")   # CURVE on every rank link too
-  _healthy(links, tokens=6)
-  assert links["errors"] == {} and links["fallback_rounds"] == 0
-  assert links["config"]["rank_links"] and not single["config"]["rank_links"]
-  for key in ("committed", "outputs", "acceptance_by_position"):
-    assert links[key] == single[key], key
-  # The rank links' check agrees on one exchange at a time; one link runs
-  # two groups in flight: more, smaller batches, each request's rounds
-  # (and so its tokens) the same.
-  assert links["rounds"] < single["rounds"]
-  assert links["ranks_committed_identical"]
+  one, _, _ = _run(tmp_path, *_RANKS, *_LINKS, "--timeout=30",
+                   "--in_flight=1")
+  for run in (links, one):
+    _healthy(run, tokens=6)
+    assert run["errors"] == {} and run["fallback_rounds"] == 0
+    assert run["config"]["rank_links"] and run["ranks_committed_identical"]
+    for key in ("committed", "outputs", "acceptance_by_position"):
+      assert run[key] == single[key], key
+  assert not single["config"]["rank_links"]
+  # Two groups in flight on the rank links as on one link: the same
+  # batches; one in flight: fewer, larger ones (each request's rounds,
+  # and so its tokens, the same).
+  assert links["rounds"] == single["rounds"]
+  assert one["rounds"] < links["rounds"]
   # Per request-round: rank s's link carries block s (ceil(1001 / 2) = 501
   # entries per row; the last block's id 1001 is padding). Rank 0's link is
   # the session's: a PACKED answer per batch (per request a 32 B record,
@@ -268,13 +274,34 @@ def test_rank_links_commit_what_one_process_commits(tmp_path):
 
 @pytest.mark.long
 @pytest.mark.multidevice
+def test_a_rank_link_fault_in_one_exchange_leaves_the_other(tmp_path):
+  """Two rounds in flight on the rank links, about half of rank 1's frames
+  dropped (the seeded proxy on its link): each request-round whose block 1
+  is lost falls back on every rank (TIMEOUT: rank 1's code, agreed by
+  all), and nothing else does: the other requests of its exchange and
+  the round in flight beside it commit."""
+  # A deadline of 3 s at least: a slow healthy round on a loaded machine
+  # must not fall back too (each dropped frame costs its 3 s).
+  record, _, _ = _run(tmp_path, *_RANKS, *_LINKS, "--inject_faults=0.5",
+                      "--fault_link=1", "--fault_kinds=drop",
+                      "--timeout=3")
+  _healthy(record, tokens=6)
+  assert record["config"]["in_flight"] == 2
+  dropped = record["faults"]["to_verifier/drop"]   # a frame: a request
+  assert 1 <= dropped == record["fallback_rounds"] < record["request_rounds"]
+  assert record["errors"] == {"TIMEOUT": dropped}
+  assert record["ranks_committed_identical"]
+
+
+@pytest.mark.long
+@pytest.mark.multidevice
 @pytest.mark.parametrize("drill", [
-    # An authentic shard with a wrong global mass, by default (a bad q is
-    # discarded on every rank); the lost link and the killed worker rank
-    # under --runslow.
+    # An authentic shard with a wrong global mass (a bad q is discarded
+    # on every rank), the lost link and the killed worker rank: under
+    # --runslow (by default: a fault in one exchange of two in flight).
     pytest.param("kill_worker_rank", marks=pytest.mark.slow),
     pytest.param("drop_link_1", marks=pytest.mark.slow),
-    "corrupt_shard_1"])
+    pytest.param("corrupt_shard_1", marks=pytest.mark.slow)])
 def test_rank_link_faults_discard_everywhere(tmp_path, drill):
   """A worker rank killed mid-round, every message of rank 1's link
   dropped, rank 1's shard corrupted (authentic, but its row's global mass
