@@ -2,11 +2,11 @@
 
     python -m experiments.pp1_pipeline
 
-Runtime with the defaults: 31 s, measured 2026-12-06 on 2 cores with load
-average 0.9 before and 1.4 after (memcpy of 10 MB: 0.29 ms before, 0.18 ms
+Runtime with the defaults: 32 s, measured 2026-12-06 on 2 cores with load
+average 0.1 before and 0.6 after (memcpy of 10 MB: 0.21 ms before, 0.17 ms
 after); docs/figures.json, recorded by `python -m experiments.record_figures`.
-Of the 29.2 s its summary counts, start-up, compile and worker start-up took
-25.9 s and the 54 rounds 1.2 s; --tokens scales only the rounds.
+Of the 31.1 s its summary counts, start-up, compile and worker start-up took
+27.7 s and the 54 rounds 1.2 s; --tokens scales only the rounds.
 
 The summary's time split says where a run's time went.
 
