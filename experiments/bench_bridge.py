@@ -717,25 +717,8 @@ def sparse_round_trips(requests, depth, vocab, k, rng, round_trips,
                           round_trips, warmup=20, prime=True)
 
     # Whole rounds (information): a real Verifier driver.
-    worker = bridge.Worker(caps, _AnyRound(rounds), secret=_SECRET,
-                           counters=Counters(log=False))
-    endpoint = bridge.Endpoint.bind("tcp://127.0.0.1:0",
-                                    max_message=worker.max_message)
-    servers.append(_Server(lambda stop: worker.serve(endpoint, stop,
-                                                     idle_s=0.01)))
-    closers.append(endpoint.close)
-    fixed_logits = np.zeros((depth + 1, vocab), np.float32)
-    verifier = bridge.Verifier(
-        caps, endpoint.address, timeout_s=10.0, secret=_SECRET,
-        sampling_audit=False, counters=Counters("verifier", log=False),
-        target_fn=lambda prefix, draft: fixed_logits[:len(draft) + 1],
-        verify_fn=lambda logits, q, draft, keys, anchors: (
-            np.zeros(len(draft), np.int32), np.asarray(draft)[:, 0],
-            np.zeros(len(draft), np.int32)))
-    closers.append(verifier.close)
-    verifier.open()
-    for rid in range(requests):
-      verifier.add_request(rid, [1], seed=rid)
+    verifier, close = _round_driver(caps, _AnyRound(rounds), requests)
+    closers.append(close)
 
     def full_round():
       results = verifier.round(list(range(requests)))
@@ -762,6 +745,46 @@ def sparse_round_trips(requests, depth, vocab, k, rng, round_trips,
           "max_x_floor": _MAX_X_FLOOR, "round_trips": out}
 
 
+def _round_driver(caps, proposer, requests, verify_s=0.0):
+  """A real `Verifier` driver, open, with `requests` requests (ids 0..,
+  prompt [1]), on a `Worker.serve` thread answering with `proposer`;
+  constant target rows, and a verify_fn that takes `verify_s` (a sleep)
+  and accepts nothing. Returns (verifier, close)."""
+  worker = bridge.Worker(caps, proposer, secret=_SECRET,
+                         counters=Counters(log=False))
+  endpoint = bridge.Endpoint.bind("tcp://127.0.0.1:0",
+                                  max_message=worker.max_message)
+  server = _Server(lambda stop: worker.serve(endpoint, stop, idle_s=0.01))
+  fixed_logits = np.zeros((caps.max_depth + 1, caps.vocab), np.float32)
+
+  def verify_fn(logits, q, draft, keys_, anchors):
+    del logits, q, keys_, anchors
+    if verify_s:
+      time.sleep(verify_s)
+    return (np.zeros(len(draft), np.int32), np.asarray(draft)[:, 0],
+            np.zeros(len(draft), np.int32))
+
+  verifier = bridge.Verifier(
+      caps, endpoint.address, timeout_s=10.0, secret=_SECRET,
+      sampling_audit=False, counters=Counters("verifier", log=False),
+      target_fn=lambda prefix, draft: fixed_logits[:len(draft) + 1],
+      verify_fn=verify_fn)
+
+  def close():
+    verifier.close()
+    server.close()
+    endpoint.close()
+
+  try:
+    verifier.open()
+    for rid in range(requests):
+      verifier.add_request(rid, [1], seed=rid)
+  except BaseException:
+    close()
+    raise
+  return verifier, close
+
+
 def overlap_rounds(requests, depth, vocab, k, rng, rounds, draft_ms,
                    verify_ms):
   """Whole rounds of two request groups, with one round in flight and
@@ -781,30 +804,11 @@ def overlap_rounds(requests, depth, vocab, k, rng, rounds, draft_ms,
   props = proposals(rng, caps, depth, requests)
   source = _AnyRound(Rounds(props, depth, 2), delay_s=draft_ms / 1e3 /
                      requests)
-  worker = bridge.Worker(caps, source, secret=_SECRET,
-                         counters=Counters(log=False))
-  endpoint = bridge.Endpoint.bind("tcp://127.0.0.1:0",
-                                  max_message=worker.max_message)
-  server = _Server(lambda stop: worker.serve(endpoint, stop, idle_s=0.01))
-  fixed_logits = np.zeros((depth + 1, vocab), np.float32)
-
-  def verify_fn(logits, q, draft, keys_, anchors):
-    del logits, q, keys_, anchors
-    time.sleep(verify_ms / 1e3)
-    return (np.zeros(len(draft), np.int32), np.asarray(draft)[:, 0],
-            np.zeros(len(draft), np.int32))
-
-  verifier = bridge.Verifier(
-      caps, endpoint.address, timeout_s=10.0, secret=_SECRET,
-      sampling_audit=False, counters=Counters("verifier", log=False),
-      target_fn=lambda prefix, draft: fixed_logits[:len(draft) + 1],
-      verify_fn=verify_fn)
+  verifier, close = _round_driver(caps, source, 2 * requests,
+                                  verify_s=verify_ms / 1e3)
   groups = [list(range(g * requests, (g + 1) * requests)) for g in (0, 1)]
   legs = {}
   try:
-    verifier.open()
-    for rid in groups[0] + groups[1]:
-      verifier.add_request(rid, [1], seed=rid)
     for in_flight in (1, 2, 1, 2):      # the first two warm up
       flying = collections.deque()
       waited, start = verifier.waited_s, time.perf_counter()
@@ -821,9 +825,7 @@ def overlap_rounds(requests, depth, vocab, k, rng, rounds, draft_ms,
                          "wall_s": time.perf_counter() - start,
                          "waited_s": verifier.waited_s - waited}
   finally:
-    verifier.close()
-    server.close()
-    endpoint.close()
+    close()
   return {"rounds": rounds, "requests": requests, "draft_ms": draft_ms,
           "verify_ms": verify_ms, "one": legs[1], "two": legs[2],
           "round_ms": {n: 1e3 * legs[n]["wall_s"] / rounds for n in (1, 2)},

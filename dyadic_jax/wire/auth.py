@@ -165,21 +165,22 @@ class GmacTag(Tagger):
 
 
 class ByKind(Tagger):
-  """PACKED frames by `packed`, every other frame by `other`."""
+  """PACKED frames by `packed`, every other frame by `other` (each read
+  only: a frame's tag under either, a test's forgery)."""
   authenticated = True
 
   def __init__(self, other: Tagger, packed: Tagger) -> None:
-    self._other, self._packed = other, packed
+    self.other, self.packed = other, packed
 
   def _of(self, view: memoryview) -> Tagger:
-    return self._packed if view[_KIND] == _PACKED else self._other
+    return self.packed if view[_KIND] == _PACKED else self.other
 
   def prepare(self, frame: memoryview) -> None:
     self._of(frame).prepare(frame)
 
   @property
   def spent(self) -> bool:
-    return self._other.spent or self._packed.spent
+    return self.other.spent or self.packed.spent
 
   def tag(self, frame: layouts.Buffer) -> bytes:
     view = memoryview(frame).cast("B")

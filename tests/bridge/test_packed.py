@@ -356,7 +356,7 @@ def test_a_gmac_session_refuses_a_blake3_tag_and_any_edit():
   # counter: AUTH_FAILED; the session id: refused before its tag is read,
   # as another session's): each refused and counted, and nothing moves.
   forged = [wire_edits.reseal(bytearray(message),
-                              pair.verifier.keys.recv._other)]
+                              pair.verifier.keys.recv.other)]
   for offset in range(12, 24):
     buf = bytearray(message)
     buf[offset] ^= 1
@@ -376,7 +376,7 @@ def test_a_packed_step_keeps_blake3_on_a_gmac_session():
                       | Feature.PACKED_STEP))
   (step,) = codec.split(pair.begin(RIDS, 2), max_frames=4, max_bytes=4096)
   assert codec.peek(step)[0] == Kind.PACKED_STEP and _counter(step) == 0
-  assert auth.check(step, pair.verifier.keys.send._other)   # BLAKE3's
+  assert auth.check(step, pair.verifier.keys.send.other)   # BLAKE3's
   assert not _outcome(pair, *pair.to_worker(step)).codes.any()
 
 
@@ -416,7 +416,7 @@ def test_the_gmac_sealer_stops_before_its_counter_wraps():
                         gmac=True)
   frame = bytearray(layouts.HEADER_BYTES)
   frame[6:8] = int(Kind.PACKED).to_bytes(2, "little")
-  w.send._packed._sealed = 0xFFFFFFFE
+  w.send.packed._sealed = 0xFFFFFFFE
   assert not w.send.spent
   auth.seal(frame, w.send)
   assert _counter(frame) == 0xFFFFFFFF
@@ -440,7 +440,7 @@ def test_the_counters_end_ends_the_session_with_a_counted_refusal():
   pair = _pair(GMAC, proposer=draw)
   pair.run_round(RIDS, 2, draws=None)    # the session is established
   old = pair.worker.established
-  old.keys.send._packed._sealed = 0xFFFFFFFE
+  old.keys.send.packed._sealed = 0xFFFFFFFE
   plan = pair.run_round(RIDS, 2, draws=None)     # the last frame it seals
   assert list(plan.codes) == [0, 0]
   drawn.clear()
