@@ -11,6 +11,7 @@ an extra of pyproject.toml, kept equal to `EXTRAS` by
 tests/test_extras.py:
 
     models        the shipped pair's files (tokenizer.json, safetensors)
+                  and GGUF files (SmolLM2)
     train         training a pair (optax), plus models
     experiments   the statistics and plots of the experiments (scipy,
                   matplotlib), plus models
@@ -29,7 +30,7 @@ import types
 # Extra -> the top-level modules it installs (not its packages' names:
 # what `import` sees), and the extras it includes.
 EXTRAS: dict[str, tuple[str, ...]] = {
-    "models": ("tokenizers", "safetensors"),
+    "models": ("tokenizers", "safetensors", "gguf"),
     "train": ("optax",),
     "experiments": ("scipy", "matplotlib"),
 }

@@ -280,7 +280,8 @@ from experiments import overlap
 def _model_config(role: str, vocab: int) -> transformer.Config:
   holders = _TARGET if role == "target" else _DRAFT
   return transformer.Config(vocab=vocab, max_len=_MAX_LEN.value,
-                            **{k: h.value for k, h in holders.items()})
+                            **{k: h.value for k, h in holders.items()
+                               })  # type: ignore[arg-type]
 
 
 # -- data ---------------------------------------------------------------------

@@ -55,7 +55,8 @@ def test_core_holds_no_extra():
 
 
 def test_modules_of_includes():
-  assert extras.modules_of("train") == ("tokenizers", "safetensors", "optax")
+  assert extras.modules_of("train") == ("tokenizers", "safetensors", "gguf",
+                                        "optax")
   with pytest.raises(ValueError, match="unknown extra 'nope'"):
     extras.modules_of("nope")
 
@@ -76,7 +77,7 @@ def test_core_verifies_without_extras():
       "import numpy as np, dyadic_jax\n"
       "from dyadic_jax import extras\n"
       "assert extras.missing('experiments') == "
-      "['tokenizers', 'safetensors', 'scipy', 'matplotlib']\n"
+      "['tokenizers', 'safetensors', 'gguf', 'scipy', 'matplotlib']\n"
       "p = np.full((1, 2, 8), -2.0, np.float32)\n"
       "q = dyadic_jax.DenseQ(np.full((1, 1, 8), 1 << 21, np.int32))\n"
       "import jax\n"

@@ -207,7 +207,7 @@ def draft_proposer(
              anchors: jax.Array, *, depth: int, span: int, kind: typing.Any
              ) -> tuple[tuple[typing.Any, ...], typing.Any]:
     # Every slot's chain at once (idle slots too: their rows are dropped);
-    # kind: the slab's class (its traced halves are static methods).
+    # kind: the slab's traced halves (`batched.DraftSteps`).
     keys = jax.vmap(rng.round_key)(seeds, generations, rounds)
     propose_row = jax.vmap(lambda logits, draw: fmt.propose(
         logits, draw, caps.width, executor))
@@ -248,7 +248,7 @@ def draft_proposer(
       parts, slab.slab = chains(
           slab.weights, slab.slab, feed, coords[0],
           coords[1].astype(np.uint32), coords[2].astype(np.uint32),
-          coords[3], depth=int(depth), span=span, kind=type(slab))
+          coords[3], depth=int(depth), span=span, kind=slab.kind)
     index = np.asarray(slots)
     tokens, status, values, ids, n = [
         None if p is None else np.asarray(p)[index] for p in parts]

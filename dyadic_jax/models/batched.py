@@ -34,6 +34,7 @@ difference per request in batches of mixed lengths.
 """
 
 import collections
+import dataclasses
 import functools
 import typing
 
@@ -42,19 +43,21 @@ import jax.numpy as jnp
 import numpy as np
 
 from dyadic_jax.models import transformer
+from dyadic_jax.models import vocab_map
 from dyadic_jax.models.protocols import Sampler
 
 
-@functools.partial(jax.jit, static_argnames=("span", "steps", "sample"),
+@functools.partial(jax.jit,
+                   static_argnames=("span", "steps", "sample", "arch"),
                    donate_argnames="slab")
 def _decode(weights: transformer.Unstacked, slab: transformer.Slab,
             last: jax.Array, starts: jax.Array, aux: typing.Any, *,
-            span: int, steps: int, sample: Sampler
+            span: int, steps: int, sample: Sampler, arch: transformer.Arch
             ) -> tuple[jax.Array, jax.Array, transformer.Slab]:
   def body(carry, s):
     slab, token, pos = carry
     logits, slab = transformer.extend_slots_traced(
-        weights, slab, token[:, None], pos, span)
+        weights, slab, token[:, None], pos, span, arch)
     new, status = sample(logits[:, 0], s, aux)
     # A refused row draws -1 (the caller raises on its status): feed a
     # valid id meanwhile, never an out-of-range gather.
@@ -78,8 +81,10 @@ class _Slots:
     if capacity < 1:
       raise ValueError(f"{name}: capacity must be >= 1, got {capacity}")
     self.name = name
-    self.weights = transformer.unstack(params)
+    self.weights: typing.Any = transformer.unstack(params)
+    self.model_weights = self.weights
     self.config = config
+    self.arch = transformer.arch_of(config)
     self.capacity = capacity
     self.slab = transformer.empty_slab(config, capacity)
     self.covered: dict[int, np.ndarray] = {}   # slot -> tokens it holds
@@ -122,6 +127,11 @@ class _Slots:
       slots.append(self.slot_of[rid])
     return slots
 
+  def _model_ids(self, tokens: np.ndarray) -> np.ndarray:
+    """The model's ids of host tokens (the same, but for a draft over a
+    restricted vocabulary)."""
+    return tokens
+
   def _kept(self, slot: int, tokens: np.ndarray, most: int) -> int:
     """How many of `tokens` the slot holds already (at most `most`)."""
     have = self.covered[slot]
@@ -146,8 +156,9 @@ class _Slots:
         real = min(tokens.size, c)
         chunk[slot, :real] = tokens[:real]
         starts[slot], counts[slot] = start, real
-      _, self.slab = transformer.extend_slots(self.weights, self.slab,
-                                              chunk, starts, counts)
+      _, self.slab = transformer.extend_slots(self.model_weights, self.slab,
+                                              self._model_ids(chunk), starts,
+                                              counts, arch=self.arch)
       todo = [(slot, tokens[c:], start + c) for slot, tokens, start in todo
               if tokens.size > c]
 
@@ -220,7 +231,8 @@ class SlabTarget(_Slots):
       tokens[slot, 0], tokens[slot, 1:] = p[-1], x
       starts[slot] = len(p) - 1
     logits, self.slab = transformer.extend_slots(self.weights, self.slab,
-                                                 tokens, starts)
+                                                 tokens, starts,
+                                                 arch=self.arch)
     for slot, p, x in zip(slots, prefixes, drafts):
       self.covered[slot] = np.concatenate([np.asarray(p, np.int32), x])
     return logits[np.asarray(slots)]
@@ -249,7 +261,7 @@ class SlabTarget(_Slots):
         self.weights, self.slab, last, starts, aux,
         span=transformer.span_bucket(int(active.max()) + steps,
                                      self.config.max_len),
-        steps=steps, sample=sample)
+        steps=steps, sample=sample, arch=self.arch)
     index = np.asarray(slots)
     tokens, status = tokens[index], status[index]
     host = np.asarray(tokens)
@@ -288,6 +300,13 @@ class SlabDraft(_Slots):
   def __init__(self, draft: typing.Any, capacity: int) -> None:
     super().__init__("SlabDraft", draft.params, draft.config, capacity)
     self.draft = draft
+    self.vocab_map = draft.vocab_map
+    self.weights = DraftWeights(self.model_weights, self.vocab_map)
+
+  def _model_ids(self, tokens: np.ndarray) -> np.ndarray:
+    if self.vocab_map is None:
+      return tokens
+    return vocab_map.host_small(self.vocab_map, tokens)
 
   def prepare(self, rids: typing.Sequence[int],
               contexts: typing.Sequence[np.ndarray], depth: int
@@ -324,31 +343,59 @@ class SlabDraft(_Slots):
       self.covered[slot] = body.copy()
       end = max(end, keep + new.size + depth - 1)
     self._feed(lagging)
+    feed = feed._replace(tokens=self._model_ids(feed.tokens))
     return feed, transformer.span_bucket(end, max_len), slots
 
-  @staticmethod
-  def first(weights: transformer.Unstacked, slab: transformer.Slab,
-            feed: DraftFeed, span: int
-            ) -> tuple[jax.Array, transformer.Slab]:
-    """Traced: (f32[N, V] the rows after each x_0, the slab)."""
-    logits, slab = transformer.extend_slots_traced(
-        weights, slab, feed.tokens, feed.starts, span)
-    rows = jnp.arange(logits.shape[0])
-    return logits[rows, feed.counts - 1], slab
-
-  @staticmethod
-  def step(weights: transformer.Unstacked, slab: transformer.Slab,
-           feed: DraftFeed, tokens: jax.Array, i: int, span: int
-           ) -> tuple[jax.Array, transformer.Slab]:
-    """Traced: (f32[N, V] the rows after x_i, the slab with x_i), i >= 1;
-    tokens int32[N] holds each row's x_i."""
-    positions = feed.starts + feed.counts + (i - 1)
-    logits, slab = transformer.extend_slots_traced(
-        weights, slab, tokens[:, None].astype(jnp.int32), positions, span)
-    return logits[:, 0], slab
+  @property
+  def kind(self) -> "DraftSteps":
+    """The chain's traced halves (static and hashable: one compile per
+    architecture, not per slab)."""
+    return DraftSteps(self.arch)
 
   def finish(self, slots: typing.Sequence[int], drafted: np.ndarray) -> None:
     """Records x_1..x_{D-1} of each served slot as fed (drafted int32[B,
     D], the chain's tokens in `slots` order)."""
     for slot, x in zip(slots, np.asarray(drafted, np.int32)):
       self.covered[slot] = np.concatenate([self.covered[slot], x[:-1]])
+
+
+class DraftWeights(typing.NamedTuple):
+  """What a draft chain's jit takes as its weights argument."""
+  model: transformer.Unstacked
+  vocab: vocab_map.VocabMap | None   # a restricted output vocabulary
+
+
+@dataclasses.dataclass(frozen=True)
+class DraftSteps:
+  """A `SlabDraft` chain's traced halves for one architecture. Rows come
+  out over the full vocabulary, tokens go in as full ids (feed.tokens
+  are the model's ids already: `SlabDraft.prepare`)."""
+  arch: transformer.Arch
+
+  @staticmethod
+  def _rows(weights: DraftWeights, logits: jax.Array) -> jax.Array:
+    if weights.vocab is None:
+      return logits
+    return vocab_map.expand(weights.vocab, logits)
+
+  def first(self, weights: DraftWeights, slab: transformer.Slab,
+            feed: DraftFeed, span: int
+            ) -> tuple[jax.Array, transformer.Slab]:
+    """Traced: (f32[N, V] the rows after each x_0, the slab)."""
+    logits, slab = transformer.extend_slots_traced(
+        weights.model, slab, feed.tokens, feed.starts, span, self.arch)
+    rows = jnp.arange(logits.shape[0])
+    return self._rows(weights, logits[rows, feed.counts - 1]), slab
+
+  def step(self, weights: DraftWeights, slab: transformer.Slab,
+           feed: DraftFeed, tokens: jax.Array, i: int, span: int
+           ) -> tuple[jax.Array, transformer.Slab]:
+    """Traced: (f32[N, V] the rows after x_i, the slab with x_i), i >= 1;
+    tokens int32[N] holds each row's x_i (full ids)."""
+    positions = feed.starts + feed.counts + (i - 1)
+    tokens = tokens.astype(jnp.int32)
+    if weights.vocab is not None:
+      tokens = vocab_map.to_small(weights.vocab, tokens)
+    logits, slab = transformer.extend_slots_traced(
+        weights.model, slab, tokens[:, None], positions, span, self.arch)
+    return self._rows(weights, logits[:, 0]), slab

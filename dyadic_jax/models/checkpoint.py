@@ -59,12 +59,23 @@ def load_params(path: _PathLike,
     raise ValueError(f"load_params: {path} holds tensors {sorted(arrays)}, "
                      f"expected {sorted(expected)}")
   for name, shape in expected.items():
+    if name == "wqkv" and arrays[name].shape == legacy_wqkv(shape):
+      arrays[name] = arrays[name].reshape(shape)
     if arrays[name].shape != shape:
       raise ValueError(f"load_params: {path}: {name} has shape "
                        f"{arrays[name].shape}, the config says {shape}")
   return transformer.Params(**{
       name: jnp.asarray(arrays[name].astype(np.float32))
       for name in transformer.Params._fields})
+
+
+def legacy_wqkv(shape: tuple[int, ...]) -> tuple[int, ...] | None:
+  """The (L, d, 3, H, dh) layout checkpoints of the project's own family
+  were saved in before grouped-query attention, for the fused (L, d, 3H,
+  dh) shape (the same bytes); None where the heads are not three equal
+  groups."""
+  n, d, heads, dh = shape
+  return (n, d, 3, heads // 3, dh) if heads % 3 == 0 else None
 
 
 def write_config(path: _PathLike, config: dict[str, typing.Any]) -> None:

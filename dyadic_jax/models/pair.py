@@ -39,6 +39,7 @@ from dyadic_jax.models import batched
 from dyadic_jax.models import checkpoint
 from dyadic_jax.models import tokenizer as tokenizer_lib
 from dyadic_jax.models import transformer
+from dyadic_jax.models import vocab_map as vocab_map_lib
 
 CHECKPOINT_DIR = pathlib.Path(__file__).resolve().parent / "checkpoints"
 
@@ -115,7 +116,8 @@ class TransformerTarget:
           f"prefix ({prefix.size}) + draft ({draft.size}) tokens exceed the "
           f"target's max_len {self.max_len}")
     keep = min(common_prefix(state.tokens, prefix), prefix.size - 1)
-    rows, cache = transformer.feed(self.params, state.cache, full[keep:], keep)
+    rows, cache = transformer.feed(self.params, state.cache, full[keep:], keep,
+                                   transformer.arch_of(self.config))
     return rows[-(draft.size + 1):], TargetState(cache=cache, tokens=full)
 
 
@@ -125,6 +127,7 @@ class DraftState(typing.NamedTuple):
   tokens: jax.Array            # int32[max_len]: [0, length) are cached
   length: jax.Array            # int32[]
   params: transformer.Params   # the draft's weights (see the module doc)
+  vocab_map: vocab_map_lib.VocabMap | None   # a restricted vocabulary
 
 
 class TransformerDraft:
@@ -134,20 +137,39 @@ class TransformerDraft:
     params, config: the draft.
     max_depth: the most `step` calls between two `catch_up`s (the proposer's
       D); catch_up leaves that much room in the cache.
+    vocab_map: a restricted output vocabulary (`vocab_map`): the model's
+      config has K + 1 ids, its rows come out over `vocab` ids, zero
+      weight outside the kept ones; None: the model's ids are the
+      vocabulary.
+    vocab: the full vocabulary's size (with vocab_map only).
   """
 
   def __init__(self, params: transformer.Params, config: transformer.Config,
-               max_depth: int = 64):
+               max_depth: int = 64,
+               vocab_map: vocab_map_lib.VocabMap | None = None,
+               vocab: int | None = None):
     if not 1 <= max_depth < config.max_len // 2:
       raise ValueError(f"TransformerDraft: max_depth must be in [1, "
                        f"{config.max_len // 2}), got {max_depth}")
+    if (vocab_map is None) != (vocab is None) or (
+        vocab_map is not None and vocab_map.to_small.shape != (vocab,)):
+      raise ValueError("TransformerDraft: vocab_map and vocab go together "
+                       "(a map of vocab ids)")
     self.params = params
     self.config = config
     self.max_depth = max_depth
+    self.vocab_map = vocab_map
+    self._vocab = config.vocab if vocab is None else vocab
 
   @property
   def vocab(self) -> int:
-    return self.config.vocab
+    """The vocabulary the draft's rows cover."""
+    return self._vocab
+
+  def _model_ids(self, tokens: np.ndarray) -> np.ndarray:
+    if self.vocab_map is None:
+      return tokens
+    return vocab_map_lib.host_small(self.vocab_map, tokens)
 
   @property
   def capacity(self) -> int:
@@ -163,7 +185,8 @@ class TransformerDraft:
     return DraftState(
         cache=transformer.empty_cache(self.config),
         tokens=jnp.zeros((self.config.max_len,), jnp.int32),
-        length=jnp.zeros((), jnp.int32), params=self.params)
+        length=jnp.zeros((), jnp.int32), params=self.params,
+        vocab_map=self.vocab_map)
 
   def window_start(self, n: int) -> int:
     """First context position the draft keeps when it caches n tokens."""
@@ -199,11 +222,13 @@ class TransformerDraft:
     keep = common_prefix(tokens[:int(state.length)], body)
     cache = state.cache
     if keep < body.size:
-      _, cache = transformer.feed(self.params, cache, body[keep:], keep)
+      _, cache = transformer.feed(self.params, cache,
+                                  self._model_ids(body[keep:]), keep,
+                                  transformer.arch_of(self.config))
       tokens[keep:body.size] = body[keep:]
     return DraftState(cache=cache, tokens=jnp.asarray(tokens),
                       length=jnp.asarray(body.size, jnp.int32),
-                      params=self.params)
+                      params=self.params, vocab_map=self.vocab_map)
 
   def step(self, state: DraftState,
            token: jax.Array) -> tuple[jax.Array, DraftState]:
@@ -214,11 +239,16 @@ class TransformerDraft:
     draws, worse acceptance, never an error.
     """
     token = jnp.asarray(token, jnp.int32).reshape((1,))
+    fed = token if state.vocab_map is None else vocab_map_lib.to_small(
+        state.vocab_map, token)
     logits, cache = transformer.extend_traced(
-        state.params, state.cache, token, state.length)
-    return logits[0], DraftState(
+        state.params, state.cache, fed, state.length,
+        transformer.arch_of(self.config))
+    row = logits[0] if state.vocab_map is None else vocab_map_lib.expand(
+        state.vocab_map, logits[0])
+    return row, state._replace(
         cache=cache, tokens=state.tokens.at[state.length].set(token[0]),
-        length=state.length + jnp.int32(1), params=state.params)
+        length=state.length + jnp.int32(1))
 
 
 class Pair(typing.NamedTuple):

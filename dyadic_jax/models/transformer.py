@@ -4,8 +4,12 @@ Plain JAX pytrees; every array is float32 (or int32 for tokens) by explicit
 dtype, so the same code traces identically inside `jax.enable_x64(True)`.
 
 Architecture: token embedding (tied with the output projection), then
-`n_layers` pre-RMSNorm blocks (causal multi-head self-attention with rotary
-position embeddings, then a GELU MLP), a final RMSNorm and the logits.
+`n_layers` pre-RMSNorm blocks (causal self-attention with rotary position
+embeddings, then an MLP), a final RMSNorm and the logits. Two families
+share the code, chosen by `Config`: the project's own pair (multi-head
+attention, a GELU MLP, RoPE base 1e4, norm eps 1e-6) and the Llama family
+(grouped-query attention with `n_kv_heads` key/value heads, a SwiGLU MLP,
+the RoPE base and norm eps of the model; `gguf_model` loads one).
 
 Two entry points compute the same function:
 
@@ -34,8 +38,7 @@ from jax.typing import ArrayLike
 
 _F32 = jnp.float32
 _I32 = jnp.int32
-_ROPE_BASE = 10000.0
-_NORM_EPS = 1e-6
+MLPS = ("gelu", "swiglu")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -49,6 +52,11 @@ class Config:
     n_heads: attention heads; d_model / n_heads must be even (rotary pairs).
     d_ff: hidden width of the MLP.
     max_len: the longest sequence (positions 0..max_len-1); the cache size.
+    n_kv_heads: key/value heads (grouped-query attention: each serves
+      n_heads / n_kv_heads query heads); 0 means n_heads.
+    mlp: "gelu" (one input projection) or "swiglu" (gate and up, fused).
+    rope_base: the rotary embeddings' base.
+    norm_eps: the RMSNorms' epsilon.
   """
   vocab: int
   d_model: int
@@ -56,6 +64,10 @@ class Config:
   n_heads: int
   d_ff: int
   max_len: int
+  n_kv_heads: int = 0
+  mlp: str = "gelu"
+  rope_base: float = 10000.0
+  norm_eps: float = 1e-6
 
   def __post_init__(self):
     for name in ("vocab", "d_model", "n_layers", "n_heads", "d_ff",
@@ -63,6 +75,19 @@ class Config:
       value = getattr(self, name)
       if not isinstance(value, int) or isinstance(value, bool) or value < 1:
         raise ValueError(f"Config: {name} must be an int >= 1, got {value!r}")
+    kv = self.n_kv_heads
+    if not isinstance(kv, int) or isinstance(kv, bool) or kv < 0 or (
+        kv and self.n_heads % kv):
+      raise ValueError(f"Config: n_kv_heads must be 0 or an int dividing "
+                       f"n_heads {self.n_heads}, got {kv!r}")
+    if self.mlp not in MLPS:
+      raise ValueError(f"Config: mlp must be one of {MLPS}, got {self.mlp!r}")
+    for name in ("rope_base", "norm_eps"):
+      value = getattr(self, name)
+      if not isinstance(value, (int, float)) or isinstance(value, bool) or \
+          not 0 < value < math.inf:
+        raise ValueError(f"Config: {name} must be a finite number > 0, got "
+                         f"{value!r}")
     if self.vocab < 2:
       raise ValueError(f"Config: vocab must be >= 2, got {self.vocab}")
     if self.d_model % self.n_heads:
@@ -76,18 +101,36 @@ class Config:
   def head_dim(self) -> int:
     return self.d_model // self.n_heads
 
-  def to_dict(self) -> dict[str, int]:
-    return dataclasses.asdict(self)
+  @property
+  def kv_heads(self) -> int:
+    """Key/value heads (n_kv_heads, or n_heads where it is 0)."""
+    return self.n_kv_heads or self.n_heads
+
+  @property
+  def mlp_width(self) -> int:
+    """Columns of `Params.w_in`: d_ff, or 2 d_ff (gate | up) for SwiGLU."""
+    return 2 * self.d_ff if self.mlp == "swiglu" else self.d_ff
+
+  def to_dict(self) -> dict[str, typing.Any]:
+    """The fields; the defaulted ones only where they differ (a
+    checkpoint of the project's own family keeps its six fields)."""
+    full = dataclasses.asdict(self)
+    defaults = {f.name: f.default for f in dataclasses.fields(self)
+                if f.default is not dataclasses.MISSING}
+    return {k: v for k, v in full.items()
+            if k not in defaults or v != defaults[k]}
 
 
 class Params(typing.NamedTuple):
   """Weights; per-layer arrays are stacked on a leading axis of size L."""
   embed: jax.Array       # f32[V, d]     tokens in, and (tied) logits out
   attn_norm: jax.Array   # f32[L, d]
-  wqkv: jax.Array        # f32[L, d, 3, H, dh] query, key, value projections
+  wqkv: jax.Array        # f32[L, d, H + 2 Hkv, dh] query heads, then key
+                         # heads, then value heads: one fused projection
   wo: jax.Array          # f32[L, H, dh, d]
   mlp_norm: jax.Array    # f32[L, d]
-  w_in: jax.Array        # f32[L, d, f]
+  w_in: jax.Array        # f32[L, d, f] (GELU) or f32[L, d, 2f] (SwiGLU:
+                         # gate, then up, fused)
   w_out: jax.Array       # f32[L, f, d]
   final_norm: jax.Array  # f32[d]
 
@@ -98,8 +141,8 @@ class Cache(typing.NamedTuple):
   Which prefix is valid is the caller's bookkeeping (the `start` it passes
   to `extend`), so a rollback changes no array.
   """
-  k: jax.Array  # f32[L, max_len, H, dh]
-  v: jax.Array  # f32[L, max_len, H, dh]
+  k: jax.Array  # f32[L, max_len, Hkv, dh]
+  v: jax.Array  # f32[L, max_len, Hkv, dh]
 
 
 def param_count(params: Params) -> int:
@@ -118,6 +161,7 @@ def init(config: Config, key: jax.Array) -> Params:
   1/sqrt(2L) so the residual stream's variance does not grow with depth."""
   d, f, n = config.d_model, config.d_ff, config.n_layers
   h, dh = config.n_heads, config.head_dim
+  heads = h + 2 * config.kv_heads
   k_emb, k_qkv, k_o, k_in, k_out = jax.random.split(key, 5)
   std = 0.02
   res_std = std / math.sqrt(2 * n)
@@ -125,30 +169,43 @@ def init(config: Config, key: jax.Array) -> Params:
   return Params(
       embed=normal(k_emb, (config.vocab, d), std),
       attn_norm=jnp.ones((n, d), _F32),
-      wqkv=normal(k_qkv, (n, d, 3, h, dh), std),
+      wqkv=normal(k_qkv, (n, d, heads, dh), std),
       wo=normal(k_o, (n, h, dh, d), res_std),
       mlp_norm=jnp.ones((n, d), _F32),
-      w_in=normal(k_in, (n, d, f), std),
+      w_in=normal(k_in, (n, d, config.mlp_width), std),
       w_out=normal(k_out, (n, f, d), res_std),
       final_norm=jnp.ones((d,), _F32))
 
 
 def empty_cache(config: Config) -> Cache:
   """A zero cache (nothing valid)."""
-  shape = (config.n_layers, config.max_len, config.n_heads, config.head_dim)
+  shape = (config.n_layers, config.max_len, config.kv_heads, config.head_dim)
   return Cache(k=jnp.zeros(shape, _F32), v=jnp.zeros(shape, _F32))
 
 
-def _rms_norm(x: jax.Array, scale: jax.Array) -> jax.Array:
+class Arch(typing.NamedTuple):
+  """What a traced forward needs beyond the weights' shapes (static,
+  hashable). Heads, key/value heads and the MLP's kind are read off the
+  shapes (`wo`, `wqkv`, `w_in` against `w_out`)."""
+  rope_base: float = 10000.0
+  norm_eps: float = 1e-6
+
+
+def arch_of(config: Config) -> Arch:
+  """config's `Arch`."""
+  return Arch(float(config.rope_base), float(config.norm_eps))
+
+
+def _rms_norm(x: jax.Array, scale: jax.Array, eps: float) -> jax.Array:
   ms = jnp.mean(jnp.square(x), axis=-1, keepdims=True)
-  return x * jax.lax.rsqrt(ms + _F32(_NORM_EPS)) * scale
+  return x * jax.lax.rsqrt(ms + _F32(eps)) * scale
 
 
-def _rope(x: jax.Array, positions: jax.Array) -> jax.Array:
+def _rope(x: jax.Array, positions: jax.Array, base: float) -> jax.Array:
   """Rotates x[..., T, H, dh] by its positions int32[..., T] (half-split
   pairs; positions [T] or with x's leading batch axes)."""
   half = x.shape[-1] // 2
-  freqs = _F32(_ROPE_BASE) ** (-jnp.arange(half, dtype=_F32) / _F32(half))
+  freqs = _F32(base) ** (-jnp.arange(half, dtype=_F32) / _F32(half))
   angles = positions.astype(_F32)[..., None] * freqs  # [..., T, half]
   cos = jnp.cos(angles)[..., None, :]                 # [..., T, 1, half]
   sin = jnp.sin(angles)[..., None, :]
@@ -156,24 +213,38 @@ def _rope(x: jax.Array, positions: jax.Array) -> jax.Array:
   return jnp.concatenate([x1 * cos - x2 * sin, x1 * sin + x2 * cos], axis=-1)
 
 
+def _grouped(q: jax.Array, kv_heads: int) -> jax.Array:
+  """q[..., T, H, dh] as [..., T, Hkv, G, dh]: query head j reads key/value
+  head j // G (G = H / Hkv consecutive query heads share one)."""
+  *lead, t, h, dh = q.shape
+  return q.reshape(*lead, t, kv_heads, h // kv_heads, dh)
+
+
 def _attend(q: jax.Array, k: jax.Array, v: jax.Array,
             mask: jax.Array) -> jax.Array:
-  """softmax(q k^T / sqrt(dh)) v; q[..., T, H, dh], k/v[..., S, H, dh],
+  """softmax(q k^T / sqrt(dh)) v; q[..., T, H, dh], k/v[..., S, Hkv, dh],
   mask bool[T, S] or [..., 1, T, S] (True: may attend)."""
   scale = _F32(1.0 / math.sqrt(q.shape[-1]))
-  scores = jnp.einsum("...thd,...shd->...hts", q, k) * scale
-  scores = jnp.where(mask, scores, _F32(-1e30))
+  if k.shape[-2] == q.shape[-2]:
+    scores = jnp.einsum("...thd,...shd->...hts", q, k) * scale
+    scores = jnp.where(mask, scores, _F32(-1e30))
+    weights = jax.nn.softmax(scores, axis=-1)
+    return jnp.einsum("...hts,...shd->...thd", weights, v)
+  g = _grouped(q, k.shape[-2])
+  scores = jnp.einsum("...tkgd,...skd->...kgts", g, k) * scale
+  scores = jnp.where(mask[..., None, :, :], scores, _F32(-1e30))
   weights = jax.nn.softmax(scores, axis=-1)
-  return jnp.einsum("...hts,...shd->...thd", weights, v)
+  out = jnp.einsum("...kgts,...skd->...tkgd", weights, v)
+  return out.reshape(q.shape)
 
 
 class Layer(typing.NamedTuple):
   """One block's weights (a `Params` field's slice at one layer)."""
   attn_norm: jax.Array   # f32[d]
-  wqkv: jax.Array        # f32[d, 3, H, dh]
+  wqkv: jax.Array        # f32[d, H + 2 Hkv, dh]
   wo: jax.Array          # f32[H, dh, d]
   mlp_norm: jax.Array    # f32[d]
-  w_in: jax.Array        # f32[d, f]
+  w_in: jax.Array        # f32[d, f] or f32[d, 2f]
   w_out: jax.Array       # f32[f, d]
 
 
@@ -200,20 +271,35 @@ def unstack(params: Params) -> Unstacked:
                    params.final_norm)
 
 
-def _mlp(layer: Layer, x: jax.Array) -> jax.Array:
-  h = _rms_norm(x, layer.mlp_norm)
-  return jax.nn.gelu(h @ layer.w_in) @ layer.w_out
+def _mlp(layer: Layer, x: jax.Array, arch: Arch) -> jax.Array:
+  h = _rms_norm(x, layer.mlp_norm, arch.norm_eps)
+  f = layer.w_out.shape[0]
+  a = h @ layer.w_in
+  if a.shape[-1] == f:
+    return jax.nn.gelu(a) @ layer.w_out
+  return (jax.nn.silu(a[..., :f]) * a[..., f:]) @ layer.w_out
 
 
-def _qkv(layer: Layer, x: jax.Array, positions: jax.Array
+def _qkv(layer: Layer, x: jax.Array, positions: jax.Array, arch: Arch
          ) -> tuple[jax.Array, jax.Array, jax.Array]:
-  """Rotated queries and keys, and values, each f32[..., T, H, dh]."""
-  h = _rms_norm(x, layer.attn_norm)
-  # The (q, k, v) axis after T: XLA CPU computes this layout without a
-  # transpose of the product.
-  qkv = jnp.einsum("...td,dchk->...tchk", h, layer.wqkv)
-  return (_rope(qkv[..., 0, :, :], positions),
-          _rope(qkv[..., 1, :, :], positions), qkv[..., 2, :, :])
+  """Rotated queries f32[..., T, H, dh] and keys, and values, each
+  f32[..., T, Hkv, dh]."""
+  h = _rms_norm(x, layer.attn_norm, arch.norm_eps)
+  d, heads, dh = layer.wqkv.shape
+  n_q = layer.wo.shape[0]
+  n_kv = (heads - n_q) // 2
+  if n_kv == n_q:
+    # The (q, k, v) axis after T: XLA CPU computes this layout without a
+    # transpose of the product.
+    qkv = jnp.einsum("...td,dchk->...tchk", h,
+                     layer.wqkv.reshape(d, 3, n_q, dh))
+    q, k, v = qkv[..., 0, :, :], qkv[..., 1, :, :], qkv[..., 2, :, :]
+  else:
+    qkv = jnp.einsum("...td,dnk->...tnk", h, layer.wqkv)
+    q, k, v = (qkv[..., :n_q, :], qkv[..., n_q:n_q + n_kv, :],
+               qkv[..., n_q + n_kv:, :])
+  return (_rope(q, positions, arch.rope_base),
+          _rope(k, positions, arch.rope_base), v)
 
 
 def _attn_out(layer: Layer, att: jax.Array) -> jax.Array:
@@ -222,41 +308,44 @@ def _attn_out(layer: Layer, att: jax.Array) -> jax.Array:
 
 def _block(layer: Layer, x: jax.Array, positions: jax.Array,
            attend: typing.Callable[[jax.Array, jax.Array, jax.Array],
-                                   jax.Array]) -> jax.Array:
+                                   jax.Array], arch: Arch) -> jax.Array:
   """One pre-norm block; attend(q, k, v) does the attention (and any
   cache write) for this layer."""
-  q, k, v = _qkv(layer, x, positions)
+  q, k, v = _qkv(layer, x, positions, arch)
   x = x + _attn_out(layer, attend(q, k, v))
-  return x + _mlp(layer, x)
+  return x + _mlp(layer, x, arch)
 
 
-def _logits(params: Params | Unstacked, x: jax.Array) -> jax.Array:
-  return _rms_norm(x, params.final_norm) @ params.embed.T
+def _logits(params: Params | Unstacked, x: jax.Array,
+            arch: Arch) -> jax.Array:
+  return _rms_norm(x, params.final_norm, arch.norm_eps) @ params.embed.T
 
 
-@jax.jit
-def _forward(params: Params, tokens: jax.Array) -> jax.Array:
+@functools.partial(jax.jit, static_argnames="arch")
+def _forward(params: Params, tokens: jax.Array, arch: Arch) -> jax.Array:
   t = tokens.shape[-1]
   positions = jnp.arange(t, dtype=_I32)
   mask = positions[:, None] >= positions[None, :]
   x = params.embed[tokens]
   for i in range(params.wqkv.shape[0]):
     x = _block(layer_of(params, i), x, positions,
-               lambda q, k, v: _attend(q, k, v, mask))
-  return _logits(params, x)
+               lambda q, k, v: _attend(q, k, v, mask), arch)
+  return _logits(params, x, arch)
 
 
-def forward(params: Params, tokens: ArrayLike) -> jax.Array:
+def forward(params: Params, tokens: ArrayLike, arch: Arch = Arch()
+            ) -> jax.Array:
   """Causal logits f32[B, T, V] of tokens int32[B, T] (training form).
 
   T must not exceed the config's max_len (the positions trained on).
+  arch: the config's `arch_of` (the default is the project's own family).
   """
-  return _forward(params, jnp.asarray(tokens, _I32))
+  return _forward(params, jnp.asarray(tokens, _I32), arch)
 
 
-@jax.jit
-def _extend(params: Params, cache: Cache, tokens: jax.Array, start: jax.Array
-            ) -> tuple[jax.Array, Cache]:
+@functools.partial(jax.jit, static_argnames="arch")
+def _extend(params: Params, cache: Cache, tokens: jax.Array, start: jax.Array,
+            arch: Arch) -> tuple[jax.Array, Cache]:
   c = tokens.shape[0]
   max_len = cache.k.shape[1]
   positions = start + jnp.arange(c, dtype=_I32)
@@ -275,23 +364,25 @@ def _extend(params: Params, cache: Cache, tokens: jax.Array, start: jax.Array
 
   for i in range(params.wqkv.shape[0]):
     x = _block(layer_of(params, i), x, positions,
-               functools.partial(attend, i))
-  return _logits(params, x), Cache(k=jnp.stack(new_k), v=jnp.stack(new_v))
+               functools.partial(attend, i), arch)
+  return _logits(params, x, arch), Cache(k=jnp.stack(new_k),
+                                         v=jnp.stack(new_v))
 
 
 def extend_traced(params: Params, cache: Cache, tokens: ArrayLike,
-                  start: ArrayLike) -> tuple[jax.Array, Cache]:
+                  start: ArrayLike, arch: Arch = Arch()
+                  ) -> tuple[jax.Array, Cache]:
   """`extend` without its host-side bound check (for use under a trace).
 
   start + C must be <= max_len; past it, `dynamic_update_slice` clamps the
   write and the rows are garbage (never an error inside JAX).
   """
   return _extend(params, cache, jnp.asarray(tokens, _I32),
-                 jnp.asarray(start, _I32))
+                 jnp.asarray(start, _I32), arch)
 
 
-def extend(params: Params, cache: Cache, tokens: ArrayLike, start: int
-           ) -> tuple[jax.Array, Cache]:
+def extend(params: Params, cache: Cache, tokens: ArrayLike, start: int,
+           arch: Arch = Arch()) -> tuple[jax.Array, Cache]:
   """Feeds tokens int32[C] at positions start..start+C-1.
 
   Returns (f32[C, V] logits, row i scoring the position after token i; the
@@ -307,7 +398,7 @@ def extend(params: Params, cache: Cache, tokens: ArrayLike, start: int
   if start < 0 or start + c > max_len:
     raise ValueError(f"extend: positions {start}..{start + c - 1} do not fit "
                      f"the cache of max_len {max_len}")
-  return extend_traced(params, cache, tokens, start)
+  return extend_traced(params, cache, tokens, start, arch)
 
 
 # Chunks fed by `feed` hold at most this many tokens; each is padded up to a
@@ -333,7 +424,7 @@ def _chunk_sizes(n: int, start: int, max_len: int) -> list[tuple[int, int]]:
 
 
 def feed(params: Params, cache: Cache, tokens: typing.Any,
-         start: int) -> tuple[jax.Array, Cache]:
+         start: int, arch: Arch = Arch()) -> tuple[jax.Array, Cache]:
   """`extend` of any number n >= 1 of tokens, in bucketed chunks.
 
   Returns (f32[n, V] rows, cache), as one `extend` of all n tokens would.
@@ -355,7 +446,8 @@ def feed(params: Params, cache: Cache, tokens: typing.Any,
     chunk = tokens[offset:offset + real]
     if padded > real:
       chunk = jnp.concatenate([chunk, jnp.zeros((padded - real,), _I32)])
-    logits, cache = extend_traced(params, cache, chunk, start + offset)
+    logits, cache = extend_traced(params, cache, chunk, start + offset,
+                                  arch)
     rows.append(logits[:real])
     offset += real
   return (rows[0] if len(rows) == 1 else jnp.concatenate(rows)), cache
@@ -374,13 +466,13 @@ class Slab(typing.NamedTuple):
   `Cache`, which prefix of a slot is valid is the caller's bookkeeping
   (the starts it passes to `extend_slots`).
   """
-  k: tuple[jax.Array, ...]  # L x f32[N, H, max_len, dh]
-  v: tuple[jax.Array, ...]  # L x f32[N, H, max_len, dh]
+  k: tuple[jax.Array, ...]  # L x f32[N, Hkv, max_len, dh]
+  v: tuple[jax.Array, ...]  # L x f32[N, Hkv, max_len, dh]
 
 
 def empty_slab(config: Config, slots: int) -> Slab:
   """A zero slab of `slots` caches (nothing valid)."""
-  shape = (slots, config.n_heads, config.max_len, config.head_dim)
+  shape = (slots, config.kv_heads, config.max_len, config.head_dim)
   return Slab(k=tuple(jnp.zeros(shape, _F32)
                       for _ in range(config.n_layers)),
               v=tuple(jnp.zeros(shape, _F32)
@@ -396,7 +488,7 @@ def span_bucket(end: int, max_len: int, smallest: int = 64) -> int:
 
 
 def extend_slots_traced(weights: Unstacked, slab: Slab, tokens: ArrayLike,
-                        starts: ArrayLike, span: int
+                        starts: ArrayLike, span: int, arch: Arch = Arch()
                         ) -> tuple[jax.Array, Slab]:
   """`extend` of slots 0..B-1 at once, each at its own start (traceable).
 
@@ -410,6 +502,7 @@ def extend_slots_traced(weights: Unstacked, slab: Slab, tokens: ArrayLike,
       does not serve keeps its entries.
     span: static; every active row's positions are < span <= max_len, and
       attention reads cache positions [0, span) only (`span_bucket`).
+    arch: static, the config's `arch_of`.
 
   Returns:
     (f32[B, C, V] logits, the slab with those positions written). Row b
@@ -434,22 +527,29 @@ def extend_slots_traced(weights: Unstacked, slab: Slab, tokens: ArrayLike,
     v_slab[i] = v_slab[i].at[where].set(v, mode="drop")
     k_ctx, v_ctx = k_slab[i][:b, :, :span], v_slab[i][:b, :, :span]
     scale = _F32(1.0 / math.sqrt(q.shape[-1]))
-    scores = jnp.einsum("bthd,bhsd->bhts", q, k_ctx) * scale
-    weights_ = jax.nn.softmax(jnp.where(mask, scores, _F32(-1e30)), axis=-1)
-    return jnp.einsum("bhts,bhsd->bthd", weights_, v_ctx)
+    if k.shape[-2] == q.shape[-2]:
+      scores = jnp.einsum("bthd,bhsd->bhts", q, k_ctx) * scale
+      weights_ = jax.nn.softmax(jnp.where(mask, scores, _F32(-1e30)),
+                                axis=-1)
+      return jnp.einsum("bhts,bhsd->bthd", weights_, v_ctx)
+    g = _grouped(q, k.shape[-2])                             # [B, C, K, G, dh]
+    scores = jnp.einsum("btkgd,bksd->bkgts", g, k_ctx) * scale
+    weights_ = jax.nn.softmax(
+        jnp.where(mask[:, :, None], scores, _F32(-1e30)), axis=-1)
+    return jnp.einsum("bkgts,bksd->btkgd", weights_, v_ctx).reshape(q.shape)
 
   for i, layer in enumerate(weights.layers):
-    x = _block(layer, x, positions, functools.partial(attend, i))
-  return _logits(weights, x), Slab(k=tuple(k_slab), v=tuple(v_slab))
+    x = _block(layer, x, positions, functools.partial(attend, i), arch)
+  return _logits(weights, x, arch), Slab(k=tuple(k_slab), v=tuple(v_slab))
 
 
-_extend_slots = jax.jit(extend_slots_traced, static_argnames="span",
+_extend_slots = jax.jit(extend_slots_traced, static_argnames=("span", "arch"),
                         donate_argnames="slab")
 
 
 def extend_slots(weights: Unstacked, slab: Slab, tokens: typing.Any,
-                 starts: typing.Any, counts: typing.Any = None
-                 ) -> tuple[jax.Array, Slab]:
+                 starts: typing.Any, counts: typing.Any = None,
+                 arch: Arch = Arch()) -> tuple[jax.Array, Slab]:
   """`extend_slots_traced` jitted, its span bucketed from the active rows'
   ends.
 
@@ -482,4 +582,4 @@ def extend_slots(weights: Unstacked, slab: Slab, tokens: typing.Any,
     raise ValueError(f"extend_slots: positions up to {end - 1} do not fit "
                      f"the cache of max_len {max_len}")
   return _extend_slots(weights, slab, tokens, starts,
-                       span=span_bucket(end, max_len))
+                       span=span_bucket(end, max_len), arch=arch)

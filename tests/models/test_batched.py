@@ -65,9 +65,9 @@ def test_steady_rounds_feed_one_chunk(params, monkeypatch):
   calls = []
   real = tf.extend_slots
 
-  def spy(weights, slab, tokens, starts, counts=None):
+  def spy(weights, slab, tokens, starts, counts=None, **kwargs):
     calls.append(np.asarray(tokens).shape)
-    return real(weights, slab, tokens, starts, counts)
+    return real(weights, slab, tokens, starts, counts, **kwargs)
   monkeypatch.setattr(tf, "extend_slots", spy)
   a, b = np.arange(10, dtype=np.int32), np.arange(3, dtype=np.int32)
   batch.rows([0, 1], [a, b], np.zeros((2, D), np.int32))
@@ -164,10 +164,10 @@ def test_draft_slab_rows_equal_recompute(params, reference):
   @functools.partial(jax.jit, static_argnames="span", donate_argnums=1)
   def chain(weights, slab_, feed, *, span):
     rows, tokens = [], []
-    logits, slab_ = slab.first(weights, slab_, feed, span)
+    logits, slab_ = slab.kind.first(weights, slab_, feed, span)
     for i in range(D):
       if i:
-        logits, slab_ = slab.step(weights, slab_, feed, token, i, span)
+        logits, slab_ = slab.kind.step(weights, slab_, feed, token, i, span)
       token = jnp.argmax(logits, -1).astype(jnp.int32)
       rows.append(logits)
       tokens.append(token)

@@ -65,9 +65,9 @@ def _record_feeds(monkeypatch):
   fed = []
   real = tf.feed
 
-  def spy(params, cache, tokens, start):
+  def spy(params, cache, tokens, start, *rest):
     fed.append((int(start), int(np.shape(tokens)[0])))
-    return real(params, cache, tokens, start)
+    return real(params, cache, tokens, start, *rest)
   monkeypatch.setattr(tf, "feed", spy)
   return fed
 

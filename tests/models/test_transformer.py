@@ -37,7 +37,7 @@ def test_params_are_float32_under_x64(params):
     logits = tf.forward(p64, np.zeros((1, 3), np.int32))
   assert all(x.dtype == np.float32 for x in jax.tree.leaves(p64))
   assert logits.dtype == np.float32
-  assert tf.init_shapes(CONFIG)["wqkv"] == (2, 16, 3, 2, 8)
+  assert tf.init_shapes(CONFIG)["wqkv"] == (2, 16, 6, 8)
   assert tf.param_count(params) == sum(
       int(np.prod(s)) for s in tf.init_shapes(CONFIG).values())
 
