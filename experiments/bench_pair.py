@@ -120,9 +120,11 @@ import dyadic_jax as dj
 from dyadic_jax import bridge
 from dyadic_jax.bridge import generate
 from dyadic_jax.bridge import keys as keys_lib
+from dyadic_jax.models import gguf_model
 from dyadic_jax.models import hf_layout
 from dyadic_jax.models import pair as pair_lib
 from dyadic_jax.wire.layouts import Representation
+from experiments import chat_prompts
 from experiments import corpus
 from experiments import in_flight as in_flight_lib
 # pylint: enable=g-import-not-at-top
@@ -219,6 +221,22 @@ def predicted_speedup(alpha: float, c: float, depth: int,
   model) and u the rest of a round (verification, host; 0: the textbook
   model), both in target-only steps."""
   return tokens_per_round(alpha, depth) / (c * depth + pass_ratio + rest)
+
+
+def weight_floor(target) -> dict:
+  """The floor of a weight-bound step, measured now: a memcpy of as many
+  bytes as the target's weights (median of 5), and one target-only step
+  at batch 1 over it."""
+  import jax  # pylint: disable=g-import-not-at-top
+  nbytes = sum(int(x.nbytes) for x in jax.tree.leaves(target.params))
+  src = np.ones(nbytes // 4, np.float32)
+  dst = np.empty_like(src)
+  times = []
+  for _ in range(5):
+    start = time.perf_counter()
+    np.copyto(dst, src)
+    times.append(time.perf_counter() - start)
+  return {"weight_bytes": nbytes, "memcpy_s": float(np.median(times))}
 
 
 def run_record(out: generate.Result, cpu_s: float) -> dict:
@@ -350,11 +368,21 @@ def over_bridge(name: str, pair: pair_lib.Pair, prompts) -> dict:
   return two
 
 
-def peer(pair_dir, prompts) -> dict:
+def peer(pair_dir, pair: pair_lib.Pair, prompts) -> dict:
   """The transformers peer's legs on the same prompts (hf_decode.py), or
-  {"note": why not}."""
+  {"note": why not}. A GGUF target is loaded from its own file by
+  transformers (the same float32 weights); its draft is exported over the
+  full vocabulary (`hf_layout.save_full_vocab`)."""
   with tempfile.TemporaryDirectory(prefix="bench_pair-hf-") as tmp:
-    folders = hf_layout.export_pair(pair_dir, tmp)
+    if "gguf" in pair.meta.get("target", {}):
+      spec = gguf_model.SHIPPED[pair.meta["target"]["gguf"]]
+      draft = pair.draft
+      folders = {"target": gguf_model.locate(spec, check=False),
+                 "draft": hf_layout.save_full_vocab(
+                     os.path.join(tmp, "draft"), draft.params, draft.config,
+                     pair.meta["kept"], pair.target.vocab)}
+    else:
+      folders = hf_layout.export_pair(pair_dir, tmp)
     job = os.path.join(tmp, "job.json")
     with open(job, "w") as f:
       json.dump({"target": str(folders["target"]),
@@ -383,8 +411,14 @@ def main(argv):
   for f in _FORMATS.value:
     if f != "dense" and int(f) > vocab:
       cli.usage_error(f"--formats: k={f} exceeds V={vocab}")
-  prompts = [list(p) for p in corpus.held_out_prompts(
-      pair.tokenizer, _PROMPTS.value, _PROMPT_TOKENS.value, _SEED.value)]
+  if pair.meta.get("chat"):
+    # A chat model: the held-out chat prompts in its template.
+    prompts = [list(p) for p in chat_prompts.held_out_prompts(
+        pair.tokenizer, _PROMPTS.value, _PROMPT_TOKENS.value, _SEED.value,
+        gguf_model.chat)]
+  else:
+    prompts = [list(p) for p in corpus.held_out_prompts(
+        pair.tokenizer, _PROMPTS.value, _PROMPT_TOKENS.value, _SEED.value)]
   kw = dict(max_new_tokens=_NEW_TOKENS.value, seed=_SEED.value)
 
   # The baselines: the same batch as the speculative runs (the best plain
@@ -402,6 +436,10 @@ def main(argv):
   # One batched target-only step (its pass over one row per request and
   # its draw): the cost model's unit.
   step_s = base.seconds["target"] / base.rounds
+  floor = weight_floor(pair.target)
+  b1_out = baselines[1][0]
+  floor["step_b1_s"] = b1_out.seconds["target"] / b1_out.rounds
+  floor["step_over_memcpy"] = floor["step_b1_s"] / floor["memcpy_s"]
   cli.progress("rows: one chunked verify pass vs one token per call")
   rows = row_agreement(pair.target, prompts[:8], base.tokens[:8])
   record = {"model": _MODEL.value, "meta": {k: pair.meta.get(k) for k in (
@@ -412,6 +450,7 @@ def main(argv):
             "date": time.strftime("%Y-%m-%d"), "nproc": os.cpu_count(),
             "target_only": run_record(base, base_cpu),
             "target_only_b1": run_record(*baselines[1]), "rows": rows,
+            "weight_floor": floor,
             "formats": {}}
   for name in _FORMATS.value:
     cli.progress(f"speculative decoding, q {name} (one process)")
@@ -451,7 +490,7 @@ def main(argv):
     record["bridge"] = bridged
   if _HF.hf.value:
     cli.progress("the transformers peer on the same weights and prompts")
-    record["peer"] = peer(pair_dir, prompts)
+    record["peer"] = peer(pair_dir, pair, prompts)
   print_tables(record)
   if _JSON_OUT.value:
     with open(_JSON_OUT.value, "w") as f:
@@ -581,6 +620,12 @@ def print_tables(record: dict) -> None:
     print(line)
   best = record["formats"][record["best_format"]]
   print(f"regime (q {record['best_format']}): {regime(best)}")
+  f = record.get("weight_floor")
+  if f:
+    print(f"weight floor: a batch-1 target-only step takes "
+          f"{f['step_b1_s'] * 1e3:.1f} ms = {f['step_over_memcpy']:.2f}x a "
+          f"memcpy of its {f['weight_bytes'] / 1e6:.0f} MB of weights "
+          f"({f['memcpy_s'] * 1e3:.1f} ms, this run)")
   if "bridge" in record:
     for line in bridge_lines(record):
       print(line)

@@ -9,6 +9,9 @@ not depend on how many prompts a run takes. No file, no download.
 """
 
 import hashlib
+import typing
+
+import numpy as np
 
 HELD_OUT_FRACTION = 0.05
 
@@ -76,3 +79,23 @@ def prompts(split: str = "train") -> list[str]:
   every = [_TEMPLATES[(i + j) % len(_TEMPLATES)].format(t=_TOPICS[i])
            for j in range(len(_TEMPLATES)) for i in range(len(_TOPICS))]
   return [p for p in every if is_held_out(p) == (split == "held_out")]
+
+
+def held_out_prompts(tokenizer: typing.Any, n: int, length: int, seed: int,
+                     chat: typing.Callable[[str], str]) -> np.ndarray:
+  """int32[n, length]: held-out prompts in the chat template (`chat`),
+  each cut to its last `length` tokens (so a batch needs no padding; the
+  cut drops the start of the system message), drawn with replacement in
+  a seeded order.
+
+  Raises:
+    ValueError: a held-out prompt is shorter than `length` tokens.
+  """
+  encoded = [tokenizer.encode(chat(p)) for p in prompts("held_out")]
+  shortest = min(e.size for e in encoded)
+  if length > shortest:
+    raise ValueError(f"chat prompts: the shortest held-out prompt has "
+                     f"{shortest} tokens, fewer than {length}")
+  order = np.random.default_rng(seed).permutation(len(encoded))
+  picks = [order[i % len(order)] for i in range(n)]
+  return np.stack([encoded[i][-length:] for i in picks]).astype(np.int32)

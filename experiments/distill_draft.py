@@ -54,10 +54,14 @@ _ANSWER = flags.DEFINE_integer("answer", 160, "Tokens drawn per answer "
 _MAX_PROMPTS = flags.DEFINE_integer("max_prompts", 0, "Stop after this many "
                                     "prompts (0: all of the split).")
 _SEED = flags.DEFINE_integer("seed", 0, "Sampling and init seed.")
+_SPLITS = flags.DEFINE_list("splits", ["train", "held_out"], "Which prompt "
+                            "splits to sample (sample).")
 cli.check("batch", lambda v: 1 <= v <= 64, "--batch must be in [1, 64]")
 cli.check("answer", lambda v: 8 <= v <= 1024, "--answer must be in "
           "[8, 1024]")
 cli.check("max_prompts", lambda v: v >= 0, "--max_prompts must be >= 0")
+cli.check("splits", lambda v: set(v) <= {"train", "held_out"} and v,
+          "--splits: train, held_out or both")
 
 
 def _sample_rows(logits: typing.Any, step: typing.Any,
@@ -274,8 +278,9 @@ def _save(folder: pathlib.Path, config: typing.Any, params: typing.Any,
   checkpoint.write_config(folder / checkpoint.CONFIG_FILE, {
       "draft": config.to_dict(), "kept": [int(k) for k in kept],
       "step": step, "train_loss": loss,
-      "target": {"model": gguf_model.SMOLLM2.name,
-                 "sha256": gguf_model.SMOLLM2.sha256},
+      # pair.load_dir's form: the target is the shipped GGUF file.
+      "target": {"gguf": gguf_model.SMOLLM2.name, "max_len": 2048,
+                 "vocab": 49152, "sha256": gguf_model.SMOLLM2.sha256},
       "init_layers": [int(x) for x in _INIT_LAYERS.value],
       "command": ("python -m experiments.distill_draft --phase=sample && "
                   "python -m experiments.distill_draft --phase=train "
@@ -283,17 +288,76 @@ def _save(folder: pathlib.Path, config: typing.Any, params: typing.Any,
                   f"--init_layers={','.join(_INIT_LAYERS.value)}")})
 
 
+_EVAL_SEQS = flags.DEFINE_integer("eval_sequences", 48, "Held-out "
+                                  "sequences scored (eval).")
+
+
+def acceptance(p: typing.Any, q: typing.Any, k: int | None = None
+               ) -> typing.Any:
+  """sum_v min(p_v, q_v) per row (float64 probabilities [..., V]); with k,
+  q cut to its top k and renormalized first (the sparse q's support)."""
+  import numpy as np  # pylint: disable=import-outside-toplevel
+  if k is not None:
+    cut = np.partition(q, -k, axis=-1)[..., -k][..., None]
+    top = np.where(q >= cut, q, 0.0)
+    q = top / top.sum(-1, keepdims=True)
+  return np.minimum(p, q).sum(-1)
+
+
+def evaluate(output_dir: pathlib.Path, draft_dir: pathlib.Path) -> dict:
+  """The eval phase: held-out acceptance per answer position (module
+  doc), dense and k = 32, against the draft in `draft_dir`."""
+  import jax  # pylint: disable=import-outside-toplevel
+  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
+  import numpy as np  # pylint: disable=import-outside-toplevel
+  from dyadic_jax.models import checkpoint  # pylint: disable=import-outside-toplevel
+  from dyadic_jax.models import gguf_model  # pylint: disable=import-outside-toplevel
+  from dyadic_jax.models import transformer  # pylint: disable=import-outside-toplevel
+  from dyadic_jax.models import vocab_map  # pylint: disable=import-outside-toplevel
+  model = gguf_model.read(gguf_model.locate(gguf_model.SMOLLM2), max_len=256)
+  tokens, masks = _sequences(output_dir / "held_out", model.eos)
+  tokens, masks = tokens[:_EVAL_SEQS.value], masks[:_EVAL_SEQS.value]
+  meta = checkpoint.read_config(draft_dir / checkpoint.CONFIG_FILE)
+  config = transformer.Config(**meta["draft"])
+  params = checkpoint.load_params(draft_dir / checkpoint.DRAFT_FILE, config)
+  vmap = vocab_map.make(np.asarray(meta["kept"], np.int32),
+                        model.config.vocab)
+  target = jax.tree.map(jnp.asarray, model.params)
+  t_arch, d_arch = transformer.arch_of(model.config), transformer.arch_of(
+      config)
+  dense, sparse = [], []
+  for i in range(0, len(tokens), 8):
+    batch, mask = tokens[i:i + 8, :-1], masks[i:i + 8] > 0
+    p = jax.nn.softmax(transformer.forward(target, batch, t_arch), -1)
+    small = vocab_map.host_small(vmap, batch)
+    q = jax.nn.softmax(vocab_map.expand(vmap, transformer.forward(
+        params, small, d_arch)), -1)
+    p, q = np.asarray(p, np.float64)[mask], np.asarray(q, np.float64)[mask]
+    dense.append(acceptance(p, q))
+    sparse.append(acceptance(p, q, 32))
+    print(f"eval: {min(i + 8, len(tokens))}/{len(tokens)} sequences",
+          flush=True)
+  out = {"positions": int(sum(d.size for d in dense)),
+         "dense": float(np.concatenate(dense).mean()),
+         "k32": float(np.concatenate(sparse).mean())}
+  print(f"eval: held-out sum min(p, q) per position: dense "
+        f"{out['dense']:.3f}, k=32 {out['k32']:.3f} over "
+        f"{out['positions']} answer positions")
+  return out
+
+
 def main(argv: list[str]) -> None:
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   output_dir = pathlib.Path(_OUTPUT_DIR.value)
   if _PHASE.value == "sample":
-    sample(output_dir, "train")
-    sample(output_dir, "held_out")
+    for split in _SPLITS.value:
+      sample(output_dir, split)
   elif _PHASE.value == "train":
     train(output_dir)
   else:
-    raise app.UsageError(f"--phase={_PHASE.value} is not written yet")
+    evaluate(output_dir, pathlib.Path(_SHIP.value) if _SHIP.value
+             else output_dir / "draft")
 
 
 if __name__ == "__main__":

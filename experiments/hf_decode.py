@@ -3,7 +3,9 @@
     <python with torch and transformers> experiments/hf_decode.py JOB.json
 
 Not an experiment of its own: bench_pair exports the pair it measures
-(experiments/export_hf.py: the same weights as `ArceeForCausalLM`), writes
+(experiments/export_hf.py: the same weights as `ArceeForCausalLM`; a GGUF
+target is its own file, which transformers dequantizes to the same float32
+weights, and its draft a `LlamaForCausalLM` over the full vocabulary), writes
 the job (the two folders, the prompts, the new tokens, the depth, the torch
 threads) and runs this file with an interpreter that has torch and
 transformers (not dependencies of the project, so it may be another
@@ -24,6 +26,7 @@ and transformers.
 """
 
 import json
+import os
 import sys
 import time
 
@@ -33,7 +36,11 @@ def _legs(job):
   import transformers  # pylint: disable=g-import-not-at-top
   torch.set_num_threads(job["threads"])
   load = transformers.AutoModelForCausalLM.from_pretrained
-  target = load(job["target"], dtype=torch.float32).eval()
+  if job["target"].endswith(".gguf"):      # transformers reads the file
+    folder, name = os.path.split(job["target"])
+    target = load(folder, gguf_file=name, dtype=torch.float32).eval()
+  else:
+    target = load(job["target"], dtype=torch.float32).eval()
   draft = load(job["draft"], dtype=torch.float32).eval()
   for model in (target, draft):
     model.generation_config.eos_token_id = None   # decode to the length

@@ -37,6 +37,7 @@ import numpy as np
 
 from dyadic_jax.models import batched
 from dyadic_jax.models import checkpoint
+from dyadic_jax.models import gguf_model
 from dyadic_jax.models import tokenizer as tokenizer_lib
 from dyadic_jax.models import transformer
 from dyadic_jax.models import vocab_map as vocab_map_lib
@@ -260,9 +261,17 @@ class Pair(typing.NamedTuple):
 
 
 def load_dir(directory: str | pathlib.Path, max_depth: int = 64) -> Pair:
-  """The pair saved in a checkpoint directory (see `checkpoint`)."""
+  """The pair saved in a checkpoint directory (see `checkpoint`).
+
+  A folder whose config.json names a GGUF target (`{"target": {"gguf":
+  "smollm2", "max_len": ...}}`) holds the draft alone: the target and the
+  tokenizer come from the shipped GGUF file (`gguf_model`), the draft is
+  over a restricted output vocabulary when the config lists `kept` ids.
+  """
   directory = pathlib.Path(directory)
   meta = checkpoint.read_config(directory / checkpoint.CONFIG_FILE)
+  if "gguf" in meta.get("target", {}):
+    return _load_gguf_pair(directory, meta, max_depth)
   target_config = checkpoint.model_config(meta, "target")
   draft_config = checkpoint.model_config(meta, "draft")
   target = TransformerTarget(checkpoint.load_params(
@@ -276,6 +285,29 @@ def load_dir(directory: str | pathlib.Path, max_depth: int = 64) -> Pair:
     raise ValueError(f"{directory}: tokenizer vocab {tok.vocab}, target "
                      f"{target.vocab}, draft {draft.vocab} differ")
   return Pair(target=target, draft=draft, tokenizer=tok, meta=meta)
+
+
+def _load_gguf_pair(directory: pathlib.Path, meta: dict[str, typing.Any],
+                    max_depth: int) -> Pair:
+  spec = gguf_model.SHIPPED[meta["target"]["gguf"]]
+  model = gguf_model.read(gguf_model.locate(spec),
+                          max_len=int(meta["target"].get("max_len", 2048)))
+  target = TransformerTarget(jax.tree.map(jnp.asarray, model.params),
+                             model.config)
+  config = checkpoint.model_config(meta, "draft")
+  params = checkpoint.load_params(directory / checkpoint.DRAFT_FILE, config)
+  kept = meta.get("kept")
+  vmap = None if kept is None else vocab_map_lib.make(
+      np.asarray(kept, np.int32), target.vocab)
+  draft = TransformerDraft(params, config, max_depth=max_depth,
+                           vocab_map=vmap,
+                           vocab=None if vmap is None else target.vocab)
+  if draft.vocab != target.vocab:
+    raise ValueError(f"{directory}: the draft's vocab {draft.vocab} is not "
+                     f"the target's {target.vocab}")
+  meta = {**meta, "eos": model.eos, "chat": True}
+  return Pair(target=target, draft=draft, tokenizer=model.tokenizer,
+              meta=meta)
 
 
 def load_pair(name: str = "stdlib", max_depth: int = 64) -> Pair:

@@ -319,7 +319,17 @@ def pair() -> typing.Any:
 
 @functools.cache
 def held_out_prompts() -> typing.Any:
-  """int32[--requests, --prompt_tokens]: the run's prompts (--model)."""
+  """int32[--requests, --prompt_tokens]: the run's prompts (--model); a
+  chat model's (SmolLM2) are held-out chat prompts in its template, whole
+  (a list of int32 arrays of their own lengths)."""
+  if pair().meta.get("chat"):
+    from dyadic_jax.models import gguf_model  # pylint: disable=g-import-not-at-top
+    from experiments import chat_prompts  # pylint: disable=g-import-not-at-top
+    texts = chat_prompts.prompts("held_out")
+    import numpy as np  # pylint: disable=g-import-not-at-top
+    order = np.random.default_rng(SEED.value).permutation(len(texts))
+    return [pair().tokenizer.encode(gguf_model.chat(texts[i]))
+            for i in order[:pipeline_config.MAX_REQUESTS]]
   from experiments import corpus  # pylint: disable=g-import-not-at-top
   return corpus.held_out_prompts(pair().tokenizer,
                                  pipeline_config.MAX_REQUESTS,

@@ -263,11 +263,15 @@ def verdict(sp) -> str:
 def samples(run, config):
   """Prompt and generated text of the first --show_samples requests."""
   tok = flags.pair().tokenizer
+  eos = flags.pair().meta.get("eos")
   out = []
   for rid in sorted(run.outputs)[:flags.SAMPLES.value]:
     prompt = flags.request_spec(rid, config.vocab)[0]
+    generated = list(run.outputs[rid])
+    if eos in generated:          # a chat answer ends at its end marker
+      generated = generated[:generated.index(eos) + 1]
     out.append({"request": rid, "prompt": tok.decode(prompt),
-                "generated": tok.decode(run.outputs[rid])})
+                "generated": tok.decode(generated)})
   return out
 
 
@@ -367,7 +371,7 @@ def print_summary(record):
           f"one process) = {sp['speedup']:.2f}x")
     print(f"  why                          {verdict(sp)}")
   for sample in record.get("samples", []):
-    print(f"\nRequest {sample['request']}: prompt (held-out source), then "
+    print(f"\nRequest {sample['request']}: prompt (held-out), then "
           "the generated text after '>>>'")
     print(sample["prompt"][-400:] + ">>>" + sample["generated"])
   if check:

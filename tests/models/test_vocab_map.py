@@ -107,3 +107,59 @@ def test_slab_chain_equals_recompute(draft):
       contexts[rid] = np.append(full[:contexts[rid].size + 2],
                                 rng.integers(0, V))
   assert worst < 1e-4
+
+
+def _llama_forward(t: dict, config: dict, tokens) -> np.ndarray:
+  """LlamaForCausalLM's logits [T, V] from its state dict, in numpy
+  float64 (x W^T per Linear, rotate_half RoPE, key/value heads repeated,
+  SwiGLU, the untied lm_head)."""
+  t = {k: v.astype(np.float64) for k, v in t.items()}
+  heads, kv = config["num_attention_heads"], config["num_key_value_heads"]
+  dh, eps, n = config["head_dim"], config["rms_norm_eps"], len(tokens)
+  norm = lambda x, w: x / np.sqrt(np.mean(x * x, -1, keepdims=True) + eps) * w
+  half = lambda x: np.concatenate([-x[..., dh // 2:], x[..., :dh // 2]], -1)
+  inv = 1.0 / config["rope_theta"] ** (np.arange(0, dh, 2) / dh)
+  ang = np.arange(n)[:, None] * inv[None]
+  cos = np.cos(np.concatenate([ang, ang], -1))[:, None]
+  sin = np.sin(np.concatenate([ang, ang], -1))[:, None]
+  x = t["model.embed_tokens.weight"][tokens]
+  causal = np.tril(np.ones((n, n), bool))
+  for i in range(config["num_hidden_layers"]):
+    pre = f"model.layers.{i}."
+    h = norm(x, t[pre + "input_layernorm.weight"])
+    q = (h @ t[pre + "self_attn.q_proj.weight"].T).reshape(n, heads, dh)
+    k = (h @ t[pre + "self_attn.k_proj.weight"].T).reshape(n, kv, dh)
+    v = (h @ t[pre + "self_attn.v_proj.weight"].T).reshape(n, kv, dh)
+    q, k = (y * cos + half(y) * sin for y in (q, k))
+    k, v = np.repeat(k, heads // kv, 1), np.repeat(v, heads // kv, 1)
+    s = np.where(causal, np.einsum("thd,shd->hts", q, k) / np.sqrt(dh),
+                 -np.inf)
+    w = np.exp(s - s.max(-1, keepdims=True))
+    w /= w.sum(-1, keepdims=True)
+    x = x + np.einsum("hts,shd->thd", w, v).reshape(n, -1) @ t[
+        pre + "self_attn.o_proj.weight"].T
+    h = norm(x, t[pre + "post_attention_layernorm.weight"])
+    g = h @ t[pre + "mlp.gate_proj.weight"].T
+    x = x + (g / (1 + np.exp(-g)) * (h @ t[pre + "mlp.up_proj.weight"].T)
+             ) @ t[pre + "mlp.down_proj.weight"].T
+  return norm(x, t["model.norm.weight"]) @ t["lm_head.weight"].T
+
+
+def test_full_vocabulary_export_is_llamas_forward(draft, tmp_path):
+  """`hf_layout.save_full_vocab`: the restricted draft as a
+  LlamaForCausalLM over all V ids gives our logits at the kept ids and 0
+  elsewhere (numpy transcription of transformers' forward; no torch)."""
+  import json  # pylint: disable=import-outside-toplevel
+  from dyadic_jax.models import hf_layout  # pylint: disable=import-outside-toplevel
+  safetensors_numpy = pytest.importorskip("safetensors.numpy")
+  folder = hf_layout.save_full_vocab(tmp_path / "draft", draft.params, CONFIG,
+                                     KEPT, V)
+  config = json.loads((folder / "config.json").read_text())
+  assert config["architectures"] == ["LlamaForCausalLM"]
+  assert (config["vocab_size"], config["num_key_value_heads"]) == (V, 2)
+  tensors = safetensors_numpy.load_file(str(folder / hf_layout.MODEL_FILE))
+  tokens = np.random.default_rng(5).integers(0, V, 12)
+  theirs = _llama_forward(tensors, config, tokens)
+  ours = _reference(draft, tokens.astype(np.int32))
+  assert np.abs(theirs[:, KEPT] - ours[:, KEPT]).max() < 1e-4
+  assert (np.delete(theirs, KEPT, axis=1) == 0).all()
