@@ -148,7 +148,7 @@ def save_full_vocab(directory: str | os.PathLike[str],
   embed[kept] = small[:kept.size]
   head = np.zeros_like(embed)
   head[kept] = small[:kept.size]
-  tensors = hf_tensors(params._replace(embed=embed))
+  tensors = hf_tensors(params._replace(embed=typing.cast(typing.Any, embed)))
   tensors["lm_head.weight"] = head
   folder = pathlib.Path(directory)
   folder.mkdir(parents=True, exist_ok=True)

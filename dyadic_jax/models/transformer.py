@@ -271,6 +271,14 @@ def unstack(params: Params) -> Unstacked:
                    params.final_norm)
 
 
+def _layers(params: "Params | Unstacked") -> typing.Sequence[Layer]:
+  """Each block's weights: the unstacked ones as they are (no copy), a
+  stacked `Params`'s sliced (a copy per call inside a jit)."""
+  if isinstance(params, Unstacked):
+    return params.layers
+  return [layer_of(params, i) for i in range(params.wqkv.shape[0])]
+
+
 def _mlp(layer: Layer, x: jax.Array, arch: Arch) -> jax.Array:
   h = _rms_norm(x, layer.mlp_norm, arch.norm_eps)
   f = layer.w_out.shape[0]
@@ -327,8 +335,8 @@ def _forward(params: Params, tokens: jax.Array, arch: Arch) -> jax.Array:
   positions = jnp.arange(t, dtype=_I32)
   mask = positions[:, None] >= positions[None, :]
   x = params.embed[tokens]
-  for i in range(params.wqkv.shape[0]):
-    x = _block(layer_of(params, i), x, positions,
+  for layer in _layers(params):
+    x = _block(layer, x, positions,
                lambda q, k, v: _attend(q, k, v, mask), arch)
   return _logits(params, x, arch)
 
@@ -344,7 +352,7 @@ def forward(params: Params, tokens: ArrayLike, arch: Arch = Arch()
 
 
 @functools.partial(jax.jit, static_argnames="arch")
-def _extend(params: Params, cache: Cache, tokens: jax.Array, start: jax.Array,
+def _extend(params: "Params | Unstacked", cache: Cache, tokens: jax.Array, start: jax.Array,
             arch: Arch) -> tuple[jax.Array, Cache]:
   c = tokens.shape[0]
   max_len = cache.k.shape[1]
@@ -362,14 +370,13 @@ def _extend(params: Params, cache: Cache, tokens: jax.Array, start: jax.Array,
     new_v.append(v_all)
     return _attend(q, k_all, v_all, mask)
 
-  for i in range(params.wqkv.shape[0]):
-    x = _block(layer_of(params, i), x, positions,
-               functools.partial(attend, i), arch)
+  for i, layer in enumerate(_layers(params)):
+    x = _block(layer, x, positions, functools.partial(attend, i), arch)
   return _logits(params, x, arch), Cache(k=jnp.stack(new_k),
                                          v=jnp.stack(new_v))
 
 
-def extend_traced(params: Params, cache: Cache, tokens: ArrayLike,
+def extend_traced(params: "Params | Unstacked", cache: Cache, tokens: ArrayLike,
                   start: ArrayLike, arch: Arch = Arch()
                   ) -> tuple[jax.Array, Cache]:
   """`extend` without its host-side bound check (for use under a trace).
@@ -381,7 +388,7 @@ def extend_traced(params: Params, cache: Cache, tokens: ArrayLike,
                  jnp.asarray(start, _I32), arch)
 
 
-def extend(params: Params, cache: Cache, tokens: ArrayLike, start: int,
+def extend(params: "Params | Unstacked", cache: Cache, tokens: ArrayLike, start: int,
            arch: Arch = Arch()) -> tuple[jax.Array, Cache]:
   """Feeds tokens int32[C] at positions start..start+C-1.
 
@@ -423,7 +430,7 @@ def _chunk_sizes(n: int, start: int, max_len: int) -> list[tuple[int, int]]:
   return sizes
 
 
-def feed(params: Params, cache: Cache, tokens: typing.Any,
+def feed(params: "Params | Unstacked", cache: Cache, tokens: typing.Any,
          start: int, arch: Arch = Arch()) -> tuple[jax.Array, Cache]:
   """`extend` of any number n >= 1 of tokens, in bucketed chunks.
 
