@@ -152,6 +152,25 @@ def test_span_bucket():
   assert tf.span_bucket(300, 320) == 320
 
 
+def greedy_chain(slab, depth):
+  """A jitted `(weights, slab, feed, *, span) -> (rows [N, depth, V],
+  tokens [N, depth], slab)`: a draft slab's chain drawing each x_i by
+  argmax (the proposer's shape, without its draws)."""
+
+  @functools.partial(jax.jit, static_argnames="span", donate_argnums=1)
+  def chain(weights, slab_, feed, *, span):
+    rows, tokens = [], []
+    logits, slab_ = slab.kind.first(weights, slab_, feed, span)
+    for i in range(depth):
+      if i:
+        logits, slab_ = slab.kind.step(weights, slab_, feed, token, i, span)
+      token = jnp.argmax(logits, -1).astype(jnp.int32)
+      rows.append(logits)
+      tokens.append(token)
+    return jnp.stack(rows, 1), jnp.stack(tokens, 1), slab_
+  return chain
+
+
 def test_draft_slab_rows_equal_recompute(params, reference):
   """`SlabDraft`: the rows of a batched chain (its first call feeding each
   request's new context tokens and x_0, then one token per step) against
@@ -160,18 +179,7 @@ def test_draft_slab_rows_equal_recompute(params, reference):
   window moves) and one request idle in some rounds."""
   draft = pair.TransformerDraft(params, CONFIG, max_depth=8)
   slab = draft.batch(3)
-
-  @functools.partial(jax.jit, static_argnames="span", donate_argnums=1)
-  def chain(weights, slab_, feed, *, span):
-    rows, tokens = [], []
-    logits, slab_ = slab.kind.first(weights, slab_, feed, span)
-    for i in range(D):
-      if i:
-        logits, slab_ = slab.kind.step(weights, slab_, feed, token, i, span)
-      token = jnp.argmax(logits, -1).astype(jnp.int32)
-      rows.append(logits)
-      tokens.append(token)
-    return jnp.stack(rows, 1), jnp.stack(tokens, 1), slab_
+  chain = greedy_chain(slab, D)
 
   rng = np.random.default_rng(2)
   contexts = {rid: rng.integers(0, V, n).astype(np.int32)

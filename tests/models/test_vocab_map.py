@@ -3,8 +3,6 @@ the small model's rows at the kept ids and -inf elsewhere, through the
 per-request draft and the batched slab alike (a grouped-query, SwiGLU
 config: the Llama family's slab paths too)."""
 
-import functools
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -12,6 +10,7 @@ import pytest
 
 from dyadic_jax.models import pair, vocab_map
 from dyadic_jax.models import transformer as tf
+from tests.models.test_batched import greedy_chain
 
 V, K, D = 97, 23, 4
 CONFIG = tf.Config(vocab=K + 1, d_model=32, n_layers=2, n_heads=4,
@@ -75,18 +74,7 @@ def test_slab_chain_equals_recompute(draft):
   """The batched chain (full ids in, rows over V out) against an uncached
   forward per request, contexts holding ids outside the set."""
   slab = draft.batch(2)
-
-  @functools.partial(jax.jit, static_argnames="span", donate_argnums=1)
-  def chain(weights, slab_, feed, *, span):
-    rows, tokens = [], []
-    logits, slab_ = slab.kind.first(weights, slab_, feed, span)
-    for i in range(D):
-      if i:
-        logits, slab_ = slab.kind.step(weights, slab_, feed, token, i, span)
-      token = jnp.argmax(logits, -1).astype(jnp.int32)
-      rows.append(logits)
-      tokens.append(token)
-    return jnp.stack(rows, 1), jnp.stack(tokens, 1), slab_
+  chain = greedy_chain(slab, D)
 
   rng = np.random.default_rng(4)
   contexts = {0: rng.integers(0, V, 9).astype(np.int32),
