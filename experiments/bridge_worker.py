@@ -34,6 +34,7 @@ import contextlib
 import errno
 import json
 import logging
+import os
 import socket
 import sys
 import typing
@@ -70,8 +71,13 @@ def address_problem(address: str) -> str | None:
   worker says so in one line too.
   """
   if address.startswith("ipc://"):
-    return None if len(address) > len("ipc://") else (
-        f"--address={address}: ipc:// needs a path")
+    if len(address) == len("ipc://"):
+      return f"--address={address}: ipc:// needs a path"
+    folder = os.path.dirname(os.path.abspath(address[len("ipc://"):]))
+    if not os.path.isdir(folder):
+      return (f"--address={address}: the socket's folder {folder} does not "
+              "exist")
+    return None
   if not address.startswith("tcp://"):
     return f"--address={address} must be tcp://HOST:PORT or ipc://PATH"
   parsed = _tcp_host_port(address)

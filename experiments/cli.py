@@ -49,8 +49,16 @@ import typing
 from absl import app
 from absl import flags
 
-from dyadic_jax.constants import DEFAULT_VOCAB, MAX_VOCAB
 from experiments import interrupt
+
+try:
+  from dyadic_jax.constants import DEFAULT_VOCAB, MAX_VOCAB  # pylint: disable=g-import-not-at-top
+except ValueError as _e:   # `import dyadic_jax` refuses a bad DYADIC_JAX_ROWS
+  if "DYADIC_JAX_ROWS" not in str(_e):
+    raise
+  sys.stderr.write(f"{interrupt.program()}: {_e}\n")
+  sys.stderr.flush()
+  sys.exit(2)
 
 FLAGS = flags.FLAGS
 
@@ -182,6 +190,36 @@ def run(main: typing.Callable[[list[str]], typing.Any]) -> None:
     # A child that has not ended by now (it ignored SIGTERM) is killed.
     interrupt.signal_children(signal.SIGKILL)
     interrupt.stop(stopped.signum)
+  except (RuntimeError, AssertionError) as e:
+    if (problem := backend_problem(e)) is None:
+      raise
+    interrupt.signal_children(signal.SIGKILL)
+    fail(problem)
+
+
+def backend_problem(error: BaseException) -> str | None:
+  """The one line for `error` when JAX could not start the backend that
+  JAX_PLATFORMS asks for (a bare AssertionError or RuntimeError from
+  jax's backend set-up, e.g. JAX_PLATFORMS=cuda on a machine without
+  CUDA); None for any other error (the backend starts: `jax.devices()`
+  is asked again)."""
+  if "jax" not in sys.modules or not isinstance(error, (RuntimeError,
+                                                        AssertionError)):
+    return None
+  import jax  # pylint: disable=g-import-not-at-top
+  try:
+    jax.devices()
+  except (RuntimeError, AssertionError) as e:
+    detail = (str(e) or str(error)).split(" (set JAX_PLATFORMS")[0]
+    detail = " ".join(detail.split())
+  else:
+    return None
+  platforms = os.environ.get("JAX_PLATFORMS", "")
+  return ("JAX could not start its backend"
+          + (f" for JAX_PLATFORMS={platforms}" if platforms else "")
+          + (f" ({detail})" if detail else "")
+          + ": this machine has no such device, or its JAX plugin is not "
+          "installed (JAX_PLATFORMS=cpu runs on the CPU)")
 
 
 # -- validators ---------------------------------------------------------------
@@ -219,6 +257,12 @@ def model_dir(model: str) -> pathlib.Path:
   name (dyadic_jax/models/checkpoints/<name>, found without importing
   dyadic_jax) or a directory path, made absolute."""
   return _shipped(model) or pathlib.Path(model).resolve()
+
+
+def shipped_name(model: str) -> bool:
+  """True if `model` names a shipped pair (what `--model=model` loads,
+  whatever folder of that name the current one holds)."""
+  return _shipped(model) is not None
 
 
 def _shipped(model: str) -> pathlib.Path | None:
@@ -373,6 +417,11 @@ def check_checkpoint(name: str, what: str,
   def problem(value: str | None) -> str | None:
     if value is None or allow(value):
       return None
+    if shipped_name(value) and (pathlib.Path(value) / CHECKPOINT_CONFIG
+                                ).is_file():
+      return (f"--{name}={value} names the shipped pair and the checkpoint "
+              f"folder ./{value} alike: give --{name}=./{value} for the "
+              f"folder (or run elsewhere for the shipped pair)")
     found = checkpoint_problem(value)
     if found is None:
       return None

@@ -243,6 +243,13 @@ def _output_problem(output_dir: str, force: bool,
                     init_from: str | None) -> str | None:
   """Why --output_dir cannot take this run's checkpoint (found before
   training, so a trained pair is never lost to an unwritable folder)."""
+  if not output_dir.strip():
+    return ("--output_dir is empty: name the checkpoint's folder (an empty "
+            "value would write into the current folder)")
+  if cli.shipped_name(output_dir):
+    return (f"--output_dir={output_dir} is a shipped pair's name: "
+            f"--model={output_dir} would load the shipped one, not this "
+            "folder; give another name")
   out = pathlib.Path(output_dir).resolve()
   if out.exists() and not out.is_dir():
     return f"--output_dir={output_dir}: {out} exists and is not a folder"
