@@ -151,6 +151,19 @@ def _parse(argv: list[str]) -> list[str]:
   return rest
 
 
+def set_default(name: str, value: typing.Any) -> None:
+  """`FLAGS.set_default(name, value)` for a program's own default of a
+  shared flag, at import. absl runs the flag's validators there, before
+  the command line is parsed: a default that the command line replaces
+  (--model=toy), or one refused for a reason the parse reports in one
+  line (a missing extra), must not end in a traceback. The parse checks
+  the flag again, with the value that counts."""
+  try:
+    FLAGS.set_default(name, value)
+  except flags.IllegalFlagValueError:
+    pass      # the default is set; the parse reports what is wrong with it
+
+
 def parse_flags_early(module_name: str, *, extra: str | None = None
                       ) -> None:
   """Parses sys.argv now if `module_name` is "__main__" (see the docstring).

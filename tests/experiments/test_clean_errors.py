@@ -126,3 +126,39 @@ def test_a_folder_named_like_a_shipped_pair_is_not_shadowed(tmp_path):
               "--insecure"], tmp_path)
   _one_line(run, 2, "bridge_worker", "--model=./stdlib")
   assert os.listdir(tmp_path) == ["stdlib"]
+
+
+# Every optional dependency absent: the lean install (pip install dyadic-jax).
+_LEAN = ("tokenizers", "safetensors", "scipy", "matplotlib", "optax")
+
+
+@pytest.mark.parametrize("args,line", [
+    ([], "pp1_pipeline: --model=stdlib: needs the [models] extra "
+     "(tokenizers, safetensors are not installed): pip install "
+     "'dyadic-jax[models]' (--helpfull lists every flag)"),
+    (["--model=toy"], "pp1_pipeline: needs the [experiments] extra "
+     "(tokenizers, safetensors, scipy, matplotlib are not installed): pip "
+     "install 'dyadic-jax[experiments]'"),
+])
+def test_the_main_job_on_the_lean_install_is_one_line(tmp_path, args, line):
+  """Issue 51.5: the main job's own default (--model=stdlib) ran the flag's
+  validator at import: a 10-line absl traceback, --model=toy or not."""
+  code = ("import runpy, sys\n"
+          f"for _m in {list(_LEAN)!r}:\n"
+          "  sys.modules[_m] = None\n"
+          f"sys.argv = ['pp1_pipeline', *{args!r}]\n"
+          "runpy.run_module('experiments.pp1_pipeline', run_name='__main__',"
+          " alter_sys=True)\n")
+  run = _run(["-c", code], tmp_path)
+  assert run.returncode == 2, run.stdout + run.stderr
+  assert _lines(run.stderr)[1] == [line]
+  assert "jax" not in _lines(run.stderr)[0]
+
+
+def test_the_main_jobs_default_model_is_not_shadowed(tmp_path):
+  """--model's default (stdlib) in a folder that holds ./stdlib: one line
+  (it was the set_default traceback, then the shipped pair)."""
+  (tmp_path / "stdlib").mkdir()
+  (tmp_path / "stdlib" / "config.json").write_text("{}")
+  run = _run(["-m", "experiments.pp1_pipeline"], tmp_path)
+  _one_line(run, 2, "pp1_pipeline", "--model=./stdlib")
