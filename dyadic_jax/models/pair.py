@@ -136,6 +136,9 @@ class TransformerDraft:
       D); catch_up leaves that much room in the cache.
   """
 
+  # It drafts from the committed prefix: a worker asks for CONTEXT frames.
+  wants_context = True
+
   def __init__(self, params: transformer.Params, config: transformer.Config,
                max_depth: int = 64):
     if not 1 <= max_depth < config.max_len // 2:

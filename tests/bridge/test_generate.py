@@ -515,3 +515,42 @@ def test_target_only_allocates_no_batch_wider_than_its_prompts():
                               max_new_tokens=3, batch=2)
   for a, b in zip(out.tokens, base.tokens):
     np.testing.assert_array_equal(a, b)
+
+
+def test_a_transformer_drafts_worker_asks_for_the_context_by_default():
+  """Issue 50.7: a `bridge.Worker` of a transformer draft built without
+  wants_context=True drafted without the committed prefix (exact tokens,
+  fewer accepted, no word). Now it asks for CONTEXT by default, so it
+  commits what one process commits; wants_context=False is refused."""
+  target, draft = _tiny_transformer_pair(max_len=64, max_depth=2)
+  caps = bridge.Capabilities(vocab=V, max_depth=2, max_requests=2,
+                             representation=Representation.SPARSE,
+                             max_support=8)
+  proposer = bridge.draft_proposer(draft, caps)
+  with pytest.raises(ValueError, match="wants_context=False"):
+    bridge.Worker(caps, proposer, secret=h.SECRET, wants_context=False)
+  toy_target, toy_draft = _pair()
+  toy = bridge.draft_proposer(toy_draft, _caps(Representation.SPARSE))
+  assert not bridge.Worker(_caps(Representation.SPARSE), toy,
+                           secret=h.SECRET).session.wants_context
+  kw = dict(max_new_tokens=8, seed=4)
+  prompts = [[1, 2, 3, 4, 5], [6, 7, 8]]
+  local = generate.generate(generate.Local(draft, target, caps), prompts,
+                            **kw)
+  worker = bridge.Worker(caps, proposer, secret=h.SECRET)   # no flag
+  assert worker.session.wants_context
+  served = h.serve(worker)
+  verifier = bridge.Verifier(caps, served.address, target=target,
+                             secret=h.SECRET, timeout_s=h.GENEROUS_S)
+  try:
+    verifier.open()
+    bridged = generate.generate(generate.Bridged(verifier), prompts, **kw)
+  finally:
+    served.close()
+    verifier.close()
+  assert verifier.counters.events("fallbacks") == 0
+  for a, b in zip(local.tokens, bridged.tokens):
+    np.testing.assert_array_equal(a, b)
+  np.testing.assert_array_equal(np.sort(local.accepted),
+                                np.sort(bridged.accepted))
+  del toy_target
