@@ -121,7 +121,8 @@ cli.check(["rank", "worker_ranks", "coordinator"],
 
 cli.parse_flags_early(__name__)
 if __name__ == "__main__":
-  # SIGTERM and Ctrl-C end it quietly, the counters reported (STATS).
+  # SIGTERM and Ctrl-C end its loop quietly, the counters reported (STATS);
+  # a warm-up that has not finished is ended by the watchdog.
   interrupt.as_exit()
 
 
@@ -238,7 +239,9 @@ def main(argv: list[str]) -> None:
                            curve=curve, ready=ready, on_exit=on_exit,
                            draw_hook=others,
                            # A trained draft conditions on the prefix.
-                           wants_context=config.model != "toy")
+                           wants_context=config.model != "toy",
+                           # SIGTERM/SIGINT: the loop ends, STATS printed.
+                           stop=interrupt.stopping())
     return
   # A rank s >= 1: its block on its own link (dense), or only the draws.
   with _bind_errors():

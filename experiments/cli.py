@@ -200,10 +200,16 @@ def run(main: typing.Callable[[list[str]], typing.Any]) -> None:
   try:
     app.run(main, flags_parser=_parse)
   except interrupt.Stopped as stopped:
-    # A child that has not ended by now (it ignored SIGTERM) is killed.
-    interrupt.signal_children(signal.SIGKILL)
+    # A loop saw the signal's flag (`interrupt.check`): the cleanups, the
+    # children killed, the line.
     interrupt.stop(stopped.signum)
-  except (RuntimeError, AssertionError) as e:
+  except BaseException as e:
+    if interrupt.unwinding():
+      # Whatever the main thread ended with after a signal (its child
+      # gone, a pipe closed, its own return) ends as the signal does.
+      interrupt.stop(interrupt.signum())
+    if not isinstance(e, (RuntimeError, AssertionError)):
+      raise
     if (problem := backend_problem(e)) is None:
       raise
     interrupt.signal_children(signal.SIGKILL)

@@ -19,7 +19,7 @@ folder cannot be seen, so it is left alone), and its leader dead. A
 folder without a record (still being made, or an older version's) is
 kept.
 
-No JAX, no absl: the supervisor imports it while JAX starts.
+No JAX, no absl (`interrupt` only).
 """
 
 import contextlib
@@ -28,6 +28,8 @@ import shutil
 import stat
 import tempfile
 import typing
+
+from experiments import interrupt
 
 LEADER = "leader"    # the record's file name inside the folder
 
@@ -118,9 +120,13 @@ def make(prefix: str, parent: str | None = None) -> str:
 @contextlib.contextmanager
 def folder(prefix: str, parent: str | None = None
            ) -> typing.Iterator[str]:
-  """`make(prefix, parent)`, removed on exit."""
+  """`make(prefix, parent)`, removed on exit, and by a signal's stop even
+  when the program is ended before it unwinds (`interrupt`'s watchdog)."""
   path = make(prefix, parent)
+  undo = interrupt.on_interrupt(
+      lambda: shutil.rmtree(path, ignore_errors=True))
   try:
     yield path
   finally:
+    undo()
     shutil.rmtree(path, ignore_errors=True)

@@ -93,6 +93,7 @@ import typing
 from absl import flags
 
 from experiments import cli
+from experiments import interrupt
 
 _OUTPUT_DIR = flags.DEFINE_string(
     "output_dir", "stdlib_pair",
@@ -437,6 +438,7 @@ def _held_out_loss(params: transformer.Params, windows: np.ndarray,
   loss = jax.jit(_loss)
   total = 0.0
   for i in range(0, len(windows), batch):
+    interrupt.check()
     chunk = windows[i:i + batch]
     total += float(loss(params, jnp.asarray(chunk))) * len(chunk)
   return total / len(windows)
@@ -599,6 +601,7 @@ def main(argv: list[str]) -> int:
   last_t, last_step, done = train_start, 0, 0
   losses = np.zeros(2)
   for i in range(_STEPS.value):
+    interrupt.check()      # SIGTERM/Ctrl-C: stop between steps
     windows = _windows(train_tokens, rng.integers(0, n_windows, batch),
                        seq_len)
     if draft_only:

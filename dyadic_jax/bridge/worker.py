@@ -248,8 +248,10 @@ def serve_forever(caps: hello.Capabilities,
                   ready: typing.Callable[[str], None] | None = None,
                   on_exit: typing.Callable[["Worker"], None] | None = None,
                   draw_hook: DrawHook | None = None,
-                  wants_context: bool | None = None) -> None:
-  """Binds `address` and serves until interrupted (SystemExit, Ctrl-C).
+                  wants_context: bool | None = None,
+                  stop: threading.Event | None = None) -> None:
+  """Binds `address` and serves until interrupted (SystemExit, Ctrl-C) or
+  `stop` (an Event, e.g. a signal's flag) is set.
 
   ready(address) is called once the proposer is compiled and the socket
   bound; on_exit(worker) when the loop ends, whatever ended it.
@@ -267,7 +269,7 @@ def serve_forever(caps: hello.Capabilities,
     # Inside: a signal the moment READY is out still reports the counters.
     if ready:
       ready(endpoint.address)
-    worker.serve(endpoint)
+    worker.serve(endpoint, stop)
   except (SystemExit, KeyboardInterrupt):
     pass
   finally:
