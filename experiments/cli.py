@@ -34,6 +34,7 @@ The constants flag bounds need come from `dyadic_jax.constants`, which
 imports nothing.
 """
 
+import contextlib
 import fractions
 import functools
 import importlib.util
@@ -44,6 +45,7 @@ import pathlib
 import re
 import signal
 import sys
+import threading
 import typing
 
 from absl import app
@@ -93,6 +95,44 @@ def progress(message: str) -> None:
   run is never silent while it starts, compiles or waits."""
   sys.stderr.write(f"{program()}: {message}\n")
   sys.stderr.flush()
+
+
+HEARTBEAT_ENV = "DYADIC_JAX_HEARTBEAT_S"
+DEFAULT_HEARTBEAT_S = 10.0
+
+
+def heartbeat_s() -> float:
+  """Seconds between two heartbeat lines (DYADIC_JAX_HEARTBEAT_S, a
+  number > 0; default 10)."""
+  try:
+    every = float(os.environ.get(HEARTBEAT_ENV, DEFAULT_HEARTBEAT_S))
+  except ValueError:
+    return DEFAULT_HEARTBEAT_S
+  return every if 0.0 < every < float("inf") else DEFAULT_HEARTBEAT_S
+
+
+@contextlib.contextmanager
+def heartbeat(what: str) -> typing.Iterator[None]:
+  """A wait that says what it waits for: `progress` prints
+  `<what>: still waiting (N s)` every `heartbeat_s()` seconds until the
+  block ends (a thread of its own: it beats while the main thread sits
+  in native code, a compile or a pipe)."""
+  done = threading.Event()
+  every = heartbeat_s()
+
+  def beat() -> None:
+    waited = 0.0
+    while not done.wait(every):
+      waited += every
+      progress(f"{what}: still waiting ({waited:.0f} s)")
+
+  thread = threading.Thread(target=beat, name="heartbeat", daemon=True)
+  thread.start()
+  try:
+    yield
+  finally:
+    done.set()
+    thread.join()
 
 
 _HELP_FLAGS = ("help", "helpshort", "helpfull", "helpxml")

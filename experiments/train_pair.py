@@ -635,9 +635,14 @@ def main(argv: list[str]) -> int:
   held: dict[str, dict[str, float]] = {}
   timing: dict[str, dict[str, float]] = {}
   for role, p, c in zip(_ROLES, params, configs):
-    loss = _held_out_loss(p, held_windows, batch)
-    held[role] = {"loss": loss, "perplexity": math.exp(loss)}
-    timing[role] = decode_ms_per_token(p, c)
+    # After the last step: each phase says what it does, and beats.
+    cli.progress(f"after training: the {role}'s held-out loss "
+                 f"({len(held_windows)} windows) and decode timing")
+    with cli.heartbeat(f"after training: the {role}'s held-out loss and "
+                       "decode timing"):
+      loss = _held_out_loss(p, held_windows, batch)
+      held[role] = {"loss": loss, "perplexity": math.exp(loss)}
+      timing[role] = decode_ms_per_token(p, c)
   for role, n in zip(_ROLES, counts):
     print(f"{role}: {n:,} params, held-out loss {held[role]['loss']:.4f} "
           f"nats/token (perplexity {held[role]['perplexity']:.2f}), decode "
@@ -649,7 +654,10 @@ def main(argv: list[str]) -> int:
         f"per call")
 
   if len(acceptance_windows):
-    acceptance["after"] = _acceptance(params, acceptance_windows, ks)
+    cli.progress(f"after training: the pair's exact acceptance on "
+                 f"{len(acceptance_windows)} held-out windows")
+    with cli.heartbeat("after training: the pair's exact acceptance"):
+      acceptance["after"] = _acceptance(params, acceptance_windows, ks)
     print(f"exact acceptance sum min(p, q) per position, temperature "
           f"{_DISTILL_T.value:g} (p the target's, q the draft's as the "
           "wire carries it):")
@@ -659,6 +667,7 @@ def main(argv: list[str]) -> int:
   if (out / checkpoint.CONFIG_FILE).exists():
     cli.progress(f"replacing the checkpoint in {out}")
   out.mkdir(parents=True, exist_ok=True)
+  cli.progress(f"after training: writing the checkpoint to {out}")
   checkpoint.save_params(out / checkpoint.TARGET_FILE, params[0])
   checkpoint.save_params(out / checkpoint.DRAFT_FILE, params[1])
   tok.save(out / checkpoint.TOKENIZER_FILE)
