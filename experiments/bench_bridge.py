@@ -104,7 +104,6 @@ import math
 import os
 import platform
 import shutil
-import tempfile
 import threading
 import time
 
@@ -112,6 +111,7 @@ from absl import flags
 
 from experiments import cli
 from experiments import in_flight as in_flight_lib
+from experiments import run_folder
 
 _VOCAB = flags.DEFINE_integer(
     "vocab", cli.DEFAULT_VOCAB, f"Vocabulary size V (dense row length), "
@@ -909,7 +909,7 @@ def main(argv):
         f"{jax.default_backend()} cpus={os.cpu_count()} "
         f"libzmq={zmq.zmq_version()} blake3={blake3.__version__}")
   rng = np.random.default_rng(_SEED.value)
-  tmpdir = tempfile.mkdtemp(prefix="bench_bridge_")
+  tmpdir = run_folder.make("bench_bridge_")   # its keys: reaped if killed
   try:
     keys.make(tmpdir, force=True)
     curve_keys = (keys.load(tmpdir, "worker", encrypt=True).curve,

@@ -127,6 +127,7 @@ from dyadic_jax.wire.layouts import Representation
 from experiments import chat_prompts
 from experiments import corpus
 from experiments import in_flight as in_flight_lib
+from experiments import run_folder
 # pylint: enable=g-import-not-at-top
 
 
@@ -328,7 +329,7 @@ def over_bridge(name: str, pair: pair_lib.Pair, prompts) -> dict:
   caps = caps_of(name, pair.target.vocab)
   legs = {}
   halves = cpu_halves()
-  with tempfile.TemporaryDirectory(prefix="bench_pair-") as tmp, pinned(
+  with run_folder.folder("bench_pair-") as tmp, pinned(   # keys: reaped
       None if halves is None else halves[1]):
     proc, address, keys_dir = start_worker(
         name, tmp, None if halves is None else halves[0])

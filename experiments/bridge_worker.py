@@ -34,6 +34,7 @@ import contextlib
 import errno
 import json
 import logging
+import os
 import socket
 import sys
 import typing
@@ -70,8 +71,13 @@ def address_problem(address: str) -> str | None:
   worker says so in one line too.
   """
   if address.startswith("ipc://"):
-    return None if len(address) > len("ipc://") else (
-        f"--address={address}: ipc:// needs a path")
+    if len(address) == len("ipc://"):
+      return f"--address={address}: ipc:// needs a path"
+    folder = os.path.dirname(os.path.abspath(address[len("ipc://"):]))
+    if not os.path.isdir(folder):
+      return (f"--address={address}: the socket's folder {folder} does not "
+              "exist")
+    return None
   if not address.startswith("tcp://"):
     return f"--address={address} must be tcp://HOST:PORT or ipc://PATH"
   parsed = _tcp_host_port(address)
@@ -115,7 +121,8 @@ cli.check(["rank", "worker_ranks", "coordinator"],
 
 cli.parse_flags_early(__name__)
 if __name__ == "__main__":
-  # SIGTERM and Ctrl-C end it quietly, the counters reported (STATS).
+  # SIGTERM and Ctrl-C end its loop quietly, the counters reported (STATS);
+  # a warm-up that has not finished is ended by the watchdog.
   interrupt.as_exit()
 
 
@@ -232,7 +239,9 @@ def main(argv: list[str]) -> None:
                            curve=curve, ready=ready, on_exit=on_exit,
                            draw_hook=others,
                            # A trained draft conditions on the prefix.
-                           wants_context=config.model != "toy")
+                           wants_context=config.model != "toy",
+                           # SIGTERM/SIGINT: the loop ends, STATS printed.
+                           stop=interrupt.stopping())
     return
   # A rank s >= 1: its block on its own link (dense), or only the draws.
   with _bind_errors():

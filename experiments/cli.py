@@ -34,6 +34,7 @@ The constants flag bounds need come from `dyadic_jax.constants`, which
 imports nothing.
 """
 
+import contextlib
 import fractions
 import functools
 import importlib.metadata
@@ -45,13 +46,22 @@ import pathlib
 import re
 import signal
 import sys
+import threading
 import typing
 
 from absl import app
 from absl import flags
 
-from dyadic_jax.constants import DEFAULT_VOCAB, MAX_VOCAB
 from experiments import interrupt
+
+try:
+  from dyadic_jax.constants import DEFAULT_VOCAB, MAX_VOCAB  # pylint: disable=g-import-not-at-top
+except ValueError as _e:   # `import dyadic_jax` refuses a bad DYADIC_JAX_ROWS
+  if "DYADIC_JAX_ROWS" not in str(_e):
+    raise
+  sys.stderr.write(f"{interrupt.program()}: {_e}\n")
+  sys.stderr.flush()
+  sys.exit(2)
 
 FLAGS = flags.FLAGS
 
@@ -86,6 +96,44 @@ def progress(message: str) -> None:
   run is never silent while it starts, compiles or waits."""
   sys.stderr.write(f"{program()}: {message}\n")
   sys.stderr.flush()
+
+
+HEARTBEAT_ENV = "DYADIC_JAX_HEARTBEAT_S"
+DEFAULT_HEARTBEAT_S = 10.0
+
+
+def heartbeat_s() -> float:
+  """Seconds between two heartbeat lines (DYADIC_JAX_HEARTBEAT_S, a
+  number > 0; default 10)."""
+  try:
+    every = float(os.environ.get(HEARTBEAT_ENV, DEFAULT_HEARTBEAT_S))
+  except ValueError:
+    return DEFAULT_HEARTBEAT_S
+  return every if 0.0 < every < float("inf") else DEFAULT_HEARTBEAT_S
+
+
+@contextlib.contextmanager
+def heartbeat(what: str) -> typing.Iterator[None]:
+  """A wait that says what it waits for: `progress` prints
+  `<what>: still waiting (N s)` every `heartbeat_s()` seconds until the
+  block ends (a thread of its own: it beats while the main thread sits
+  in native code, a compile or a pipe)."""
+  done = threading.Event()
+  every = heartbeat_s()
+
+  def beat() -> None:
+    waited = 0.0
+    while not done.wait(every):
+      waited += every
+      progress(f"{what}: still waiting ({waited:.0f} s)")
+
+  thread = threading.Thread(target=beat, name="heartbeat", daemon=True)
+  thread.start()
+  try:
+    yield
+  finally:
+    done.set()
+    thread.join()
 
 
 _HELP_FLAGS = ("help", "helpshort", "helpfull", "helpxml")
@@ -144,6 +192,19 @@ def _parse(argv: list[str]) -> list[str]:
   return rest
 
 
+def set_default(name: str, value: typing.Any) -> None:
+  """`FLAGS.set_default(name, value)` for a program's own default of a
+  shared flag, at import. absl runs the flag's validators there, before
+  the command line is parsed: a default that the command line replaces
+  (--model=toy), or one refused for a reason the parse reports in one
+  line (a missing extra), must not end in a traceback. The parse checks
+  the flag again, with the value that counts."""
+  try:
+    FLAGS.set_default(name, value)
+  except flags.IllegalFlagValueError:
+    pass      # the default is set; the parse reports what is wrong with it
+
+
 def parse_flags_early(module_name: str, *, extra: str | None = None
                       ) -> None:
   """Parses sys.argv now if `module_name` is "__main__" (see the docstring).
@@ -180,9 +241,45 @@ def run(main: typing.Callable[[list[str]], typing.Any]) -> None:
   try:
     app.run(main, flags_parser=_parse)
   except interrupt.Stopped as stopped:
-    # A child that has not ended by now (it ignored SIGTERM) is killed.
-    interrupt.signal_children(signal.SIGKILL)
+    # A loop saw the signal's flag (`interrupt.check`): the cleanups, the
+    # children killed, the line.
     interrupt.stop(stopped.signum)
+  except BaseException as e:
+    if interrupt.unwinding():
+      # Whatever the main thread ended with after a signal (its child
+      # gone, a pipe closed, its own return) ends as the signal does.
+      interrupt.stop(interrupt.signum())
+    if not isinstance(e, (RuntimeError, AssertionError)):
+      raise
+    if (problem := backend_problem(e)) is None:
+      raise
+    interrupt.signal_children(signal.SIGKILL)
+    fail(problem)
+
+
+def backend_problem(error: BaseException) -> str | None:
+  """The one line for `error` when JAX could not start the backend that
+  JAX_PLATFORMS asks for (a bare AssertionError or RuntimeError from
+  jax's backend set-up, e.g. JAX_PLATFORMS=cuda on a machine without
+  CUDA); None for any other error (the backend starts: `jax.devices()`
+  is asked again)."""
+  if "jax" not in sys.modules or not isinstance(error, (RuntimeError,
+                                                        AssertionError)):
+    return None
+  import jax  # pylint: disable=g-import-not-at-top
+  try:
+    jax.devices()
+  except (RuntimeError, AssertionError) as e:
+    detail = (str(e) or str(error)).split(" (set JAX_PLATFORMS")[0]
+    detail = " ".join(detail.split())
+  else:
+    return None
+  platforms = os.environ.get("JAX_PLATFORMS", "")
+  return ("JAX could not start its backend"
+          + (f" for JAX_PLATFORMS={platforms}" if platforms else "")
+          + (f" ({detail})" if detail else "")
+          + ": this machine has no such device, or its JAX plugin is not "
+          "installed (JAX_PLATFORMS=cpu runs on the CPU)")
 
 
 # -- validators ---------------------------------------------------------------
@@ -220,6 +317,12 @@ def model_dir(model: str) -> pathlib.Path:
   name (dyadic_jax/models/checkpoints/<name>, found without importing
   dyadic_jax) or a directory path, made absolute."""
   return _shipped(model) or pathlib.Path(model).resolve()
+
+
+def shipped_name(model: str) -> bool:
+  """True if `model` names a shipped pair (what `--model=model` loads,
+  whatever folder of that name the current one holds)."""
+  return _shipped(model) is not None
 
 
 def _shipped(model: str) -> pathlib.Path | None:
@@ -442,6 +545,11 @@ def check_checkpoint(name: str, what: str,
   def problem(value: str | None) -> str | None:
     if value is None or allow(value):
       return None
+    if shipped_name(value) and (pathlib.Path(value) / CHECKPOINT_CONFIG
+                                ).is_file():
+      return (f"--{name}={value} names the shipped pair and the checkpoint "
+              f"folder ./{value} alike: give --{name}=./{value} for the "
+              f"folder (or run elsewhere for the shipped pair)")
     found = checkpoint_problem(value)
     if found is None:
       return None

@@ -63,8 +63,12 @@ def main(argv: list[str]) -> None:
   del argv
   # JAX's backend probe logs "Unable to initialize backend 'tpu'" at INFO.
   logging.getLogger("jax._src.xla_bridge").setLevel(logging.WARNING)
-  folders = hf_layout.export_pair(cli.model_dir(_MODEL.value),
-                                 _OUTPUT_DIR.value)
+  try:
+    folders = hf_layout.export_pair(cli.model_dir(_MODEL.value),
+                                   _OUTPUT_DIR.value)
+  except OSError as e:   # a folder the checks could not see was unwritable
+    cli.fail(f"--output_dir={_OUTPUT_DIR.value}: cannot write "
+             f"{e.filename or 'it'}: {e.strerror or e}")
   for role, folder in folders.items():
     print(f"{role}: {folder}")
 

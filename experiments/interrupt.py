@@ -1,38 +1,51 @@
-"""SIGTERM and SIGINT end a program at once: its cleanups, one line, exit.
+"""SIGTERM and SIGINT always end a program: its cleanups, one line, exit.
 
     from experiments import interrupt
     interrupt.install()           # first, before JAX starts a thread
     ...
     undo = interrupt.on_interrupt(lambda: shutil.rmtree(tmp))
 
-`install` blocks both signals in the calling thread (every thread started
+Every mode blocks both signals in the calling thread (every thread started
 after it inherits the mask, JAX's and XLA's included) and waits for them
 in a thread of its own (`signal.sigwait`). So the signal is seen at once
 even while the main thread sits in native code (a compile, a collective,
 jax.distributed's rendezvous) where a Python handler would only run after
 it returns, and no native handler can swallow it: in a multi-process run
 JAX's preemption notifier caught SIGTERM and the run went on 113 s past
-its limit. On a signal the thread runs the registered cleanups (newest
-first; each one's error ignored), prints one line `<program>: stopped by
-SIGTERM` on stderr and exits with status 128 + the signal's number, as a
-shell reports a program killed by it, without Python's shutdown (which
-would wait for the threads that native code holds).
+its limit. No mode raises an exception from a signal handler: one raised
+there can land in whatever code the main thread runs, and where that is a
+garbage-collector callback (JAX's `_xla_gc_callback`), a `__del__` or a
+weakref callback, Python prints "Exception ignored" and goes on (issue
+51: a worker given SIGTERM in its warm-up compiled for 6 more minutes and
+ignored a second SIGTERM). A signal sets a flag instead (`requested`,
+`stopping`); the programs' loops look at it (`check` raises `Stopped` at
+that safe point); and a watchdog ends the process if they have not within
+`grace_s()` seconds (DYADIC_JAX_STOP_GRACE_S, default 5): the registered
+cleanups (newest first; each one's error ignored), the children killed,
+one line `<program>: stopped by SIGTERM` on stderr and exit status 128 +
+the signal's number, as a shell reports a program killed by it, without
+Python's shutdown (which would wait for the threads that native code
+holds). A second signal ends the process at once, the same way.
+
+The modes differ in what the first signal does at once:
+
+* `install` (the pipeline, whose cleanups stop its children and remove
+  its folder): the cleanups, the line and the exit, at once.
+* `unwind` (what every other entry point gets: `cli.run` calls it): the
+  signal is sent on to this process's children, the flag set, the
+  watchdog started. `cli.run` turns a `Stopped` (a loop's `check`), or
+  anything else the main thread ends with while a stop is asked for (a
+  child gone, its pipe closed), into the same end: the children killed,
+  the line, 128 + the signal; the `finally` and `with` blocks it unwinds
+  remove what they made (temporary folders, keys, workers).
+* `as_exit` (a program whose main loop wakes often and has a way out of
+  its own: the worker, whose loop watches `stopping()` and prints its
+  counters on the way): the flag and the watchdog only; the program ends
+  its loop and returns (status 0).
 
 A child process inherits the blocked mask through exec: every program
-this project starts calls `install` (or `as_exit`) itself, so it handles
-the signal once it runs (until then the signal stays pending, not lost).
-
-`as_exit` is for a program whose main loop wakes often and has a way out
-of its own (the worker: it prints its counters on the way): both signals
-unblocked, each a SystemExit(0) in the main thread.
-
-`unwind` is what every other entry point gets (`cli.run` calls it): the
-signal is sent on to this process's children and raised in the main
-thread as `Stopped`, so its `finally` and `with` blocks remove what they
-made (temporary folders, keys, workers); `cli.run` then kills any child
-still there, prints the one line and exits 128 + the signal. Before, a
-SIGTERM killed bench_pair at once and left its worker running and its
-folder of keys behind; Ctrl-C printed a traceback.
+this project starts chooses a mode itself (until then the signal stays
+pending, not lost).
 """
 
 import os
@@ -44,14 +57,15 @@ import typing
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
-_lock = threading.Lock()
+_lock = threading.RLock()   # a handler in the main thread may take it
 _cleanups: list[typing.Callable[[], None]] = []
 _installed = False        # a mode chosen: install, as_exit or unwind
 
 
 class Stopped(BaseException):
-  """SIGTERM or SIGINT, raised in the main thread by `unwind`'s handler (a
-  BaseException: no `except Exception` takes it for an error)."""
+  """SIGTERM or SIGINT, raised in the main thread by `check` at a loop's
+  safe point (a BaseException: no `except Exception` takes it for an
+  error)."""
 
   def __init__(self, signum: int):
     super().__init__(signal.Signals(signum).name)
@@ -63,52 +77,106 @@ def program() -> str:
   """The running experiment's short name (pp1_pipeline, round_demo ...)."""
   main = sys.modules.get("__main__")
   spec = getattr(main, "__spec__", None)
-  name = spec.name if spec is not None else os.path.basename(sys.argv[0])
-  return name.rsplit(".", 1)[-1].removesuffix(".py")
+  if spec is not None:
+    return spec.name.rsplit(".", 1)[-1]
+  return os.path.basename(sys.argv[0]).removesuffix(".py")
 
-def install() -> None:
-  """Blocks SIGINT and SIGTERM here and handles them in a thread (above).
-  Call it from the main thread before any other thread starts."""
-  global _installed
+GRACE_ENV = "DYADIC_JAX_STOP_GRACE_S"
+DEFAULT_GRACE_S = 5.0
+_requested = threading.Event()
+_signum = 0               # the first signal's number, once _requested
+_mode = ""                # "install", "as_exit" or "unwind"
+
+
+def grace_s() -> float:
+  """Seconds the watchdog gives the loops after a signal
+  (DYADIC_JAX_STOP_GRACE_S, a number >= 0; default 5)."""
+  try:
+    grace = float(os.environ.get(GRACE_ENV, DEFAULT_GRACE_S))
+  except ValueError:
+    return DEFAULT_GRACE_S
+  return grace if 0.0 <= grace < float("inf") else DEFAULT_GRACE_S
+
+
+def requested() -> bool:
+  """Whether SIGTERM or SIGINT asked this program to stop."""
+  return _requested.is_set()
+
+
+def stopping() -> threading.Event:
+  """The Event a signal sets (a loop may wait on it, or pass it as its
+  stop event)."""
+  return _requested
+
+
+def signum() -> int:
+  """The number of the signal that asked for the stop (0: none)."""
+  return _signum
+
+
+def unwinding() -> bool:
+  """Whether a signal asked for a stop that `cli.run` is to finish (the
+  `unwind` mode's; the worker's `as_exit` loop returns on its own)."""
+  return _requested.is_set() and _mode == "unwind"
+
+
+def check() -> None:
+  """Raises `Stopped` if a signal asked for a stop: a loop's safe point,
+  in the main thread."""
+  if _requested.is_set():
+    raise Stopped(_signum)
+
+
+def _choose(mode: str) -> bool:
+  """Chooses `mode` unless one is chosen; starts the waiting thread."""
+  global _installed, _mode
   if _installed:
-    return
-  _installed = True
+    return False
+  _installed, _mode = True, mode
   # A thread started before this call (numpy's BLAS pool, if something
-  # imported it) can still take the signal: then the main thread stops.
-  for signum in SIGNALS:
-    signal.signal(signum, lambda signum, _: stop(signum))
+  # imported it) can still take a signal: its Python handler, which runs
+  # in the main thread, only hands it on (it never raises).
+  for signum_ in SIGNALS:
+    signal.signal(signum_, lambda signum_, _: _request(signum_))
   signal.pthread_sigmask(signal.SIG_BLOCK, SIGNALS)
   threading.Thread(target=_wait, name="interrupt", daemon=True).start()
+  return True
+
+
+def install() -> None:
+  """Blocks SIGINT and SIGTERM here and handles them in a thread (above);
+  a signal stops the program at once. Call it from the main thread before
+  any other thread starts."""
+  _choose("install")
 
 
 def as_exit() -> None:
-  """SIGINT and SIGTERM unblocked (a parent's mask is inherited), each a
-  SystemExit(0) in the main thread: a quiet end, no traceback."""
-  global _installed
-  _installed = True
-  for signum in SIGNALS:
-    signal.signal(signum, lambda *_: sys.exit(0))
-  signal.pthread_sigmask(signal.SIG_UNBLOCK, SIGNALS)
+  """The worker's mode: a signal sets `stopping()`, which its loop
+  watches; the watchdog ends it if the loop does not (above)."""
+  _choose("as_exit")
 
 
 def unwind() -> None:
-  """Unless a mode is chosen: SIGINT and SIGTERM unblocked, each sent on to
-  the children and raised as `Stopped` in the main thread (above); a
-  second one while it unwinds is ignored, so the cleanups finish."""
-  global _installed
-  if _installed:
-    return
-  _installed = True
+  """Unless a mode is chosen: a signal is sent on to the children, sets
+  the flag and starts the watchdog (above; `cli.run` ends the program)."""
+  _choose("unwind")
 
-  def handler(signum, frame):
-    del frame
-    for s in SIGNALS:
-      signal.signal(s, signal.SIG_IGN)
+
+def _request(signum_: int) -> None:
+  """What a signal does (the waiting thread's, or a handler's)."""
+  global _signum
+  with _lock:
+    first = not _requested.is_set()
+    if first:
+      _signum = signum_
+      _requested.set()
+  if not first or _mode == "install":
+    stop(signum_)          # a second signal: at once
+  if _mode == "unwind":
     signal_children(signal.SIGTERM)
-    raise Stopped(signum)
-  for signum in SIGNALS:
-    signal.signal(signum, handler)
-  signal.pthread_sigmask(signal.SIG_UNBLOCK, SIGNALS)
+  watchdog = threading.Timer(grace_s(), stop, args=(signum_,))
+  watchdog.name, watchdog.daemon = "interrupt-watchdog", True
+  watchdog.start()
 
 
 def children(parent: int | None = None) -> list[int]:
@@ -151,8 +219,13 @@ def on_interrupt(cleanup: typing.Callable[[], None]
   return undo
 
 
+_stopping = threading.Lock()     # one stop runs; a second caller waits
+
+
 def stop(signum: int) -> typing.NoReturn:
-  """The cleanups, the line, the exit (what a signal does)."""
+  """The cleanups, the children killed, the line, the exit (what a signal
+  does, at once or from the watchdog; any thread may call it)."""
+  _stopping.acquire()    # never released: the process ends below
   with _lock:
     cleanups = list(reversed(_cleanups))
     _cleanups.clear()
@@ -161,6 +234,8 @@ def stop(signum: int) -> typing.NoReturn:
       cleanup()
     except Exception:  # pylint: disable=broad-except
       pass      # the next one still runs: an interrupted run leaves nothing
+  # A child that has not ended by now (it ignored SIGTERM) is killed.
+  signal_children(signal.SIGKILL)
   sys.stderr.write(f"{program()}: stopped by "
                    f"{signal.Signals(signum).name}\n")
   sys.stderr.flush()
@@ -168,4 +243,5 @@ def stop(signum: int) -> typing.NoReturn:
 
 
 def _wait() -> None:
-  stop(signal.sigwait(SIGNALS))
+  while True:
+    _request(signal.sigwait(SIGNALS))

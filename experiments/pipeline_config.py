@@ -186,6 +186,19 @@ cli.check("closeness", lambda c: 0.0 <= c <= 1.0,   # NaN fails it too
           "--closeness must be a number in [0, 1]")
 cli.check(["k", "vocab"], lambda k, vocab: vocab is None or k <= vocab,
           "--k must be <= --vocab")
+
+
+def _k_problem(k: int, model: str, q: str) -> str | None:
+  """--k beyond a trained pair's V (its tokenizer's, not --vocab's)."""
+  if (model == "toy" or unusable_model(model) or not flags.FLAGS["k"].present
+      or not Q_FORMATS[q].uses_support):
+    return None
+  vocab = model_vocab(model)
+  return None if vocab is None or k <= vocab else (
+      f"--k={k} must be <= the vocabulary of --model={model}, V={vocab}")
+
+
+cli.check_problem(["k", "model", "q"], _k_problem)
 cli.check(["worker_bug", "q", "worker_ranks"],
           lambda worker_bug, q, worker_ranks: worker_bug != "shard_mass" or (
               Q_FORMATS[q].shardable and worker_ranks > 1),

@@ -149,7 +149,7 @@ absl_flags.adopt_module_key_flags(flags)
 absl_flags.adopt_module_key_flags(pipeline_config)
 # The main job runs the shipped trained pair; the worker alone keeps the
 # toy (it takes --model from the pipeline's command line).
-absl_flags.FLAGS.set_default("model", "stdlib")
+cli.set_default("model", "stdlib")
 # A bad flag, or a missing extra, exits here, before JAX.
 cli.parse_flags_early(__name__, extra="experiments")
 

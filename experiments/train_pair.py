@@ -93,6 +93,7 @@ import typing
 from absl import flags
 
 from experiments import cli
+from experiments import interrupt
 
 _OUTPUT_DIR = flags.DEFINE_string(
     "output_dir", "stdlib_pair",
@@ -243,6 +244,13 @@ def _output_problem(output_dir: str, force: bool,
                     init_from: str | None) -> str | None:
   """Why --output_dir cannot take this run's checkpoint (found before
   training, so a trained pair is never lost to an unwritable folder)."""
+  if not output_dir.strip():
+    return ("--output_dir is empty: name the checkpoint's folder (an empty "
+            "value would write into the current folder)")
+  if cli.shipped_name(output_dir):
+    return (f"--output_dir={output_dir} is a shipped pair's name: "
+            f"--model={output_dir} would load the shipped one, not this "
+            "folder; give another name")
   out = pathlib.Path(output_dir).resolve()
   if out.exists() and not out.is_dir():
     return f"--output_dir={output_dir}: {out} exists and is not a folder"
@@ -431,6 +439,7 @@ def _held_out_loss(params: transformer.Params, windows: np.ndarray,
   loss = jax.jit(_loss)
   total = 0.0
   for i in range(0, len(windows), batch):
+    interrupt.check()
     chunk = windows[i:i + batch]
     total += float(loss(params, jnp.asarray(chunk))) * len(chunk)
   return total / len(windows)
@@ -593,6 +602,7 @@ def main(argv: list[str]) -> int:
   last_t, last_step, done = train_start, 0, 0
   losses = np.zeros(2)
   for i in range(_STEPS.value):
+    interrupt.check()      # SIGTERM/Ctrl-C: stop between steps
     windows = _windows(train_tokens, rng.integers(0, n_windows, batch),
                        seq_len)
     if draft_only:
@@ -626,9 +636,14 @@ def main(argv: list[str]) -> int:
   held: dict[str, dict[str, float]] = {}
   timing: dict[str, dict[str, float]] = {}
   for role, p, c in zip(_ROLES, params, configs):
-    loss = _held_out_loss(p, held_windows, batch)
-    held[role] = {"loss": loss, "perplexity": math.exp(loss)}
-    timing[role] = decode_ms_per_token(p, c)
+    # After the last step: each phase says what it does, and beats.
+    cli.progress(f"after training: the {role}'s held-out loss "
+                 f"({len(held_windows)} windows) and decode timing")
+    with cli.heartbeat(f"after training: the {role}'s held-out loss and "
+                       "decode timing"):
+      loss = _held_out_loss(p, held_windows, batch)
+      held[role] = {"loss": loss, "perplexity": math.exp(loss)}
+      timing[role] = decode_ms_per_token(p, c)
   for role, n in zip(_ROLES, counts):
     print(f"{role}: {n:,} params, held-out loss {held[role]['loss']:.4f} "
           f"nats/token (perplexity {held[role]['perplexity']:.2f}), decode "
@@ -640,7 +655,10 @@ def main(argv: list[str]) -> int:
         f"per call")
 
   if len(acceptance_windows):
-    acceptance["after"] = _acceptance(params, acceptance_windows, ks)
+    cli.progress(f"after training: the pair's exact acceptance on "
+                 f"{len(acceptance_windows)} held-out windows")
+    with cli.heartbeat("after training: the pair's exact acceptance"):
+      acceptance["after"] = _acceptance(params, acceptance_windows, ks)
     print(f"exact acceptance sum min(p, q) per position, temperature "
           f"{_DISTILL_T.value:g} (p the target's, q the draft's as the "
           "wire carries it):")
@@ -650,6 +668,7 @@ def main(argv: list[str]) -> int:
   if (out / checkpoint.CONFIG_FILE).exists():
     cli.progress(f"replacing the checkpoint in {out}")
   out.mkdir(parents=True, exist_ok=True)
+  cli.progress(f"after training: writing the checkpoint to {out}")
   checkpoint.save_params(out / checkpoint.TARGET_FILE, params[0])
   checkpoint.save_params(out / checkpoint.DRAFT_FILE, params[1])
   tok.save(out / checkpoint.TOKENIZER_FILE)

@@ -12,7 +12,6 @@ import functools
 import hashlib
 import math
 import os
-import select
 import subprocess
 import sys
 import threading
@@ -378,19 +377,21 @@ def serve(worker, address="tcp://127.0.0.1:0", curve=None):
 
 def start_worker_process(*args):
   """(process, address): this module run as a worker process (`args` on
-  its command line), once it printed READY; killed if it does not within
-  300 s. The caller kills it."""
+  its command line), once it printed READY; killed if it exits first or
+  makes no progress (`no_leftovers.wait_for_line`: no fixed deadline, a
+  loaded machine only slows it). The caller kills it."""
+  from tests import no_leftovers  # pylint: disable=g-import-not-at-top
   from tests import paths  # pylint: disable=g-import-not-at-top
   proc = subprocess.Popen(
       [sys.executable, "-m", "tests.bridge_harness", *args], cwd=paths.ROOT,
       env=paths.subprocess_env(JAX_PLATFORMS="cpu"), stdin=subprocess.PIPE,
       stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-  started = select.select([proc.stdout], [], [], 300)[0]   # a guard
-  line = proc.stdout.readline() if started else ""
-  if not line.startswith("READY "):
+  try:
+    line = no_leftovers.wait_for_line(proc, proc.stdout, "READY ")
+  except BaseException:
     proc.kill()
     proc.wait()
-    raise AssertionError(f"worker process: {line!r}")
+    raise
   return proc, line.split()[1]
 
 

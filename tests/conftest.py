@@ -5,8 +5,9 @@ when fewer are present, e.g. on a 1-GPU machine), registers the
 hypothesis profiles: "ci" (derandomized, the default under CI=true) and
 "dev", gives the run one XLA compilation cache (`pytest_configure`),
 registers the plugins that keep a long process under the kernel's cap on
-memory mappings (tests/memory_maps.py) and write the qualification report
-(tests/qualify_report.py), and provides the `row_mode` fixture.
+memory mappings (tests/memory_maps.py), write the qualification report
+(tests/qualify_report.py) and kill whatever process a test left behind
+(tests/no_leftovers.py), and provides the `row_mode` fixture.
 
 Row modes (dyadic_jax/rowwise.py): a test that takes the `row_mode`
 fixture runs once per mode, "loop" (CPU's default: one vocabulary row at a
@@ -39,6 +40,7 @@ _ELEMENTAL_EMITTERS = "xla_cpu_use_fusion_emitters"
 pytest_plugins = [
     "tests.memory_maps",     # a long run stays under the kernel's mappings cap
     "tests.qualify_report",  # -m qualify: --qualify-report (imports the above)
+    "tests.no_leftovers",    # no test leaves a process behind
 ]
 
 hypothesis.settings.register_profile(

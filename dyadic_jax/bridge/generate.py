@@ -393,14 +393,22 @@ def _check_context(caller: str, max_len: int | None,
   longest = max(range(len(encoded)), key=lambda i: len(encoded[i]))
   need = len(encoded[longest]) + max_new_tokens - 1 + depth
   if need > max_len:
-    room = max_len - len(encoded[longest]) - depth + 1
+    prompt = len(encoded[longest])
+    room = max_len - prompt - depth + 1
+    if room >= 1:
+      fits = f"max_new_tokens <= {room} fits"
+    elif prompt > max_len:
+      fits = "the prompt alone does not fit"
+    else:   # the prompt fits, its drafted tokens do not
+      fits = (f"the prompt fits, but its rounds' {depth} drafted tokens do "
+              f"not: depth <= {max_len - prompt} with max_new_tokens=1, or "
+              f"a prompt of at most {max_len - depth} tokens")
     raise ValueError(
-        f"{caller}: prompts[{longest}] ({len(encoded[longest])} tokens) + "
+        f"{caller}: prompts[{longest}] ({prompt} tokens) + "
         f"max_new_tokens {max_new_tokens} - 1"
         + (f" + depth {depth}" if depth else "")
         + f" = {need} tokens exceed the target's context, max_len "
-        f"{max_len}" + (f" (max_new_tokens <= {room} fits)" if room >= 1
-                        else " (the prompt alone does not fit)"))
+        f"{max_len} ({fits})")
 
 
 def _common(caller: str, prompts: typing.Any, tokenizer: typing.Any,
@@ -412,6 +420,13 @@ def _common(caller: str, prompts: typing.Any, tokenizer: typing.Any,
     _check_int(caller, "eos", eos, 0, vocab - 1)
   # request_seed keeps 64 bits: a wider seed would alias a smaller one.
   _check_int(caller, "seed", seed, 0, _U64)
+  # A str has an encode too (to bytes): a tokenizer's name is no tokenizer.
+  if tokenizer is not None and (isinstance(tokenizer, (str, bytes)) or
+                                not callable(getattr(tokenizer, "encode",
+                                                     None))):
+    raise TypeError(f"{caller}: tokenizer must be an object with "
+                    "encode(text) -> ids (e.g. a loaded pair's .tokenizer), "
+                    f"got {type(tokenizer).__name__} {tokenizer!r:.40}")
   return _encode(caller, prompts, tokenizer, vocab)
 
 
@@ -457,7 +472,8 @@ def generate(link: Link, prompts: typing.Sequence[typing.Any], *,
 
   Raises:
     TypeError: prompts is one text or holds something that is no prompt;
-      an argument that must be an int is not.
+      an argument that must be an int is not; tokenizer has no encode;
+      on_round is not callable.
     ValueError: no prompts, an empty prompt or a token outside [0, V);
       max_new_tokens < 1; depth outside [1, caps.max_depth]; eos outside
       [0, V); seed outside [0, 2^64); a prompt + max_new_tokens - 1 +
@@ -465,6 +481,10 @@ def generate(link: Link, prompts: typing.Sequence[typing.Any], *,
       target has one), found before any round.
   """
   caps = link.caps
+  if on_round is not None and not callable(on_round):
+    raise TypeError("generate: on_round must be a function of a round's "
+                    f"Committed list, got {type(on_round).__name__} "
+                    f"{on_round!r:.40}")
   if depth is not None:
     depth = _check_int("generate", "depth", depth, 1, caps.max_depth)
   depth = caps.max_depth if depth is None else depth
@@ -558,11 +578,13 @@ def target_only(target: models.TargetModel,
   unused).
 
   Arguments and errors as `generate`'s (no depth: the context bound is
-  prompt + max_new_tokens - 1); batch and chunk must be >= 1.
+  prompt + max_new_tokens - 1); batch and chunk must be >= 1 (a batch
+  wider than the prompts holds as many requests as there are prompts).
   """
   encoded = _common("target_only", prompts, tokenizer, target.vocab,
                     max_new_tokens, eos, seed)
-  batch = _check_int("target_only", "batch", batch, 1)
+  # A batch is never wider than the prompts: its cache is allocated whole.
+  batch = min(_check_int("target_only", "batch", batch, 1), len(encoded))
   chunk = _check_int("target_only", "chunk", chunk, 1)
   _check_context("target_only", getattr(target, "max_len", None), encoded,
                  max_new_tokens, 0)

@@ -168,7 +168,8 @@ def main(argv: list[str] | None = None) -> int:
   argv = sys.argv[1:] if argv is None else argv
   force = "--force" in argv
   args = [a for a in argv if a != "--force"]
-  if len(args) != 1 or args[0].startswith("-"):
+  if len(args) != 1 or args[0].startswith("-") or not args[0].strip():
+    # An empty DIR would write the secret into the current folder.
     print("usage: python -m dyadic_jax.bridge.keys DIR [--force]",
           file=sys.stderr)
     return 2

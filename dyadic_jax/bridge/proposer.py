@@ -308,7 +308,8 @@ def draft_proposer(
     return proposal
 
   return DraftProposer(propose, many, forget,
-                       slabs is not None and adaptive is None, admission)
+                       slabs is not None and adaptive is None, admission,
+                       bool(getattr(model, "wants_context", False)))
 
 
 class DraftProposer(typing.NamedTuple):
@@ -318,12 +319,15 @@ class DraftProposer(typing.NamedTuple):
   which drops a request's handle (a slab has `max_requests` slots, one
   slab per round in flight). admission: the stopping rule a call without
   `out` drafts under (None: fixed depth); a worker with one asks its
-  session for `Feature.ADAPTIVE_DEPTH`."""
+  session for `Feature.ADAPTIVE_DEPTH`. wants_context: the draft drafts
+  from the committed prefix (its `wants_context`, e.g. the transformer
+  pair's): a `Worker` of it asks for CONTEXT frames."""
   propose: Proposer
   many: typing.Callable[[typing.Sequence[Call], int], list[qformats.Rows]]
   forget: typing.Callable[[int], None]
   batched: bool = False    # `many` is one draft call (else one per call)
   admission: admission_lib.AdaptiveDepth | None = None
+  wants_context: bool = False
 
   def __call__(self, seed: int, generation: int, round_id: int, anchor: int,
                last_token: int, depth: int,

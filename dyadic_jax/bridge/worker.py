@@ -61,11 +61,22 @@ class Worker:
                secret: bytes | None, counters: Counters | None = None,
                max_views: int = 4096,
                draw_hook: DrawHook | None = None,
-               wants_context: bool = False) -> None:
+               wants_context: bool | None = None) -> None:
     """secret: the deployment secret (32 bytes; `bridge.keys`) or None
     (`--insecure`: nothing is authenticated). draw_hook: told before every
     draw (default: nobody). wants_context: accept CONTEXT frames, so the
-    proposer is handed each request's committed prefix (`context=`)."""
+    proposer is handed each request's committed prefix (`context=`);
+    None (default): as the proposer's draft says (`DraftProposer.
+    wants_context`: True for the transformer pair's). False for a draft
+    that drafts from the prefix is a ValueError: it would draft without
+    it (exact tokens, but fewer accepted)."""
+    wanted = bool(getattr(propose_fn, "wants_context", False))
+    if wants_context is None:
+      wants_context = wanted
+    elif wanted and not wants_context:
+      raise ValueError("Worker: the proposer's draft drafts from the "
+                       "committed prefix; wants_context=False would leave "
+                       "it without (leave wants_context out, or True)")
     self.caps = caps
     self.propose = propose_fn
     self.draw_hook = draw_hook or DrawHook()
@@ -237,8 +248,10 @@ def serve_forever(caps: hello.Capabilities,
                   ready: typing.Callable[[str], None] | None = None,
                   on_exit: typing.Callable[["Worker"], None] | None = None,
                   draw_hook: DrawHook | None = None,
-                  wants_context: bool = False) -> None:
-  """Binds `address` and serves until interrupted (SystemExit, Ctrl-C).
+                  wants_context: bool | None = None,
+                  stop: threading.Event | None = None) -> None:
+  """Binds `address` and serves until interrupted (SystemExit, Ctrl-C) or
+  `stop` (an Event, e.g. a signal's flag) is set.
 
   ready(address) is called once the proposer is compiled and the socket
   bound; on_exit(worker) when the loop ends, whatever ended it.
@@ -256,7 +269,7 @@ def serve_forever(caps: hello.Capabilities,
     # Inside: a signal the moment READY is out still reports the counters.
     if ready:
       ready(endpoint.address)
-    worker.serve(endpoint)
+    worker.serve(endpoint, stop)
   except (SystemExit, KeyboardInterrupt):
     pass
   finally:

@@ -148,6 +148,9 @@ class TransformerDraft:
     vocab: the full vocabulary's size (with vocab_map only).
   """
 
+  # It drafts from the committed prefix: a worker asks for CONTEXT frames.
+  wants_context = True
+
   def __init__(self, params: transformer.Params, config: transformer.Config,
                max_depth: int = 64,
                vocab_map: vocab_map_lib.VocabMap | None = None,

@@ -182,6 +182,11 @@ cli.check(["kill_worker_at", "check_distribution"],
           not (kill_worker_at and check_distribution),
           "--kill_worker_at is a drill of the generation run, not of "
           "--check_distribution")
+cli.check(["kill_worker_at", "tokens"], lambda kill_worker_at, tokens:
+          kill_worker_at < tokens or not kill_worker_at,
+          "--kill_worker_at must be < --tokens: each round commits at least "
+          "one token per request, so a run has at most --tokens rounds and "
+          "the drill would never fire")
 cli.check(["multiprocess", "verifier_ranks"],
           lambda multiprocess, verifier_ranks: not (
               multiprocess and flags.FLAGS["verifier_ranks"].present),

@@ -21,6 +21,7 @@ from dyadic_jax.bridge import ranks
 from experiments import cli
 from experiments import interrupt
 from experiments import pipeline_config
+from experiments import run_folder
 from experiments.pp1 import drills
 from experiments.pp1 import flags
 from experiments.pp1 import report
@@ -40,7 +41,8 @@ def main(argv: list[str]) -> int | None:
   if flags.RANK.value:
     follow()
     return None
-  with tempfile.TemporaryDirectory(prefix="pp1-", dir=_run_parent()) as tmp:
+  # A SIGKILLed run's folder (its throwaway keys) is removed here, next time.
+  with run_folder.folder("pp1-", _run_parent()) as tmp:
     try:
       return lead(tmp)
     except supervisor.ChildFailed as e:

@@ -15,6 +15,7 @@ import numpy as np
 import dyadic_jax as dj
 from dyadic_jax import bridge
 from dyadic_jax.testing import stats
+from experiments import cli
 from experiments import pipeline_config
 from experiments.pp1 import flags
 
@@ -118,6 +119,10 @@ def generate(verifier: bridge.Verifier, progress: Progress,
     progress.update(sum(min(new(r), tokens) for r in rids),
                     f"fallbacks {verifier.counters.events('fallbacks')}")
   progress.close()
+  if drill and rounds <= flags.KILL_AT.value:     # it never ran its round
+    cli.progress(f"--kill_worker_at={flags.KILL_AT.value}: the run ended "
+                 f"after {rounds} rounds, before the drill: no worker was "
+                 "killed")
   outputs = {rid: verifier.requests[rid].tokens[start[rid]:][:tokens]
              for rid in rids}
   return Run(results, rounds, outputs, slots)

@@ -155,9 +155,9 @@ class Worker:
           # its children itself (`interrupt`): no child reports a crash.
           start_new_session=True)
     self.address: str | None = None
+    self.name = f"worker rank {rank}" if ranked else "worker"
     # A worker that dies while this process compiles ends the run at once.
-    self.watch = watch(self.proc, self.log, f"worker rank {rank}" if ranked
-                       else "worker", on_death)
+    self.watch = watch(self.proc, self.log, self.name, on_death)
 
   def wait_ready(self, timeout_s: float = READY_TIMEOUT_S) -> str:
     """Blocks until the worker prints READY; ChildFailed if it dies."""
@@ -178,19 +178,22 @@ class Worker:
 
     threading.Thread(target=pump, name="worker-ready", daemon=True).start()
     deadline = time.monotonic() + timeout_s
-    while (left := deadline - time.monotonic()) > 0:
-      try:
-        line = lines.get(timeout=left)
-      except queue.Empty:
-        break
-      if line.startswith("READY "):
-        self.address = line.split()[1]
-        return self.address
-      if not line:         # end of output: the worker exited
-        self.proc.wait()
-        raise ChildFailed(f"the worker exited with status "
-                          f"{self.proc.returncode} before it was ready:\n"
-                          f"{tail(self.log)}")
+    # Never silent: a line every few seconds says what it waits for.
+    with cli.heartbeat(f"worker start-up: waiting for the {self.name}'s "
+                       "READY (its JAX start and compile)"):
+      while (left := deadline - time.monotonic()) > 0:
+        try:
+          line = lines.get(timeout=left)
+        except queue.Empty:
+          break
+        if line.startswith("READY "):
+          self.address = line.split()[1]
+          return self.address
+        if not line:         # end of output: the worker exited
+          self.proc.wait()
+          raise ChildFailed(f"the worker exited with status "
+                            f"{self.proc.returncode} before it was ready:\n"
+                            f"{tail(self.log)}")
     self.proc.kill()
     raise ChildFailed(f"the worker was not ready after {timeout_s} s:\n"
                       f"{tail(self.log)}")

@@ -443,3 +443,114 @@ def test_the_bridge_on_slabs_commits_what_one_process_commits():
     np.testing.assert_array_equal(a, b)
   np.testing.assert_array_equal(np.sort(local.accepted),
                                 np.sort(bridged.accepted))
+
+
+def _tiny_transformer_pair(max_len=16, max_depth=2):
+  from dyadic_jax.models import pair  # pylint: disable=g-import-not-at-top
+  from dyadic_jax.models import transformer  # pylint: disable=g-import-not-at-top
+  import jax  # pylint: disable=g-import-not-at-top
+  config = transformer.Config(vocab=V, d_model=8, n_layers=1, n_heads=2,
+                              d_ff=8, max_len=max_len)
+  params = transformer.init(config, jax.random.key(0))
+  return (pair.TransformerTarget(params, config),
+          pair.TransformerDraft(params, config, max_depth=max_depth))
+
+
+def test_a_tokenizer_or_callback_that_is_none_is_refused_up_front():
+  """Issue 51.8: tokenizer="gpt2" ended in an AttributeError traceback,
+  on_round=42 in a TypeError after the first round."""
+  target, _ = _pair()
+  link = _local(Representation.SPARSE)
+  with pytest.raises(TypeError, match=r"^generate: tokenizer must be an "
+                     r"object with encode\(text\) -> ids.*str 'gpt2'"):
+    generate.generate(link, ["import os"], max_new_tokens=2,
+                      tokenizer="gpt2")
+  with pytest.raises(TypeError, match=r"^target_only: tokenizer must be"):
+    generate.target_only(target, ["import os"], max_new_tokens=2,
+                         tokenizer="gpt2")
+  with pytest.raises(TypeError, match=r"^generate: on_round must be a "
+                     r"function .*int 42"):
+    generate.generate(link, PROMPTS[:1], max_new_tokens=2, on_round=42)
+  assert not link.requests and not link.seconds     # nothing ran
+
+
+def test_the_context_message_says_what_does_not_fit():
+  """Issue 51.8: a prompt that fits the context but leaves no room for
+  the drafted tokens was reported as "the prompt alone does not fit"."""
+  target, draft = _tiny_transformer_pair(max_len=16, max_depth=2)
+  caps = bridge.Capabilities(vocab=V, max_depth=2, max_requests=2,
+                             representation=Representation.SPARSE,
+                             max_support=8)
+  link = generate.Local(draft, target, caps)
+  with pytest.raises(ValueError, match=(
+      r"prompts\[0\] \(15 tokens\) .* = 17 tokens exceed the target's "
+      r"context, max_len 16 \(the prompt fits, but its rounds' 2 drafted "
+      r"tokens do not: depth <= 1 with max_new_tokens=1, or a prompt of "
+      r"at most 14 tokens\)")) as refused:
+    generate.generate(link, [list(range(1, 16))], max_new_tokens=1)
+  assert "alone" not in str(refused.value)
+  with pytest.raises(ValueError, match=r"\(the prompt alone does not fit\)"):
+    generate.generate(link, [list(range(1, 18))], max_new_tokens=1)
+  # What the message offers runs.
+  out = generate.generate(link, [list(range(1, 16))], max_new_tokens=1,
+                          depth=1)
+  assert [len(t) for t in out.tokens] == [1]
+
+
+def test_target_only_allocates_no_batch_wider_than_its_prompts():
+  """Issue 51.8: target_only(batch=10**6) tried to allocate the slab of a
+  million requests (655 GB) for one prompt."""
+  target, _ = _tiny_transformer_pair()
+  asked = []
+  real = target.batch
+
+  def batch(capacity):
+    asked.append(capacity)
+    return real(capacity)
+  target.batch = batch
+  out = generate.target_only(target, [[1, 2], [3]], max_new_tokens=3,
+                             batch=10**6)
+  assert asked == [2]
+  base = generate.target_only(real.__self__, [[1, 2], [3]],
+                              max_new_tokens=3, batch=2)
+  for a, b in zip(out.tokens, base.tokens):
+    np.testing.assert_array_equal(a, b)
+
+
+def test_a_transformer_drafts_worker_asks_for_the_context_by_default():
+  """Issue 50.7: a `bridge.Worker` of a transformer draft built without
+  wants_context=True drafted without the committed prefix (exact tokens,
+  fewer accepted, no word). Now it asks for CONTEXT by default, so it
+  commits what one process commits; wants_context=False is refused."""
+  target, draft = _tiny_transformer_pair(max_len=64, max_depth=2)
+  caps = bridge.Capabilities(vocab=V, max_depth=2, max_requests=2,
+                             representation=Representation.SPARSE,
+                             max_support=8)
+  proposer = bridge.draft_proposer(draft, caps)
+  with pytest.raises(ValueError, match="wants_context=False"):
+    bridge.Worker(caps, proposer, secret=h.SECRET, wants_context=False)
+  toy_target, toy_draft = _pair()
+  toy = bridge.draft_proposer(toy_draft, _caps(Representation.SPARSE))
+  assert not bridge.Worker(_caps(Representation.SPARSE), toy,
+                           secret=h.SECRET).session.wants_context
+  kw = dict(max_new_tokens=8, seed=4)
+  prompts = [[1, 2, 3, 4, 5], [6, 7, 8]]
+  local = generate.generate(generate.Local(draft, target, caps), prompts,
+                            **kw)
+  worker = bridge.Worker(caps, proposer, secret=h.SECRET)   # no flag
+  assert worker.session.wants_context
+  served = h.serve(worker)
+  verifier = bridge.Verifier(caps, served.address, target=target,
+                             secret=h.SECRET, timeout_s=h.GENEROUS_S)
+  try:
+    verifier.open()
+    bridged = generate.generate(generate.Bridged(verifier), prompts, **kw)
+  finally:
+    served.close()
+    verifier.close()
+  assert verifier.counters.events("fallbacks") == 0
+  for a, b in zip(local.tokens, bridged.tokens):
+    np.testing.assert_array_equal(a, b)
+  np.testing.assert_array_equal(np.sort(local.accepted),
+                                np.sort(bridged.accepted))
+  del toy_target

@@ -8,7 +8,6 @@ folder); a hang fails at a generous limit, nothing is timed.
 
 import os
 import pathlib
-import select
 import signal
 import subprocess
 import sys
@@ -18,6 +17,7 @@ import pytest
 
 from dyadic_jax.bridge import keys
 from experiments import interrupt
+from tests import no_leftovers
 from tests import paths
 
 _LIMIT_S = 300
@@ -69,8 +69,7 @@ def test_the_bridge_worker_ends_quietly(tmp_path, name):
                 "--address=tcp://127.0.0.1:0", "--vocab=64", "--depth=2",
                 "--requests=1", "--q=sparse", "--k=4",
                 f"--keys_dir={keys_dir}")
-  assert select.select([proc.stdout], [], [], _LIMIT_S)[0]   # a deadline
-  assert proc.stdout.readline().startswith("READY ")
+  no_leftovers.wait_for_line(proc, proc.stdout, "READY ")   # its progress
   proc.send_signal(_SIGNALS[name])
   out, err = proc.communicate(timeout=_LIMIT_S)
   assert proc.returncode == 0, err[-3000:]

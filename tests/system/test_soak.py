@@ -93,7 +93,6 @@ import dataclasses
 import functools
 import itertools
 import json
-import select
 import subprocess
 import sys
 import time
@@ -113,6 +112,7 @@ from dyadic_jax.testing import stats
 from dyadic_jax.wire.layouts import Representation
 from dyadic_jax.wire.refusals import Code
 from tests import bridge_harness
+from tests import no_leftovers
 
 M = dj.M
 V = 16
@@ -217,15 +217,15 @@ class _ProcessWorker:
          f"worker_main; worker_main({representation.name!r})"],
         cwd=_ROOT, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL, text=True)
-    # A deadline on the start (import, compile), generous for a loaded
-    # machine; the child prints nothing else on stdout.
-    started = select.select([self.proc.stdout], [], [], START_S)[0]
-    line = self.proc.stdout.readline() if started else ""
-    if not line.startswith("READY "):
+    # The start (import, compile) bounded by its progress, not a fixed
+    # deadline: a loaded machine only slows it.
+    try:
+      line = no_leftovers.wait_for_line(self.proc, self.proc.stdout,
+                                        "READY ")
+    except BaseException:
       self.proc.kill()
       self.proc.wait()
-      raise RuntimeError(f"worker process did not start in {START_S} s: "
-                         f"{line!r}")
+      raise
     self.address = line.split()[1]
 
   def stop(self):

@@ -6,7 +6,6 @@ target-only and counts TIMEOUTs), starts a new worker process on the same
 address, and checks that the verifier negotiates again and verifies.
 """
 
-import select
 import subprocess
 import sys
 
@@ -17,6 +16,7 @@ from dyadic_jax.bridge import keys
 from dyadic_jax.wire.layouts import Representation
 from dyadic_jax.wire.refusals import Code
 from tests import bridge_harness as h
+from tests import no_leftovers
 
 from tests import paths  # pylint: disable=g-import-not-at-top
 from tests.paths import ROOT as _ROOT  # pylint: disable=g-import-not-at-top
@@ -37,9 +37,13 @@ def _start(address, caps, keys_dir):
        f"--keys_dir={keys_dir}"],
       cwd=_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
       text=True)
-  started = select.select([proc.stdout], [], [], 300)[0]   # a deadline
-  line = proc.stdout.readline() if started else ""
-  assert line.startswith("READY "), line
+  try:
+    # As long as it starts (prints or computes), whatever the load.
+    line = no_leftovers.wait_for_line(proc, proc.stdout, "READY ")
+  except BaseException:
+    proc.kill()        # never left behind (and tests/no_leftovers.py)
+    proc.wait()
+    raise
   return proc, line.split()[1]
 
 
