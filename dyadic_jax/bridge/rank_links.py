@@ -84,7 +84,7 @@ from dyadic_jax.bridge.deadline import AdaptiveDeadline
 from dyadic_jax.bridge.effects import Plan, Propose, Send, Stage, Verify
 from dyadic_jax.bridge.shard_link import (Collected, ShardLinkSession,
                                           ShardReply, ShardSourceSession)
-from dyadic_jax.bridge.verifier_session import Exchange
+from dyadic_jax.bridge.exchange import Exchange
 from dyadic_jax.wire import qformats
 from dyadic_jax.wire import status as status_lib
 from dyadic_jax.wire.refusals import Code, ProtocolError

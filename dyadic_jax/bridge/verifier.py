@@ -46,7 +46,6 @@ applied.
 """
 
 import contextlib
-import math
 import time
 import typing
 
@@ -62,8 +61,9 @@ from dyadic_jax.bridge import hello, transport
 from dyadic_jax.bridge.counters import Counters
 from dyadic_jax.bridge.deadline import AdaptiveDeadline
 from dyadic_jax.bridge.effects import Plan, Send, Stage, Verify
-from dyadic_jax.bridge.verifier_session import (Exchange, Request,
-                                                RoundResult, VerifierSession)
+from dyadic_jax.bridge.exchange import Exchange
+from dyadic_jax.bridge.verifier_session import (Request, RoundResult,
+                                                VerifierSession)
 from dyadic_jax.wire import qformats
 from dyadic_jax.wire.refusals import Code, ProtocolError
 
@@ -382,7 +382,10 @@ class Verifier:
     finished in the order they were started. A round that finds no open
     session (and cannot open one) falls back whole, as `round` does.
     """
-    depth = depth or self.caps.max_depth
+    depth = self.caps.max_depth if depth is None else int(depth)
+    if not 1 <= depth <= self.caps.max_depth:    # refused as `generate` does
+      raise ValueError(f"start: depth {depth} outside [1, "
+                       f"{self.caps.max_depth}]")
     if len(self.session.exchanges) >= self.in_flight:
       raise RuntimeError(f"start: {self.in_flight} rounds in flight already "
                          "(finish one first)")
@@ -407,18 +410,17 @@ class Verifier:
         hook.begin(None)
       return InFlight(None, self.session.fallback(rids, code).plan)
     session = self.session
-    if self.deadline is not None:
-      session.timeout_s = self.deadline.seconds()
     begun = self.clock()
-    send = session.begin(rids, depth, begun)
-    exchange = next(reversed(session.exchanges.values()))   # just begun
+    send, exchange = session.begin(
+        rids, depth, begun, timeout_s=None if self.deadline is None
+        else self.deadline.seconds())
     for hook in self.hooks:
       hook.begin(exchange)
     # A worker busy with the other round may leave its queue full: the
     # STEP waits for room until its deadline (never past it), as its
     # answer would.
     if not self._send(send, exchange.deadline - self.clock()):
-      exchange.deadline = -math.inf     # never left: it falls back now
+      session.expire(exchange.key)     # never left: it falls back now
     draws = None
     if session.audit:     # computed while the worker drafts
       draws = audit_lib.proposal_draws(*session.draw_inputs(exchange.key),

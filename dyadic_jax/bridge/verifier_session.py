@@ -10,7 +10,7 @@ never an exception (tests/fuzz_sessions.py holds it to that).
 One round of a batch (generation g, round n of each request):
 
     hello(now) -> Send(HELLO)          until `is_open` (receive the answer)
-    begin(rids, depth, now) -> Send(STEP message)
+    begin(rids, depth, now[, timeout_s]) -> (Send(STEP message), Exchange)
     receive(message, now) -> [] | [Stage] | [Verify]   (until done)
     poll(now) -> [] | [Verify]         the deadline: the batch falls back
     staged(verdict) -> Verify(plan)    after validating the Stage's rows
@@ -69,25 +69,31 @@ round 0, so no key of the failed exchange can be drawn again.
 
 Memory is bounded by the live requests: `remove_request` forgets one (a
 removed id that comes back continues after its last generation), and the
-exchange in flight is the only per-round state.
+exchanges in flight (`bridge.exchange`: each one's state table, and the
+one check of an answer, whichever frame carried it) are the only
+per-round state. A driver reads an exchange and never writes it: its
+deadline is `begin`'s `timeout_s`, and `expire(key)` ends one whose STEP
+never left.
 """
 
 import dataclasses
-import math
 import os
 import typing
 
 import numpy as np
-from numpy.typing import ArrayLike
 
 from dyadic_jax.bridge import digest as digest_lib
 from dyadic_jax.bridge import hello, staging
 from dyadic_jax.bridge.counters import Counters
 from dyadic_jax.bridge.effects import Counts, Plan, Send, Stage, Verify
+from dyadic_jax.bridge.exchange import Event, Exchange, empty_plan
 from dyadic_jax.wire import auth, codec, layouts, qformats
 from dyadic_jax.wire.layouts import (ALL_REQUESTS, Feature, Kind, Policy,
                                      Reason)
 from dyadic_jax.wire.refusals import Code, ProtocolError
+
+__all__ = ["Exchange", "Request", "RoundResult", "VerifierSession",
+           "empty_plan"]
 
 _U32 = (1 << 32) - 1
 _RECORD = layouts.RECORD_STRUCT
@@ -126,57 +132,6 @@ class RoundResult:
   accepted: int                # drafted tokens among them
   fallback: bool               # True: proposal discarded, target-only token
   code: Code | None            # why it was discarded
-
-
-class Exchange:
-  """The round in flight: its tags, deadline and per-request outcome (what
-  a driver's round hook is shown when its STEP is made: read only)."""
-
-  def __init__(self, rids: typing.Sequence[int],
-               tags: dict[int, tuple[int, int]], depth: int, deadline: float,
-               slot: staging.Slot, key: int = 0) -> None:
-    self.key = key                # which of the session's exchanges
-    self.rids = list(rids)
-    self.index = {rid: i for i, rid in enumerate(rids)}
-    self.tags = tags              # rid -> (generation, round)
-    self.depth = depth
-    self.deadline = deadline
-    self.slot = slot
-    r = len(rids)
-    self.answered = np.zeros(r, bool)
-    self.codes = np.zeros(r, np.int32)
-    # Rows each answer carries: the STEP's depth, or 1..depth on a
-    # session that agreed on ADAPTIVE_DEPTH.
-    self.lengths = np.full(r, depth, np.int32)
-    self.rows = slot.rows(r, depth)
-    self.staging = False          # a Stage was handed out: await `staged`
-    # The PACKED records a worker answers with when all is well, in STEP
-    # order (set by `begin`; the reserved fields zero), as bytes (the usual
-    # answer's records are these bytes: one comparison) and as a table.
-    self.expected_bytes = bytes(r * layouts.PACKED_RECORD.itemsize)
-    self.expected = np.frombuffer(self.expected_bytes, layouts.PACKED_RECORD)
-    self.step_tag = b""           # the tag of its first STEP frame
-
-  @property
-  def complete(self) -> bool:
-    return bool(self.answered.all())
-
-
-def empty_plan(caps: hello.Capabilities, rids: typing.Sequence[int],
-               tags: typing.Sequence[tuple[int, int]], codes: ArrayLike,
-               depth: int, lengths: ArrayLike | None = None) -> Plan:
-  """A Plan of R requests with zero drafts and no q (codes say what to
-  do); each chain `depth` rows long unless `lengths` says otherwise."""
-  r = len(rids)
-  ids = (np.zeros((r, depth, caps.width), np.int32) if caps.format.has_ids
-         else None)
-  rows = qformats.Rows(np.zeros((r, depth), np.int32),
-                       np.zeros((r, depth), np.int32), ids)
-  return Plan(np.asarray(rids, np.int32),
-              np.asarray(tags, np.int64).reshape(r, 2),
-              np.asarray(codes, np.int32), rows, None, np.zeros((), np.int32),
-              np.full(r, depth, np.int32) if lengths is None
-              else np.asarray(lengths, np.int32).reshape(r))
 
 
 class VerifierSession:
@@ -320,7 +275,12 @@ class VerifierSession:
     at the next `poll` (TIMEOUT)."""
     self.state, self.keys = CLOSED, None
     for ex in self.exchanges.values():
-      ex.deadline = -math.inf
+      ex.expire()
+
+  def expire(self, key: int) -> None:
+    """Exchange `key` can get no answer (its STEP never left): it falls
+    back at the next `poll`."""
+    self.exchanges[key].expire()
 
   def _opening(self, frames: list[memoryview]) -> None:
     if len(frames) != 1:
@@ -388,9 +348,10 @@ class VerifierSession:
 
   # -- one round -------------------------------------------------------------
 
-  def begin(self, rids: typing.Sequence[int], depth: int,
-            now: float) -> Send:
-    """Starts the round of requests `rids`; returns the STEP message."""
+  def begin(self, rids: typing.Sequence[int], depth: int, now: float,
+            timeout_s: float | None = None) -> tuple[Send, Exchange]:
+    """Starts the round of requests `rids`; returns (its STEP message, its
+    exchange). timeout_s: its deadline from `now` (None: the session's)."""
     if not self.is_open:
       raise RuntimeError("begin: the session is not open (send hello())")
     if len(self.exchanges) >= self.caps.max_slots:
@@ -421,14 +382,6 @@ class VerifierSession:
     slot = next(s for s in self.slots if all(s is not h for h in held))
     if self.exchanges:
       self.counters.event("overlapped")   # the worker drafts it meanwhile
-    self._keys += 1
-    ex = Exchange(rids, tags, depth, now + self.timeout_s, slot, self._keys)
-    self.exchanges[ex.key] = ex
-    self._owner.update((r, ex) for r in rids)
-    ex.expected_bytes = b"".join(
-        _RECORD.pack(req.rid, depth, 0, 0, req.generation, req.round,
-                     req.anchor, req.context_version) for req in reqs)
-    ex.expected = np.frombuffer(ex.expected_bytes, layouts.PACKED_RECORD)
     policy = Policy.GREEDY if self.caps.greedy else Policy.SAMPLED
     frames: list[bytes] = []
     if self.bounds.packed_step:
@@ -451,10 +404,19 @@ class VerifierSession:
                 "last_token": req.tokens[-1], "seed": req.seed,
                 "anchor": req.anchor, "context_version": req.context_version,
                 "prefix_digest": req.digest}))
-    ex.step_tag = auth.tag_of(frames[0])   # what a refusal keys
+    self._keys += 1
+    expected = b"".join(
+        _RECORD.pack(req.rid, depth, 0, 0, req.generation, req.round,
+                     req.anchor, req.context_version) for req in reqs)
+    ex = Exchange(rids, tags, depth,
+                  now + (self.timeout_s if timeout_s is None else timeout_s),
+                  slot, self._keys, expected, auth.tag_of(frames[0]),
+                  adaptive=self.adaptive)
+    self.exchanges[ex.key] = ex
+    self._owner.update((r, ex) for r in rids)
     message = b"".join(frames)
     self.counters.event("bytes_out", len(message))
-    return Send(message)
+    return Send(message), ex
 
   def _context(self, req: Request, session: int,
                keys: auth.Keys) -> list[bytes]:
@@ -567,8 +529,7 @@ class VerifierSession:
     self.counters.reject(code, "worker RESET")
     if code in (Code.UNKNOWN_SESSION, Code.SESSION_EXHAUSTED):
       self.close()    # the worker restarted, or ended the session: HELLO again
-    for i in np.flatnonzero(~ex.answered):
-      ex.answered[i], ex.codes[i] = True, code
+    ex.refuse_open(code)
     return self._progress(now)
 
   def _classify(self, rid: int, tag: tuple[int, int]) -> Code | None:
@@ -603,7 +564,7 @@ class VerifierSession:
 
   def _fail(self, ex: Exchange, i: int, code: int, detail: str) -> None:
     self.counters.reject(code, detail)
-    ex.answered[i], ex.codes[i] = True, code
+    ex.refuse(i, code)
 
   def _frames(self, frames: list[memoryview],
               headers: list[layouts.Header]) -> None:
@@ -683,7 +644,7 @@ class VerifierSession:
     tag = (header.generation, header.round)
     late = self._late(tag)
     open_ = [ex for ex in self.exchanges.values()
-             if not ex.staging and not ex.complete]
+             if ex.open and not ex.complete]
     if claims is not None:
       ex = claims if claims in open_ else None
     else:
@@ -694,8 +655,7 @@ class VerifierSession:
       self.counters.reject(late or code, detail)
       return
     self.counters.reject(code, detail)
-    for i in np.flatnonzero(~ex.answered):
-      ex.answered[i], ex.codes[i] = True, code
+    ex.refuse_open(code)
 
   def _packed(self, f: codec.Frame) -> None:
     """A PACKED answer: records as expected are taken in bulk; the others
@@ -717,7 +677,7 @@ class VerifierSession:
         == ex.expected_bytes) and not ex.answered.any():
       # Every record the expected one, byte for byte (the usual answer): the
       # field comparisons below would all hold.
-      self._stage_in_place(ex, rows)
+      ex.take_in_place(rows)
       return
     good = np.zeros(r, bool)
     if ex is not None and f.body.depth == ex.depth:
@@ -727,48 +687,16 @@ class VerifierSession:
       for name in ("request", "status", "generation", "round", "anchor",
                    "context_version"):
         good[:m] &= records[name][:m] == ex.expected[name][:m]
-      good[:m] &= self._fits(records["depth"][:m], ex)
+      good[:m] &= ex.fits(records["depth"][:m])
     if good.all() and ex is not None and r == len(ex.rids):
-      ex.lengths[:] = records["depth"]
-      self._stage_in_place(ex, rows)     # expected, reserved fields apart
+      ex.take_in_place(rows, records["depth"])  # reserved fields apart
       return
     if good.any():
       assert ex is not None
       index = np.flatnonzero(good)
-      ex.lengths[index] = records["depth"][index]
-      self._take(ex, index, rows, index)
+      ex.take(index, rows, index, records["depth"][index])
     for j in np.flatnonzero(~good):
       self._record(f, int(j))
-
-  def _stage_in_place(self, ex: Exchange, rows: qformats.Rows) -> None:
-    """Every record of a PACKED answer as expected: its q rows are staged
-    where they arrived (no copy; validation reads them once, and a dense
-    row's counts, which verification reads, are written by validation into
-    their own buffer); tokens, n and ids are copied into the slot."""
-    if rows.values is not None and ex.rows.values is not None:
-      ex.rows = ex.rows._replace(values=rows.values)
-      rows = rows._replace(values=None)
-    self._take(ex, slice(None), rows, slice(None))
-
-  def _fits(self, depth: np.ndarray | int, ex: Exchange) -> np.ndarray:
-    """Whether an answer of `depth` rows fits exchange `ex`: its STEP's
-    depth, or 1..that on a session that agreed on ADAPTIVE_DEPTH (a short
-    answer elsewhere is refused as any other wrong depth is)."""
-    depth = np.asarray(depth)
-    if self.adaptive:
-      return (depth >= 1) & (depth <= ex.depth)
-    return depth == ex.depth
-
-  def _take(self, ex: Exchange, into: slice | np.ndarray,
-            rows: qformats.Rows, src: slice | np.ndarray) -> None:
-    staged = ex.rows
-    staged.tokens[into] = rows.tokens[src]
-    staged.n[into] = rows.n[src]
-    if rows.ids is not None and staged.ids is not None:
-      staged.ids[into] = rows.ids[src]
-    if rows.values is not None and staged.values is not None:
-      staged.values[into] = rows.values[src]
-    ex.answered[into] = True
 
   def _record(self, f: codec.Frame, j: int) -> None:
     """Record `j` of a PACKED answer that is not the expected one."""
@@ -781,20 +709,13 @@ class VerifierSession:
     if slot is None:
       return
     ex, i = slot
-    req = self.requests[rid]
-    what = f"request {rid} {tag}"
-    status = int(rec["status"])
-    if status:
-      self._fail(ex, i, Code.parse(status) or Code.BAD_STATUS,
-                 f"{what}: the worker refused the STEP (status {status})")
-    elif (int(rec["anchor"]), int(rec["context_version"])) != (
-        req.anchor, req.context_version):
-      self._fail(ex, i, Code.STATE_MISMATCH, f"{what}: anchor or context")
-    elif not self._fits(int(rec["depth"]), ex) or f.body.depth != ex.depth:
-      self._fail(ex, i, Code.BAD_SEQUENCE, f"{what}: depth")
-    else:
-      ex.lengths[i] = int(rec["depth"])
-      self._take(ex, np.array([i]), f.rows, np.array([j]))
+    depth = int(rec["depth"])
+    defect = None if f.body.depth == ex.depth else (Code.BAD_SEQUENCE,
+                                                    "depth")
+    if self._accept(ex, i, f"request {rid} {tag}", int(rec["status"]),
+                    int(rec["anchor"]), int(rec["context_version"]), depth,
+                    defect):
+      ex.take(np.array([i]), f.rows, np.array([j]), depth)
 
   def _open_slot(self, rid: int, tag: tuple[int, int],
                  what: str) -> tuple[Exchange, int] | None:
@@ -805,10 +726,10 @@ class VerifierSession:
     ex = self._owner.get(rid)
     if code is not None:
       self.counters.reject(code, f"{what} of request {rid} {tag}")
-      if code == Code.BAD_SEQUENCE and ex is not None and not ex.staging:
+      if code == Code.BAD_SEQUENCE and ex is not None and ex.open:
         i = ex.index[rid]
         if not ex.answered[i]:
-          ex.answered[i], ex.codes[i] = True, code
+          ex.refuse(i, code)
       return None
     assert ex is not None         # the tag is its exchange's (_classify)
     i = ex.index[rid]
@@ -825,37 +746,31 @@ class VerifierSession:
     if slot is None:
       return
     ex, i = slot
-    req = self.requests[rid]
-    what = f"request {rid} {tag}"
-    if body.status:
-      self._fail(ex, i, Code.parse(body.status) or Code.BAD_STATUS,
-                 f"{what}: the worker refused the STEP (status "
-                 f"{body.status})")
-    elif (body.anchor, body.context_version) != (req.anchor,
-                                                  req.context_version):
-      self._fail(ex, i, Code.STATE_MISMATCH, f"{what}: anchor or context")
-    elif reply_code is not None:
-      self._fail(ex, i, reply_code, f"{what}: REPLY")
-    elif reply is None or not self._fits(body.depth, ex) or (
+    defect: tuple[int, str] | None = None
+    if reply_code is not None:
+      defect = reply_code, "REPLY"
+    elif reply is None or not ex.fits(body.depth) or (
         reply.body.request, reply.tag, reply.body.depth) != (rid, tag,
                                                               body.depth):
-      self._fail(ex, i, Code.BAD_SEQUENCE, f"{what}: rows")
+      defect = Code.BAD_SEQUENCE, "rows"
     elif body.reply_bytes != len(reply.raw):
-      self._fail(ex, i, Code.UNEXPECTED_SIZE, f"{what}: reply bytes")
+      defect = Code.UNEXPECTED_SIZE, "reply bytes"
     elif body.reply_tag != reply.header.tag:
-      self._fail(ex, i, Code.CHECKSUM_MISMATCH, f"{what}: REPLY vs COMPLETION")
-    else:
-      rows = ex.rows
-      got = reply.rows
-      assert got is not None        # a decoded REPLY has its rows
-      d = ex.lengths[i] = body.depth
-      rows.tokens[i, :d] = got.tokens
-      rows.n[i, :d] = got.n
-      if got.ids is not None and rows.ids is not None:
-        rows.ids[i, :d] = got.ids
-      if got.values is not None and rows.values is not None:
-        rows.values[i, :d] = got.values
-      ex.answered[i] = True
+      defect = Code.CHECKSUM_MISMATCH, "REPLY vs COMPLETION"
+    if self._accept(ex, i, f"request {rid} {tag}", body.status, body.anchor,
+                    body.context_version, body.depth, defect):
+      assert reply is not None and reply.rows is not None   # no defect
+      ex.take_row(i, reply.rows, body.depth)
+
+  def _accept(self, ex: Exchange, i: int, what: str, status: int,
+              anchor: int, context_version: int, depth: int,
+              defect: tuple[int, str] | None) -> bool:
+    """Whether request i's answer may be taken (`Exchange.judge`); if
+    not, it is refused and counted."""
+    refusal = ex.judge(i, status, anchor, context_version, depth, defect)
+    if refusal is not None:
+      self._fail(ex, i, refusal[0], f"{what}: {refusal[1]}")
+    return refusal is None
 
   def _progress(self, now: float) -> list[Stage | Verify]:
     """The effects of every exchange that ended: answered in full (a
@@ -863,14 +778,14 @@ class VerifierSession:
     deadline (`poll`), oldest first."""
     effects: list[Stage | Verify] = []
     for ex in list(self.exchanges.values()):
-      if ex.staging:
+      if not ex.open:
         continue
       if not ex.complete:
         effects += self.poll(now, ex.key)
       elif not (ex.codes == 0).any():
         effects.append(self._verify(ex))
       else:
-        ex.staging = True
+        ex.fire(Event.STAGE)
         effects.append(Stage(ex.rows, ex.codes == 0, ex.codes.copy(),
                              key=ex.key))
     return effects
@@ -885,7 +800,7 @@ class VerifierSession:
     """
     effects: list[Stage | Verify] = []
     for ex in list(self.exchanges.values()):
-      if ex.staging or now < ex.deadline or key not in (None, ex.key):
+      if not ex.open or now < ex.deadline or key not in (None, ex.key):
         continue
       for i, rid in enumerate(ex.rids):
         if ex.codes[i] == 0:
@@ -918,31 +833,15 @@ class VerifierSession:
     # One pass finds the refused requests (rare); each is then counted.
     for i in np.flatnonzero(codes.any(-1) & (ex.codes == 0)):
       bad = np.flatnonzero(codes[i])
-      self._fail(ex, int(i), int(codes[i, bad[0]]), f"request {ex.rids[i]} "
-                 f"row {bad[0]}")
+      ex.codes[i] = code = int(codes[i, bad[0]])
+      self.counters.reject(code, f"request {ex.rids[i]} row {bad[0]}")
     return self._verify(ex, verdict.counts)
 
   def _verify(self, ex: Exchange, counts: Counts = None) -> Verify:
     del self.exchanges[ex.key]
     for rid in ex.rids:
       del self._owner[rid]
-    reqs = [self.requests[r] for r in ex.rids]
-    plan = empty_plan(self.caps, ex.rids, [ex.tags[q.rid] for q in reqs],
-                      ex.codes, ex.depth, ex.lengths)
-    ok = plan.codes == 0
-    if ok.any():
-      rows = plan.rows
-      # Whole copies when every request verifies (the usual round): a
-      # masked copy costs several times more on a small batch.
-      take: typing.Any = slice(None) if ok.all() else ok
-      rows.tokens[take] = ex.rows.tokens[take]
-      rows.n[take] = ex.rows.n[take]
-      if rows.ids is not None and ex.rows.ids is not None:
-        rows.ids[take] = ex.rows.ids[take]
-      # Counts stay as validated (a JAX array, perhaps split over a mesh):
-      # only the rows of requests whose code is 0 are ever read.
-      plan = plan._replace(counts=counts)
-    return Verify(plan, ex.key)
+    return Verify(ex.plan(self.caps, counts), ex.key)
 
   def commit(self, plan: Plan, outcomes: typing.Sequence[typing.Sequence[int]]
              ) -> tuple[list[RoundResult], Send | None]:
