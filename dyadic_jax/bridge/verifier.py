@@ -62,8 +62,8 @@ from dyadic_jax.bridge.counters import Counters
 from dyadic_jax.bridge.deadline import AdaptiveDeadline
 from dyadic_jax.bridge.effects import Plan, Send, Stage, Verify
 from dyadic_jax.bridge.exchange import Exchange
-from dyadic_jax.bridge.verifier_session import (Request, RoundResult,
-                                                VerifierSession)
+from dyadic_jax.bridge.ledger import Request, RoundResult
+from dyadic_jax.bridge.verifier_session import VerifierSession
 from dyadic_jax.wire import qformats
 from dyadic_jax.wire.refusals import Code, ProtocolError
 

@@ -2,9 +2,10 @@
 
 `VerifierSession` never touches a socket, a thread, a clock or JAX; the
 driver (`bridge.verifier.Verifier`) passes the time in and performs the
-records it gets back (`bridge.effects`). It owns the requests' committed
-state, the session (HELLO, keys), the exchange in flight and the staging
-slots, and counts every refusal. Every failure path is a counted refusal,
+records it gets back (`bridge.effects`). It owns the session (HELLO,
+keys), frame authentication, the routing of each answer to its exchange
+in flight (`bridge.exchange`) and the staging slots, and counts every
+refusal; the requests' committed state is its `ledger` (`bridge.ledger`). Every failure path is a counted refusal,
 never an exception (tests/fuzz_sessions.py holds it to that).
 
 One round of a batch (generation g, round n of each request):
@@ -76,62 +77,26 @@ deadline is `begin`'s `timeout_s`, and `expire(key)` ends one whose STEP
 never left.
 """
 
-import dataclasses
 import os
 import typing
 
 import numpy as np
 
-from dyadic_jax.bridge import digest as digest_lib
 from dyadic_jax.bridge import hello, staging
 from dyadic_jax.bridge.counters import Counters
 from dyadic_jax.bridge.effects import Counts, Plan, Send, Stage, Verify
 from dyadic_jax.bridge.exchange import Event, Exchange, empty_plan
+from dyadic_jax.bridge.ledger import Ledger, Request, RoundResult
 from dyadic_jax.wire import auth, codec, layouts, qformats
-from dyadic_jax.wire.layouts import (ALL_REQUESTS, Feature, Kind, Policy,
-                                     Reason)
+from dyadic_jax.wire.layouts import Feature, Kind, Policy, Reason
 from dyadic_jax.wire.refusals import Code, ProtocolError
 
 __all__ = ["Exchange", "Request", "RoundResult", "VerifierSession",
            "empty_plan"]
 
-_U32 = (1 << 32) - 1
 _RECORD = layouts.RECORD_STRUCT
 _RECORDS_AT = layouts.FIXED_BYTES[Kind.PACKED]   # a PACKED frame's records
-_U64 = (1 << 64) - 1
 CLOSED, OPENING, OPEN = "closed", "opening", "open"
-
-
-@dataclasses.dataclass
-class Request:
-  """One request's committed state on the verifier (the source of truth)."""
-  rid: int
-  seed: int
-  tokens: list[int]            # committed tokens, prompt first
-  generation: int = 0
-  round: int = 0
-  context_version: int = 0
-  digest: bytes = b""
-  # (session, generation) whose first round carried a CONTEXT (or found
-  # the prefix too long for one): the worker may hold the prefix.
-  context_sent: tuple[int, int] | None = None
-
-  @property
-  def anchor(self) -> int:
-    return len(self.tokens)
-
-
-@dataclasses.dataclass(frozen=True)
-class RoundResult:
-  """What one round committed for one request."""
-  rid: int
-  generation: int
-  round: int
-  anchor: int
-  committed: tuple[int, ...]   # tokens appended to the request, in order
-  accepted: int                # drafted tokens among them
-  fallback: bool               # True: proposal discarded, target-only token
-  code: Code | None            # why it was discarded
 
 
 class VerifierSession:
@@ -161,12 +126,12 @@ class VerifierSession:
     self._nonce: bytes | None = None
     self._hello_tag = b""                 # the tag of the HELLO sent
     self.refused: Code | None = None      # the Code of a refused HELLO
-    self.requests: dict[int, Request] = {}
-    self._retired: dict[int, int] = {}    # removed rid -> next generation
+    self.ledger = Ledger(caps.vocab)      # the requests' committed state
+    self.requests = self.ledger.requests
     # The rounds in flight (at most `caps.max_slots`), oldest first, by
     # key; and which one each request of theirs is in.
     self.exchanges: dict[int, Exchange] = {}
-    self._owner: dict[int, Exchange] = {}
+    self._owner = self.ledger.owner
     self._keys = 0
     # Allocated once a HELLO agrees.
     self.slots: list[staging.Slot] | None = None
@@ -200,38 +165,20 @@ class VerifierSession:
   def add_request(self, rid: int, prompt: typing.Sequence[int],
                   seed: int) -> None:
     """A new request: its prompt (committed tokens) and RNG seed."""
-    if rid in self.requests or not 0 <= rid < ALL_REQUESTS:
-      raise ValueError(f"add_request: bad or duplicate request id {rid}")
-    prompt = [int(t) for t in prompt]
-    if not prompt or min(prompt) < 0 or max(prompt) >= self.caps.vocab:
-      raise ValueError("add_request: prompt needs tokens in [0, V)")
-    if not 0 <= int(seed) <= _U64:
-      raise ValueError(f"add_request: seed {seed} is not a uint64")
-    generation = self._retired.pop(rid, 0)
-    self.requests[rid] = Request(rid, int(seed), prompt,
-                                 generation=generation,
-                                 digest=digest_lib.of(prompt))
+    self.ledger.add(rid, prompt, seed)
 
   def remove_request(self, rid: int) -> Send | None:
     """Forgets request `rid` here and (RESET REMOVE) on the worker."""
-    req = self.requests.pop(rid)
-    self._retired[rid] = req.generation + 1
+    self.ledger.remove(rid)
     self.counters.event("removes")
     return self._reset_message([rid], Reason.REMOVE)
 
   def reset(self, rid: int | None = None) -> Send | None:
     """Cancels request `rid` (all when None): a new generation, RESET."""
     targets = list(self.requests) if rid is None else [rid]
-    for r in targets:
-      req = self.requests[r]
-      self._bump(req)
+    self.ledger.bump_all(targets)
     self.counters.event("resets")
     return self._reset_message(targets, Reason.CANCEL)
-
-  def _bump(self, req: Request) -> None:
-    if req.generation >= _U32:
-      raise RuntimeError(f"request {req.rid}: generations exhausted")
-    req.generation, req.round = req.generation + 1, 0
 
   def _reset_message(self, rids: list[int], reason: Reason) -> Send | None:
     if not self.is_open or not rids:
@@ -239,10 +186,8 @@ class VerifierSession:
     session, keys = self.open_keys()
     frames = []
     for r in rids:
-      generation = (self.requests[r].generation if r in self.requests
-                    else self._retired.get(r, 0))
       frames.append(codec.encode(
-          Kind.RESET, session=session, generation=generation,
+          Kind.RESET, session=session, generation=self.ledger.generation(r),
           round_id=0, send=keys.send,
           body={"request": r, "reason": reason}))
     return Send(b"".join(frames))
@@ -265,8 +210,7 @@ class VerifierSession:
     """A new session: every request moves to a new generation (in-flight
     keys are void); send `hello()` next."""
     self.close()
-    for req in self.requests.values():
-      self._bump(req)
+    self.ledger.bump_all()
     self.counters.event("reconnects")
 
   def close(self) -> None:
@@ -366,13 +310,8 @@ class VerifierSession:
     busy = [r for r in rids if r in self._owner]
     if busy:
       raise ValueError(f"begin: requests {busy} are in a round in flight")
-    reqs = [self.requests[r] for r in rids]
-    tags: dict[int, tuple[int, int]] = {}
-    for req in reqs:
-      if req.round >= _U32:
-        self._bump(req)
-      req.round += 1
-      tags[req.rid] = (req.generation, req.round)
+    reqs = self.ledger.advance(rids)
+    tags = {req.rid: (req.generation, req.round) for req in reqs}
     assert self.slots is not None   # allocated when the session opened
     session, keys = self.open_keys()
     # A slot no exchange in flight holds (one is free: len(slots) is
@@ -413,7 +352,7 @@ class VerifierSession:
                   slot, self._keys, expected, auth.tag_of(frames[0]),
                   adaptive=self.adaptive)
     self.exchanges[ex.key] = ex
-    self._owner.update((r, ex) for r in rids)
+    self.ledger.own(ex)
     message = b"".join(frames)
     self.counters.event("bytes_out", len(message))
     return Send(message), ex
@@ -453,13 +392,8 @@ class VerifierSession:
 
   def fallback(self, rids: typing.Sequence[int], code: int) -> Verify:
     """A round with no exchange (no session): every request falls back."""
-    reqs = [self.requests[int(r)] for r in rids]
-    tags: list[tuple[int, int]] = []
-    for req in reqs:
-      if req.round >= _U32:
-        self._bump(req)
-      req.round += 1
-      tags.append((req.generation, req.round))
+    reqs = self.ledger.advance([int(r) for r in rids])
+    tags = [(req.generation, req.round) for req in reqs]
     return Verify(empty_plan(self.caps, [q.rid for q in reqs], tags,
                              [int(code)] * len(reqs), self.caps.max_depth))
 
@@ -522,7 +456,7 @@ class VerifierSession:
       return []
     tag = (header.generation, header.round)
     if tag != ex.tags[ex.rids[0]]:
-      late = self._late(tag)
+      late = self.ledger.late(tag)
       self.counters.reject(late or Code.BAD_SEQUENCE,
                            f"late RESET ({code.name})")
       return []
@@ -531,36 +465,6 @@ class VerifierSession:
       self.close()    # the worker restarted, or ended the session: HELLO again
     ex.refuse_open(code)
     return self._progress(now)
-
-  def _classify(self, rid: int, tag: tuple[int, int]) -> Code | None:
-    """None if `tag` is the tag of `rid` in its exchange in flight, else
-    the refusal."""
-    ex = self._owner.get(rid)
-    want = None if ex is None else ex.tags.get(rid)
-    if want is None:      # a request of no exchange in flight: late if older
-      req = self.requests.get(rid)
-      if req is None:
-        return (Code.STALE_GENERATION if rid in self._retired
-                else Code.BAD_SEQUENCE)
-      want = (req.generation, req.round + 1)
-      if tag >= want:
-        return Code.BAD_SEQUENCE
-    elif tag > want:
-      return Code.BAD_SEQUENCE
-    if tag[0] < want[0]:
-      return Code.STALE_GENERATION
-    return None if tag == want else Code.DUPLICATE_ROUND
-
-  def _late(self, tag: tuple[int, int]) -> Code | None:
-    """STALE_GENERATION / DUPLICATE_ROUND if `tag` is no request's current
-    tag but an older one of some request in flight; else None."""
-    if not self._owner:
-      return None
-    codes = [self._classify(rid, tag) for rid in self._owner]
-    if None in codes:
-      return None
-    older = [c for c in codes if c != Code.BAD_SEQUENCE]
-    return older[0] if older else None
 
   def _fail(self, ex: Exchange, i: int, code: int, detail: str) -> None:
     self.counters.reject(code, detail)
@@ -642,7 +546,7 @@ class VerifierSession:
     oldest open one with a request of its tag, else the oldest open one
     (a worker answers STEP messages in the order they came)."""
     tag = (header.generation, header.round)
-    late = self._late(tag)
+    late = self.ledger.late(tag)
     open_ = [ex for ex in self.exchanges.values()
              if ex.open and not ex.complete]
     if claims is not None:
@@ -722,7 +626,7 @@ class VerifierSession:
     """(exchange, index) of request `rid` if an answer tagged `tag` may
     fill it; else None, the answer refused and counted (a BAD_SEQUENCE one
     still closes the request's slot, unanswered, with its code)."""
-    code = self._classify(rid, tag)
+    code = self.ledger.classify(rid, tag)
     ex = self._owner.get(rid)
     if code is not None:
       self.counters.reject(code, f"{what} of request {rid} {tag}")
@@ -839,8 +743,7 @@ class VerifierSession:
 
   def _verify(self, ex: Exchange, counts: Counts = None) -> Verify:
     del self.exchanges[ex.key]
-    for rid in ex.rids:
-      del self._owner[rid]
+    self.ledger.release(ex)
     return Verify(ex.plan(self.caps, counts), ex.key)
 
   def commit(self, plan: Plan, outcomes: typing.Sequence[typing.Sequence[int]]
@@ -860,34 +763,27 @@ class VerifierSession:
                          plan.codes.tolist())
     drafted = plan.rows.tokens.tolist()
     for i, outcome in enumerate(outcomes):
-      accepted, token = outcome[0], outcome[1]
       refused = int(outcome[2]) if len(outcome) > 2 else 0
-      req = self.requests[rids[i]]
-      tag = (tags[i][0], tags[i][1])
-      req.generation, req.round = tag          # a follower mirrors them
       code = codes[i]
       if refused and not code:       # verification itself refused the row
-        self.counters.reject(refused, f"verification of request {req.rid}")
+        self.counters.reject(refused, f"verification of request {rids[i]}")
         code = refused
-      accepted = 0 if code else int(accepted)
-      committed = tuple(drafted[i][:accepted]) + (int(token),)
-      anchor = req.anchor
-      req.tokens.extend(committed)
-      req.digest = digest_lib.extend(req.digest, committed)
+      result = self.ledger.commit(rids[i], (tags[i][0], tags[i][1]), code,
+                                  outcome[0], drafted[i], outcome[1])
       self.counters.event("rounds")
-      self.counters.event("tokens", len(committed))
+      self.counters.event("tokens", len(result.committed))
       if code:
-        self._bump(req)
         self.counters.event("fallbacks")
-      result = RoundResult(req.rid, tag[0], tag[1], anchor, committed,
-                           accepted, bool(code), Code(code) if code else None)
+      tag, anchor, committed = ((result.generation, result.round),
+                                result.anchor, result.committed)
+      accepted = result.accepted
       results.append(result)
       if self.is_open:
         session, keys = self.open_keys()
         frames.append(codec.encode(
             Kind.COMMIT, session=session, generation=tag[0],
             round_id=tag[1], send=keys.send, body={
-                "request": req.rid, "accepted": accepted, "status": code,
+                "request": result.rid, "accepted": accepted, "status": code,
                 "fallback": int(bool(code)), "next_token": committed[-1],
                 "new_position": anchor + len(committed)}))
     if not frames:
