@@ -12,10 +12,21 @@ is routed to an exchange only where the table allows it).
     SENT, ANSWERING --FALL_BACK--> FAILED     (deadline, or all refused)
 
 A request's answer, whichever frame carried it (a REPLY with its
-COMPLETION, or a PACKED record), is judged by one cascade (`judge`):
-the worker's status, then anchor and context, then the frame's own
-defect, then its depth. Drivers read an exchange and never write it: a
-deadline is the session's input (`begin`'s `timeout_s`, `expire`).
+COMPLETION, or a PACKED record), is judged by one cascade (`judge`): the
+worker's status (a known Code, or BAD_STATUS), then anchor and context
+(STATE_MISMATCH), then the frame's own defect (a REPLY's: its rows of
+another request, tag or depth, BAD_SEQUENCE; its size, UNEXPECTED_SIZE;
+its tag against the COMPLETION's, CHECKSUM_MISMATCH), then its depth
+(BAD_SEQUENCE); then its rows are copied into the staging slot. A PACKED
+answer's records are compared with the expected ones at once
+(`take_packed`): when all match (the usual answer) the q rows are staged
+in place in the received message, else those that match are copied in
+bulk and any other record is judged alone. On a session that agreed on
+ADAPTIVE_DEPTH an answer may carry d in [1, depth] rows (`fits`);
+elsewhere any depth but the exchange's is BAD_SEQUENCE.
+
+Drivers read an exchange and never write it: a deadline is the session's
+input (`begin`'s `timeout_s`, `expire`).
 
 No socket, clock or JAX here (tests/test_layers.py).
 """
@@ -29,8 +40,10 @@ from numpy.typing import ArrayLike
 
 from dyadic_jax.bridge import hello, staging
 from dyadic_jax.bridge.effects import Counts, Plan
-from dyadic_jax.wire import layouts, qformats
+from dyadic_jax.wire import codec, layouts, qformats
 from dyadic_jax.wire.refusals import Code
+
+_RECORDS_AT = layouts.FIXED_BYTES[layouts.Kind.PACKED]   # PACKED records
 
 __all__ = ["Event", "Exchange", "ExchangeError", "State", "TRANSITIONS",
            "empty_plan"]
@@ -222,6 +235,36 @@ class Exchange:
       self.rows = self.rows._replace(values=rows.values)
       rows = rows._replace(values=None)
     self.take(slice(None), rows, slice(None), lengths)
+
+  def take_packed(self, f: codec.Frame) -> np.ndarray:
+    """Takes the records of PACKED answer `f` that are the expected ones,
+    in bulk; returns the indices of the others (each to be judged alone)."""
+    records, rows = f.records, f.rows
+    assert records is not None and rows is not None   # decoded PACKED
+    r = len(records)
+    if r == len(self.rids) and f.body.depth == self.depth and (
+        f.raw[_RECORDS_AT:_RECORDS_AT + len(self.expected_bytes)]
+        == self.expected_bytes) and not self.answered.any():
+      # Every record the expected one, byte for byte (the usual answer): the
+      # field comparisons below would all hold.
+      self.take_in_place(rows)
+      return np.zeros(0, np.intp)
+    good = np.zeros(r, bool)
+    if f.body.depth == self.depth:
+      m = min(r, len(self.rids))
+      # Field by field: a reserved field is not the worker's to fill.
+      good[:m] = ~self.answered[:m]
+      for name in ("request", "status", "generation", "round", "anchor",
+                   "context_version"):
+        good[:m] &= records[name][:m] == self.expected[name][:m]
+      good[:m] &= self.fits(records["depth"][:m])
+    if good.all() and r == len(self.rids):
+      self.take_in_place(rows, records["depth"])  # reserved fields apart
+      return np.zeros(0, np.intp)
+    if good.any():
+      index = np.flatnonzero(good)
+      self.take(index, rows, index, records["depth"][index])
+    return np.flatnonzero(~good)
 
   # -- the end ---------------------------------------------------------------
 

@@ -27,33 +27,21 @@ the HELLO or the STEP in flight that this side sent. While a session
 opens, nothing but a HELLO or a RESET is decoded, and a RESET only after
 its tag checks. Frames of older rounds or generations (late, duplicated) are counted
 as STALE_GENERATION / DUPLICATE_ROUND and dropped before anything is
-copied. For this exchange, per request: its COMPLETION's status (a known
-Code or BAD_STATUS), anchor and context (STATE_MISMATCH), its REPLY
-(depth, rows of this request and tag: BAD_SEQUENCE; size: UNEXPECTED_SIZE;
-the REPLY's tag: CHECKSUM_MISMATCH); then its rows are copied into the
-staging slot. On a session that agreed on PACKED replies
-(`Feature.PACKED_REPLY`) the answer is one frame under one tag: its
-records are compared with the exchange's expected ones at once (numpy);
-when all match (the usual answer) the Stage reads the q rows in place in
-the received message, else the rows of those that match are copied into
-the slot in bulk, and any other record
-goes through the same per-request checks (a stale or duplicate tag, a
-status, anchor and context, its depth: BAD_SEQUENCE). Once every
-request is answered, `Stage` asks the driver to
-validate the rows (the q format's kernel) and audit the tokens against
-the PROPOSAL draws; only `staged` turns the verdicts into a `Plan`.
+copied. An answer of the exchange in flight is judged by that exchange
+(`bridge.exchange`: one cascade whichever frame carried it; on a PACKED
+session the expected records in bulk, the q rows staged in place). Once
+every request is answered, `Stage` asks the driver to validate the rows
+(the q format's kernel) and audit the tokens against the PROPOSAL draws;
+only `staged` turns the verdicts into a `Plan`.
 
 Sending. `begin` makes one STEP frame per request, or on a session that
 agreed on PACKED_STEP frames (`Feature.PACKED_STEP`) one frame of a
 record per request under one tag (after the round's CONTEXT frames).
 
-Short answers. On a session that agreed on ADAPTIVE_DEPTH a request may
-be answered with d in [1, the exchange's depth] rows (a REPLY and
-COMPLETION of depth d, a PACKED record of depth d); elsewhere any depth
-but the exchange's is BAD_SEQUENCE, as before. Its d rows are staged, the
-verdicts of the slot's rows past d are not read (`short_answers` counts
-such requests), and the Plan carries each request's length
-(`Plan.lengths`).
+Short answers (ADAPTIVE_DEPTH: 1..depth rows, `bridge.exchange`): the
+verdicts of a slot's rows past an answer's length are not read
+(`short_answers` counts such requests), and the Plan carries each
+request's length (`Plan.lengths`).
 
 Contexts. On a session that agreed on CONTEXT frames (`Feature.CONTEXT`),
 `begin` puts a CONTEXT frame (the request's committed tokens, prompt
@@ -572,34 +560,11 @@ class VerifierSession:
     if (f.header.generation, f.header.round) != (generation, round_id):
       self._broken(Code.BAD_SEQUENCE, f.header, "PACKED header tag")
       return
-    r = len(records)
     # The exchange its first record's request is in (a worker answers one
     # STEP message with one PACKED frame).
     ex = self._owner.get(rid)
-    if ex is not None and r == len(ex.rids) and f.body.depth == ex.depth and (
-        f.raw[_RECORDS_AT:_RECORDS_AT + len(ex.expected_bytes)]
-        == ex.expected_bytes) and not ex.answered.any():
-      # Every record the expected one, byte for byte (the usual answer): the
-      # field comparisons below would all hold.
-      ex.take_in_place(rows)
-      return
-    good = np.zeros(r, bool)
-    if ex is not None and f.body.depth == ex.depth:
-      m = min(r, len(ex.rids))
-      # Field by field: a reserved field is not the worker's to fill.
-      good[:m] = ~ex.answered[:m]
-      for name in ("request", "status", "generation", "round", "anchor",
-                   "context_version"):
-        good[:m] &= records[name][:m] == ex.expected[name][:m]
-      good[:m] &= ex.fits(records["depth"][:m])
-    if good.all() and ex is not None and r == len(ex.rids):
-      ex.take_in_place(rows, records["depth"])  # reserved fields apart
-      return
-    if good.any():
-      assert ex is not None
-      index = np.flatnonzero(good)
-      ex.take(index, rows, index, records["depth"][index])
-    for j in np.flatnonzero(~good):
+    left = np.arange(len(records)) if ex is None else ex.take_packed(f)
+    for j in left:
       self._record(f, int(j))
 
   def _record(self, f: codec.Frame, j: int) -> None:
