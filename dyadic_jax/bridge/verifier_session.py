@@ -3,9 +3,9 @@
 `VerifierSession` never touches a socket, a thread, a clock or JAX; the
 driver (`bridge.verifier.Verifier`) passes the time in and performs the
 records it gets back (`bridge.effects`). It owns the session (HELLO,
-keys), frame authentication, the routing of each answer to its exchange
-in flight (`bridge.exchange`) and the staging slots, and counts every
-refusal; the requests' committed state is its `ledger` (`bridge.ledger`). Every failure path is a counted refusal,
+keys), frame authentication, the exchanges in flight (`bridge.exchange`;
+an authenticated answer's frames are routed to them by `bridge.answers`)
+and the staging slots, and counts every refusal; the requests' committed state is its `ledger` (`bridge.ledger`). Every failure path is a counted refusal,
 never an exception (tests/fuzz_sessions.py holds it to that).
 
 One round of a batch (generation g, round n of each request):
@@ -71,6 +71,7 @@ import typing
 import numpy as np
 
 from dyadic_jax.bridge import hello, staging
+from dyadic_jax.bridge.answers import Answers
 from dyadic_jax.bridge.counters import Counters
 from dyadic_jax.bridge.effects import Counts, Plan, Send, Stage, Verify
 from dyadic_jax.bridge.exchange import Event, Exchange, empty_plan
@@ -83,7 +84,6 @@ __all__ = ["Exchange", "Request", "RoundResult", "VerifierSession",
            "empty_plan"]
 
 _RECORD = layouts.RECORD_STRUCT
-_RECORDS_AT = layouts.FIXED_BYTES[Kind.PACKED]   # a PACKED frame's records
 CLOSED, OPENING, OPEN = "closed", "opening", "open"
 
 
@@ -102,7 +102,7 @@ class VerifierSession:
     self.bounds = caps.bounds
     self.timeout_s = float(timeout_s)
     self.audit = bool(audit) and not caps.greedy
-    self.counters = counters or Counters("verifier")
+    self._counters = counters or Counters("verifier")
     self._secret = secret
     self._entropy = entropy
     self._hello_keys = auth.hello_keys(secret, auth.VERIFIER)
@@ -119,12 +119,21 @@ class VerifierSession:
     # The rounds in flight (at most `caps.max_slots`), oldest first, by
     # key; and which one each request of theirs is in.
     self.exchanges: dict[int, Exchange] = {}
-    self._owner = self.ledger.owner
+    self.answers = Answers(self.ledger, self.exchanges, self.counters)
     self._keys = 0
     # Allocated once a HELLO agrees.
     self.slots: list[staging.Slot] | None = None
     self.max_message = self.bounds.max_reply_message
     self.max_frames = 2 * caps.max_requests
+
+  @property
+  def counters(self) -> Counters:
+    return self._counters
+
+  @counters.setter
+  def counters(self, counters: Counters) -> None:
+    """A new count (tests) reaches the router of answers too."""
+    self._counters = self.answers.counters = counters
 
   @property
   def is_open(self) -> bool:
@@ -140,7 +149,7 @@ class VerifierSession:
     counted (a driver that gives up on its rounds; their requests keep
     the tags they were sent with, so a late answer is stale)."""
     self.exchanges.clear()
-    self._owner.clear()
+    self.ledger.owner.clear()
 
   def open_keys(self) -> tuple[int, auth.Keys]:
     """(session id, keys) of the open session (RuntimeError: none is)."""
@@ -295,7 +304,7 @@ class VerifierSession:
       raise ValueError(f"begin: {len(rids)} distinct requests in [1, "
                        f"{self.caps.max_requests}] and depth {depth} in "
                        f"[1, {self.caps.max_depth}] needed")
-    busy = [r for r in rids if r in self._owner]
+    busy = [r for r in rids if r in self.ledger.owner]
     if busy:
       raise ValueError(f"begin: requests {busy} are in a round in flight")
     reqs = self.ledger.advance(rids)
@@ -427,7 +436,7 @@ class VerifierSession:
     if headers[0].kind == Kind.HELLO and len(frames) == 1:
       self.counters.event("late_hellos")   # a retried HELLO's answer
       return []
-    self._frames(frames, headers)
+    self.answers.route(frames, headers, self.bounds)
     return self._progress(now)
 
   def _refusal(self, ex: Exchange, frame: memoryview,
@@ -453,193 +462,6 @@ class VerifierSession:
       self.close()    # the worker restarted, or ended the session: HELLO again
     ex.refuse_open(code)
     return self._progress(now)
-
-  def _fail(self, ex: Exchange, i: int, code: int, detail: str) -> None:
-    self.counters.reject(code, detail)
-    ex.refuse(i, code)
-
-  def _frames(self, frames: list[memoryview],
-              headers: list[layouts.Header]) -> None:
-    """Groups an authenticated message into (REPLY?, COMPLETION) answers."""
-    decoded: list[tuple[codec.Frame | None, int | None]] = []
-    for frame, h in zip(frames, headers):
-      try:
-        decoded.append((codec.decode(frame, self.bounds), None))
-      except ProtocolError as e:
-        decoded.append((None, e.code))
-    claims = self._claims(decoded)
-    i = 0
-    while i < len(decoded):
-      got, code = decoded[i]
-      kind = headers[i].kind
-      if kind == Kind.PACKED:
-        if code is not None:
-          self._broken(code, headers[i], "PACKED", claims)
-          return
-        assert got is not None
-        self._packed(got)
-        i += 1
-        continue
-      if kind == Kind.REPLY and i + 1 < len(decoded) and (
-          headers[i + 1].kind == Kind.COMPLETION):
-        reply, reply_code = got, code
-        done, done_code = decoded[i + 1]
-        i += 2
-      elif kind == Kind.COMPLETION:
-        reply, reply_code = None, None
-        done, done_code = got, code
-        i += 1
-      else:
-        self._broken(Code.BAD_SEQUENCE, headers[i], "rows without COMPLETION"
-                     if kind == Kind.REPLY else f"{Kind(kind).name} frame",
-                     claims)
-        return
-      if done_code is not None:
-        self._broken(done_code, headers[i - 1], "COMPLETION", claims)
-        return
-      assert done is not None       # decoded (no code)
-      self._answer(reply, reply_code, done)
-
-  def _claims(self, decoded: list[tuple[codec.Frame | None, int | None]]
-              ) -> Exchange | None:
-    """The exchange a message answers, by the first of its decoded frames
-    that names a request of an exchange in flight under that request's
-    tag there (a worker answers one STEP message with one message: with
-    two rounds in flight the (generation, round) of a header alone can be
-    both exchanges')."""
-    for got, _ in decoded:
-      if got is None:
-        continue
-      if got.records is not None:
-        if not len(got.records):
-          continue
-        rec = got.records[0]
-        rid, tag = int(rec["request"]), (int(rec["generation"]),
-                                         int(rec["round"]))
-      elif got.kind in (Kind.REPLY, Kind.COMPLETION):
-        rid, tag = int(got.body.request), got.tag
-      else:
-        continue
-      ex = self._owner.get(rid)
-      if ex is not None and ex.tags[rid] == tag:
-        return ex
-    return None
-
-  def _broken(self, code: int, header: layouts.Header, detail: str,
-              claims: Exchange | None = None) -> None:
-    """An authenticated frame that cannot be attributed to one request:
-    it fails every unanswered request of the exchange it claims: the one
-    its message answers (`claims`; none when that one is answered in
-    full already: another exchange is never failed for it), else the
-    oldest open one with a request of its tag, else the oldest open one
-    (a worker answers STEP messages in the order they came)."""
-    tag = (header.generation, header.round)
-    late = self.ledger.late(tag)
-    open_ = [ex for ex in self.exchanges.values()
-             if ex.open and not ex.complete]
-    if claims is not None:
-      ex = claims if claims in open_ else None
-    else:
-      ex = next((e for e in open_ if any(
-          e.tags[r] == tag and not e.answered[e.index[r]] for r in e.rids)),
-                open_[0] if open_ else None)
-    if late or ex is None:
-      self.counters.reject(late or code, detail)
-      return
-    self.counters.reject(code, detail)
-    ex.refuse_open(code)
-
-  def _packed(self, f: codec.Frame) -> None:
-    """A PACKED answer: records as expected are taken in bulk; the others
-    one by one, with the per-frame answer's checks."""
-    records, rows = f.records, f.rows
-    assert records is not None and rows is not None   # decoded PACKED
-    # The first record, as Python ints (decode made sure there is one).
-    rid, _, _, _, generation, round_id, _, _ = _RECORD.unpack_from(
-        f.raw, _RECORDS_AT)
-    if (f.header.generation, f.header.round) != (generation, round_id):
-      self._broken(Code.BAD_SEQUENCE, f.header, "PACKED header tag")
-      return
-    # The exchange its first record's request is in (a worker answers one
-    # STEP message with one PACKED frame).
-    ex = self._owner.get(rid)
-    left = np.arange(len(records)) if ex is None else ex.take_packed(f)
-    for j in left:
-      self._record(f, int(j))
-
-  def _record(self, f: codec.Frame, j: int) -> None:
-    """Record `j` of a PACKED answer that is not the expected one."""
-    records = f.records
-    assert records is not None and f.rows is not None
-    rec = records[j]
-    rid = int(rec["request"])
-    tag = (int(rec["generation"]), int(rec["round"]))
-    slot = self._open_slot(rid, tag, "record")
-    if slot is None:
-      return
-    ex, i = slot
-    depth = int(rec["depth"])
-    defect = None if f.body.depth == ex.depth else (Code.BAD_SEQUENCE,
-                                                    "depth")
-    if self._accept(ex, i, f"request {rid} {tag}", int(rec["status"]),
-                    int(rec["anchor"]), int(rec["context_version"]), depth,
-                    defect):
-      ex.take(np.array([i]), f.rows, np.array([j]), depth)
-
-  def _open_slot(self, rid: int, tag: tuple[int, int],
-                 what: str) -> tuple[Exchange, int] | None:
-    """(exchange, index) of request `rid` if an answer tagged `tag` may
-    fill it; else None, the answer refused and counted (a BAD_SEQUENCE one
-    still closes the request's slot, unanswered, with its code)."""
-    code = self.ledger.classify(rid, tag)
-    ex = self._owner.get(rid)
-    if code is not None:
-      self.counters.reject(code, f"{what} of request {rid} {tag}")
-      if code == Code.BAD_SEQUENCE and ex is not None and ex.open:
-        i = ex.index[rid]
-        if not ex.answered[i]:
-          ex.refuse(i, code)
-      return None
-    assert ex is not None         # the tag is its exchange's (_classify)
-    i = ex.index[rid]
-    if ex.answered[i]:          # the same exchange answered twice (a retry)
-      self.counters.reject(Code.DUPLICATE_ROUND, f"second {what} of {rid}")
-      return None
-    return ex, i
-
-  def _answer(self, reply: codec.Frame | None, reply_code: int | None,
-              done: codec.Frame) -> None:
-    body = done.body
-    rid, tag = body.request, done.tag
-    slot = self._open_slot(rid, tag, "reply")
-    if slot is None:
-      return
-    ex, i = slot
-    defect: tuple[int, str] | None = None
-    if reply_code is not None:
-      defect = reply_code, "REPLY"
-    elif reply is None or not ex.fits(body.depth) or (
-        reply.body.request, reply.tag, reply.body.depth) != (rid, tag,
-                                                              body.depth):
-      defect = Code.BAD_SEQUENCE, "rows"
-    elif body.reply_bytes != len(reply.raw):
-      defect = Code.UNEXPECTED_SIZE, "reply bytes"
-    elif body.reply_tag != reply.header.tag:
-      defect = Code.CHECKSUM_MISMATCH, "REPLY vs COMPLETION"
-    if self._accept(ex, i, f"request {rid} {tag}", body.status, body.anchor,
-                    body.context_version, body.depth, defect):
-      assert reply is not None and reply.rows is not None   # no defect
-      ex.take_row(i, reply.rows, body.depth)
-
-  def _accept(self, ex: Exchange, i: int, what: str, status: int,
-              anchor: int, context_version: int, depth: int,
-              defect: tuple[int, str] | None) -> bool:
-    """Whether request i's answer may be taken (`Exchange.judge`); if
-    not, it is refused and counted."""
-    refusal = ex.judge(i, status, anchor, context_version, depth, defect)
-    if refusal is not None:
-      self._fail(ex, i, refusal[0], f"{what}: {refusal[1]}")
-    return refusal is None
 
   def _progress(self, now: float) -> list[Stage | Verify]:
     """The effects of every exchange that ended: answered in full (a

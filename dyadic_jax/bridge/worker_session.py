@@ -162,7 +162,7 @@ class WorkerSession:
     self.caps = caps
     self.bounds = caps.bounds
     self._greedy = caps.greedy    # read per STEP (a property of caps)
-    self.counters = counters or Counters("worker")
+    self._counters = counters or Counters("worker")
     self._secret = secret
     self._entropy = entropy
     self._hello_keys = auth.hello_keys(secret, auth.WORKER)
@@ -188,6 +188,16 @@ class WorkerSession:
   @property
   def session(self) -> int | None:
     return None if self.established is None else self.established.id
+
+  @property
+  def counters(self) -> Counters:
+    return self._counters
+
+  @counters.setter
+  def counters(self, counters: Counters) -> None:
+    """A new count reaches the views and the reply slots too."""
+    self._counters = self.ledger.counters = counters
+    self.replies.counters = counters
 
   @property
   def slots(self) -> list[bytearray] | None:
