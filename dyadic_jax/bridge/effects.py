@@ -89,7 +89,9 @@ class Plan(typing.NamedTuple):
   sparse q, else None; values None: q travels as `counts`). lengths[r]:
   request r's drafted rows d in [1, D] (D but on a session that agreed on
   ADAPTIVE_DEPTH): only rows[r, :d] and counts[r, :d] are its chain, the
-  correction or bonus row the target's row d.
+  correction or bonus row the target's row d. key: the session's number
+  of the round (`Exchange.key`, `Verify.key`; fallback rounds are
+  numbered too): the one name of a round from its begin to every rank.
   """
   rids: np.ndarray       # int32[R]
   tags: np.ndarray       # int64[R, 2]  (generation, round)
@@ -98,6 +100,7 @@ class Plan(typing.NamedTuple):
   counts: Counts         # int32[R, D, w] validated q, or None
   stop: np.ndarray       # int32[]: 1 tells follower ranks to return
   lengths: np.ndarray    # int32[R] rows of each request's chain (<= D)
+  key: int = 0           # the round's number in its session
 
 
 class Stage(typing.NamedTuple):
@@ -119,6 +122,7 @@ class Stage(typing.NamedTuple):
 
 class Verify(typing.NamedTuple):
   """Run `plan` on every rank, then call `VerifierSession.commit`. key:
-  the exchange it ends (`Exchange.key`; 0 for a round without one)."""
+  the round it ends (`Exchange.key`; a round without an exchange has its
+  own, `VerifierSession.fallback`)."""
   plan: Plan
   key: int = 0

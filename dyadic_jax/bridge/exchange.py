@@ -273,7 +273,8 @@ class Exchange:
     back); moves to DONE or FAILED."""
     self.fire(Event.VERDICT if self.staging else Event.FALL_BACK)
     plan = empty_plan(caps, self.rids, [self.tags[r] for r in self.rids],
-                      self.codes, self.depth, self.lengths)
+                      self.codes, self.depth, self.lengths)._replace(
+                          key=self.key)
     ok = plan.codes == 0
     if ok.any():
       rows = plan.rows

@@ -120,7 +120,9 @@ class VerifierSession:
     # key; and which one each request of theirs is in.
     self.exchanges: dict[int, Exchange] = {}
     self.answers = Answers(self.ledger, self.exchanges, self.counters)
-    self._keys = 0
+    # The key of the last round begun: every round is numbered, fallback
+    # ones too, and the number travels with its plan to every rank.
+    self._rounds = 0
     # Allocated once a HELLO agrees.
     self.slots: list[staging.Slot] | None = None
     self.max_message = self.bounds.max_reply_message
@@ -340,13 +342,13 @@ class VerifierSession:
                 "last_token": req.tokens[-1], "seed": req.seed,
                 "anchor": req.anchor, "context_version": req.context_version,
                 "prefix_digest": req.digest}))
-    self._keys += 1
+    self._rounds += 1
     expected = b"".join(
         _RECORD.pack(req.rid, depth, 0, 0, req.generation, req.round,
                      req.anchor, req.context_version) for req in reqs)
     ex = Exchange(rids, tags, depth,
                   now + (self.timeout_s if timeout_s is None else timeout_s),
-                  slot, self._keys, expected, auth.tag_of(frames[0]),
+                  slot, self._rounds, expected, auth.tag_of(frames[0]),
                   adaptive=self.adaptive)
     self.exchanges[ex.key] = ex
     self.ledger.own(ex)
@@ -388,11 +390,14 @@ class VerifierSession:
     return self.exchange if key is None else self.exchanges.get(key)
 
   def fallback(self, rids: typing.Sequence[int], code: int) -> Verify:
-    """A round with no exchange (no session): every request falls back."""
+    """A round with no exchange (no session): every request falls back.
+    It is numbered as every round is (its Verify's key)."""
     reqs = self.ledger.advance([int(r) for r in rids])
     tags = [(req.generation, req.round) for req in reqs]
-    return Verify(empty_plan(self.caps, [q.rid for q in reqs], tags,
-                             [int(code)] * len(reqs), self.caps.max_depth))
+    self._rounds += 1
+    plan = empty_plan(self.caps, [q.rid for q in reqs], tags,
+                      [int(code)] * len(reqs), self.caps.max_depth)
+    return Verify(plan._replace(key=self._rounds), self._rounds)
 
   def receive(self, message: layouts.Buffer,
               now: float = 0.0) -> list[Stage | Verify]:

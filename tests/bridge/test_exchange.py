@@ -75,3 +75,14 @@ def test_begin_takes_the_deadline_and_expire_ends_an_unsent_step():
   pair.verifier.expire(ex.key)
   (verify,) = pair.verifier.poll(0.0)
   assert verify.key == ex.key and ex.state is State.FAILED
+
+
+def test_every_round_has_one_number_fallback_rounds_too():
+  pair = _pair(h.caps())
+  _, first = _begin(pair, [0])
+  bare = pair.verifier.fallback([1], 7)
+  (verify,) = pair.verifier.poll(first.deadline)
+  assert verify.key == verify.plan.key == first.key
+  assert bare.key == bare.plan.key == first.key + 1
+  _, third = _begin(pair, [1])
+  assert third.key == first.key + 2
