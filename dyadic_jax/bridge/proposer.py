@@ -56,28 +56,13 @@ from dyadic_jax import admission as admission_lib
 from dyadic_jax import models, rng, rowops
 from dyadic_jax.models import pool
 from dyadic_jax.bridge import hello
+from dyadic_jax.bridge.drafting import DraftProposer, Proposer
 from dyadic_jax.bridge.effects import Call
 from dyadic_jax.bridge.hello import MAX_POSITION
 from dyadic_jax.errors import raise_for_status
 from dyadic_jax.wire import qformats
 
 _U32, _U64 = (1 << 32) - 1, (1 << 64) - 1
-
-
-class Proposer(typing.Protocol):
-  """What the worker draws with: `draft_proposer`'s, or any callable of
-  this signature (a model-specific draft)."""
-
-  def __call__(self, seed: int, generation: int, round_id: int, anchor: int,
-               last_token: int, depth: int,
-               out: qformats.Rows | None = None, *,
-               request: int | None = None,
-               context: np.ndarray | None = None) -> qformats.Rows:
-    """One request's proposal for one round: tokens int32[D] (x_1..x_D),
-    n int32[D] (V dense, the live entries sparse, 0 greedy), ids
-    int32[D, k] of sparse rows (ascending, padding -1) or None, values
-    float32[D, w] q rows or None (greedy)."""
-    ...
 
 
 def check_step(caps: hello.Capabilities, seed: int, generation: int,
@@ -309,29 +294,6 @@ def draft_proposer(
 
   return DraftProposer(propose, many, forget,
                        slabs is not None and adaptive is None, admission)
-
-
-class DraftProposer(typing.NamedTuple):
-  """`draft_proposer`'s result: a `Proposer` (call it as one), plus
-  `many(calls, depth)`, the proposals of a batch of requests (`Call`s) in
-  one draft call where the draft offers a slab, and `forget(request)`,
-  which drops a request's handle (a slab has `max_requests` slots, one
-  slab per round in flight). admission: the stopping rule a call without
-  `out` drafts under (None: fixed depth); a worker with one asks its
-  session for `Feature.ADAPTIVE_DEPTH`."""
-  propose: Proposer
-  many: typing.Callable[[typing.Sequence[Call], int], list[qformats.Rows]]
-  forget: typing.Callable[[int], None]
-  batched: bool = False    # `many` is one draft call (else one per call)
-  admission: admission_lib.AdaptiveDepth | None = None
-
-  def __call__(self, seed: int, generation: int, round_id: int, anchor: int,
-               last_token: int, depth: int,
-               out: qformats.Rows | None = None, *,
-               request: int | None = None,
-               context: np.ndarray | None = None) -> qformats.Rows:
-    return self.propose(seed, generation, round_id, anchor, last_token,
-                        depth, out, request=request, context=context)
 
 
 class _Sent(typing.NamedTuple):

@@ -26,16 +26,13 @@ from absl import logging
 import numpy as np
 import zmq
 
-from dyadic_jax.bridge import hello
+from dyadic_jax.bridge import drafting, hello
 from dyadic_jax.bridge.counters import Counters
 from dyadic_jax.bridge.effects import Call, Propose, Send
 from dyadic_jax.bridge.transport import Curve, Endpoint
 from dyadic_jax.bridge.worker_session import WorkerSession
 from dyadic_jax.wire import layouts, qformats
 from dyadic_jax.wire.refusals import Code
-
-if typing.TYPE_CHECKING:     # the proposer is JAX's; this driver is not
-  from dyadic_jax.bridge import proposer
 
 
 class DrawHook:
@@ -57,7 +54,7 @@ class Worker:
   """Serves proposals for a verifier. Not thread safe: one loop owns it."""
 
   def __init__(self, caps: hello.Capabilities,
-               propose_fn: "proposer.Proposer", *,
+               propose_fn: drafting.Proposer, *,
                secret: bytes | None, counters: Counters | None = None,
                max_views: int = 4096,
                draw_hook: DrawHook | None = None,
@@ -67,12 +64,13 @@ class Worker:
     draw (default: nobody). wants_context: accept CONTEXT frames, so the
     proposer is handed each request's committed prefix (`context=`)."""
     self.caps = caps
-    self.propose = propose_fn
+    # Its optional capabilities (batched draws, a stopping rule) declared.
+    self.propose = drafting.declared(propose_fn)
     self.draw_hook = draw_hook or DrawHook()
     self.session = WorkerSession(
         caps, secret=secret, counters=counters, max_views=max_views,
         wants_context=wants_context,
-        wants_adaptive=getattr(propose_fn, "admission", None) is not None)
+        wants_adaptive=self.propose.admission is not None)
     self._trackers: dict[int, list[zmq.MessageTracker]] = {}
 
   @property
@@ -111,7 +109,7 @@ class Worker:
         many([Call(2 ** 64 - 1, 0, 0, n + 1, 0, rid, context)
               for rid in rids], self.caps.max_depth)
         for rid in rids:
-          typing.cast(typing.Any, self.propose).forget(rid)
+          self.propose.forget(rid)
       n *= 2
 
   def handle(self, message: layouts.Buffer) -> list[Send]:
@@ -138,14 +136,13 @@ class Worker:
     return self.session.finish(answer, failed, lengths)
 
   def _batch_draw(self) -> typing.Callable[..., typing.Any] | None:
-    """The proposer's batched draw (`many` of a `proposer.DraftProposer`
+    """The proposer's batched draw (`many` of a `drafting.DraftProposer`
     whose draft has a slab: `batched`), or None where the worker draws
     one by one (any other proposer, or a draw hook whose ranks draw with
     each proposal)."""
-    if not (getattr(self.propose, "batched", False)
-            and self.draw_hook.batched):
+    if not (self.propose.batched and self.draw_hook.batched):
       return None
-    return typing.cast(typing.Any, self.propose).many
+    return self.propose.many
 
   def _draw_many(self, props: typing.Sequence[Propose]) -> bool:
     """Draws every proposal of a STEP message in one batched draft call
@@ -232,7 +229,7 @@ def _put(into: qformats.Rows, rows: qformats.Rows) -> None:
 
 
 def serve_forever(caps: hello.Capabilities,
-                  propose_fn: "proposer.Proposer", address: str,
+                  propose_fn: drafting.Proposer, address: str,
                   *, secret: bytes | None, curve: Curve | None = None,
                   ready: typing.Callable[[str], None] | None = None,
                   on_exit: typing.Callable[["Worker"], None] | None = None,
