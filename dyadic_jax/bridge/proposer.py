@@ -157,12 +157,20 @@ def draft_proposer(
   model = models.as_draft(draft, backbone=backbone_fn, depth=caps.max_depth)
   states: collections.OrderedDict[int, models.State] = (
       collections.OrderedDict())
-  adaptive = None
-  if admission is not None:
-    if admission.min_depth < 1 or executor is not rowops.LOCAL:
-      raise ValueError("draft_proposer: adaptive admission needs min_depth "
-                       ">= 1 (a REPLY carries 1..D rows) and one device")
-    adaptive = _Adaptive(model, caps, admission, max_states)
+  if admission is not None and (admission.min_depth < 1
+                                or executor is not rowops.LOCAL):
+    raise ValueError("draft_proposer: adaptive admission needs min_depth "
+                     ">= 1 (a REPLY carries 1..D rows) and one device")
+
+  def row(logits: jax.Array, key: jax.Array, position: jax.Array
+          ) -> tuple[typing.Any, ...]:
+    """One drafted position: its PROPOSAL draw and its q format's row
+    (token, status, values, ids, n): the step of every chain shape."""
+    draw = rng.proposal_draw(key, position) if fmt.sampled else None
+    return fmt.propose(logits, draw, caps.width, executor)
+
+  adaptive = (None if admission is None else
+              _Adaptive(model, caps, admission, max_states, row))
 
   @functools.partial(jax.jit, static_argnums=(5,))
   def chain(seed: jax.Array, generation: jax.Array, round_id: jax.Array,
@@ -173,9 +181,8 @@ def draft_proposer(
     out = []
     for i in range(depth):
       logits, state = model.step(state, prev)
-      draw = rng.proposal_draw(key, anchor + i) if fmt.sampled else None
-      prev, *row = fmt.propose(logits, draw, caps.width, executor)
-      out.append((prev, *row))
+      prev, *rest = row(logits, key, anchor + i)
+      out.append((prev, *rest))
     # (tokens, status, values, ids, n), each stacked over the depth.
     return tuple(jnp.stack(parts) if parts[0] is not None else None
                  for parts in zip(*out)), state
@@ -193,19 +200,15 @@ def draft_proposer(
              ) -> tuple[tuple[typing.Any, ...], typing.Any]:
     # Every slot's chain at once (idle slots too: their rows are dropped);
     # kind: the slab's class (its traced halves are static methods).
-    keys = jax.vmap(rng.round_key)(seeds, generations, rounds)
-    propose_row = jax.vmap(lambda logits, draw: fmt.propose(
-        logits, draw, caps.width, executor))
+    keys = rng.round_keys(seeds, generations, rounds)
     out = []
     logits, slab_ = kind.first(weights, slab_, feed, span)
     prev = None
     for i in range(depth):
       if i:
         logits, slab_ = kind.step(weights, slab_, feed, prev, i, span)
-      draw = (jax.vmap(rng.proposal_draw)(keys, anchors + i)
-              if fmt.sampled else None)
-      prev, *row = propose_row(logits, draw)
-      out.append((prev, *row))
+      prev, *rest = jax.vmap(row)(logits, keys, anchors + i)
+      out.append((prev, *rest))
     return tuple(jnp.stack(parts, axis=1) if parts[0] is not None else None
                  for parts in zip(*out)), slab_
 
@@ -308,13 +311,14 @@ class _Adaptive:
   """`draft_proposer`'s chain under an `AdaptiveDepth` (host loop)."""
 
   def __init__(self, model: models.DraftModel, caps: hello.Capabilities,
-               rule: admission_lib.AdaptiveDepth, max_states: int) -> None:
+               rule: admission_lib.AdaptiveDepth, max_states: int,
+               row_step: typing.Callable[..., tuple[typing.Any, ...]]
+               ) -> None:
     self.rule = rule
     self.history = admission_lib.acceptance_history(caps.max_depth)
     self.sent: collections.OrderedDict[int, _Sent] = (
         collections.OrderedDict())
     self.max_states = max_states
-    fmt = caps.format
 
     @jax.jit
     def row(state: models.State, prev: jax.Array) -> typing.Any:
@@ -325,13 +329,7 @@ class _Adaptive:
           jnp.where(probs > 0, probs, 1.0)), 0.0))
       return logits, state, jnp.max(probs), entropy
 
-    @jax.jit
-    def draw(logits: jax.Array, key: jax.Array,
-             position: jax.Array) -> typing.Any:
-      bits = rng.proposal_draw(key, position) if fmt.sampled else None
-      return fmt.propose(logits, bits, caps.width, rowops.LOCAL)
-
-    self.row, self.draw = row, draw
+    self.row, self.draw = row, jax.jit(row_step)   # one device: LOCAL
     self.round_key = jax.jit(rng.round_key)
 
   def _learn(self, request: int | None, generation: int,
