@@ -8,14 +8,55 @@ nothing else. A slot whose last message the transport still holds when it
 comes round again is replaced, not waited for (`slots_reclaimed`): a peer
 that never reads costs at most what the transport queues for it.
 
+A fresh answer is laid out in a slot as the STEPs are taken (its REPLY
+frames, or one PACKED frame), drawn into by the driver, then sealed here
+(`seal`): each request's rows (d of them for a short answer), its
+COMPLETION or PACKED record, the tags.
+
 No socket, clock or JAX here (tests/test_layers.py).
 """
 
-from dyadic_jax.bridge.counters import Counters
-from dyadic_jax.bridge.effects import Send
-from dyadic_jax.wire import codec, qformats
+import typing
 
-__all__ = ["ReplySlots"]
+import numpy as np
+
+from dyadic_jax.bridge.counters import Counters
+from dyadic_jax.bridge.effects import Propose, Send
+from dyadic_jax.wire import auth, codec, qformats
+from dyadic_jax.wire.layouts import FIXED_BYTES, Kind
+from dyadic_jax.wire.refusals import Code
+
+__all__ = ["Entry", "ReplySlots", "WorkerAnswer"]
+
+_COMPLETION = FIXED_BYTES[Kind.COMPLETION]
+# served(request, tag, (slot, epoch, start, end), drafted tokens or None):
+# where a request's sealed answer lies (`ledger.Views.served`).
+Served = typing.Callable[[int, tuple[int, int], tuple[int, int, int, int],
+                          typing.Any], None]
+
+
+class Entry(typing.NamedTuple):
+  """One request's place in a fresh answer (see `ReplySlots.seal`)."""
+  request: int
+  tag: tuple[int, int]
+  start: int                # offset of its REPLY (or lone COMPLETION)
+  reply: memoryview | None  # the REPLY frame, None for a refused STEP
+  rows: qformats.Rows | None  # its rows (views), or None
+  depth: int
+  anchor: int
+  context: int
+  status: int
+
+
+class WorkerAnswer(typing.NamedTuple):
+  """What `WorkerSession.receive` returns: sends now; proposals to draw,
+  then `finish`. packed: the PACKED frame the entries' rows live in (a
+  packed session; an entry's `start` is then its record)."""
+  send: list[Send]
+  propose: list[Propose]
+  slot: int | None = None
+  entries: tuple[Entry, ...] = ()
+  packed: codec.Packed | None = None
 
 _Layout = tuple[tuple[int, int], codec.Packed, tuple[qformats.Rows, ...]]
 
@@ -111,3 +152,105 @@ class ReplySlots:
     each = tuple(codec.select(packed.rows, j) for j in range(requests))
     self.layouts[slot] = ((requests, depth), packed, each)
     return packed, each
+
+  @staticmethod
+  def _length(e: Entry, i: int, lengths: dict[int, int],
+              adaptive: bool) -> int:
+    """Rows entry `i` carries: `lengths[i]` where the driver drew fewer
+    than the STEP's depth (a session that agreed on ADAPTIVE_DEPTH: 1..
+    depth; anything else is the driver's error: 0, its proposal fails)."""
+    d = lengths.get(i, e.depth)
+    if d == e.depth or (adaptive and 1 <= d <= e.depth):
+      return int(d)
+    return 0
+
+  def _seal_packed(self, answer: WorkerAnswer, failed: dict[int, int],
+                   lengths: dict[int, int], key: auth.Tagger, adaptive: bool,
+                   served: Served) -> list[Send]:
+    assert answer.packed is not None and answer.slot is not None
+    frame, records, rows = answer.packed
+    epoch = self.epoch[answer.slot]
+    # The drafted tokens, copied once (each view keeps its request's row
+    # of the copy, for the COMMIT), and the records written at once.
+    drafted = list(np.array(rows.tokens))
+    table = []
+    for j, e in enumerate(answer.entries):
+      status = e.status or int(failed.get(j, 0))
+      d = self._length(e, j, lengths, adaptive)
+      if not (status or d):
+        status = Code.PROPOSER_FAILED    # a length the session never agreed
+      if status and e.status == 0:
+        self.counters.reject(status, f"proposal of request {e.request}")
+      d = 0 if status else d
+      table.append((e.request, d, status, 0, e.tag[0], e.tag[1], e.anchor,
+                    e.context))
+      if d < e.depth:   # rows past d: zeros, not a previous message's bytes
+        for a in rows:
+          if a is not None:
+            a[j, d:] = 0
+      served(e.request, e.tag, (answer.slot, epoch, 0, len(frame)),
+             None if status else drafted[j][:d])
+    records[:] = table
+    auth.seal(frame, key)
+    self.sent(answer.slot)
+    return list(answer.send) + [Send(frame, answer.slot)]
+
+  def seal(self, answer: WorkerAnswer, failed: dict[int, int],
+           lengths: dict[int, int], session: int, key: auth.Tagger,
+           adaptive: bool, served: Served) -> list[Send]:
+    """Seals a fresh answer of session `session` under `key` once its
+    proposals are drawn (`WorkerSession.finish`: failed, lengths);
+    `served` is told where each request's answer lies."""
+    assert answer.slot is not None
+    if answer.packed is not None:
+      return self._seal_packed(answer, failed, lengths, key, adaptive,
+                               served)
+    slot = answer.slot
+    buf = memoryview(self.buffer(slot))
+    epoch = self.epoch[slot]
+    offset = 0
+    for i, e in enumerate(answer.entries):
+      status = e.status or int(failed.get(i, 0))
+      d = self._length(e, i, lengths, adaptive)
+      if not (status or d):
+        status = Code.PROPOSER_FAILED    # a length the session never agreed
+      reply = None if status else e.reply
+      tokens = (None if reply is None or e.rows is None
+                else np.array(e.rows.tokens[:d]))
+      if reply is not None and d < e.depth:
+        reply = self._shorten(reply, e, d)
+      if reply is not None:
+        if e.start != offset:      # an earlier request failed: close the gap
+          buf[offset:offset + len(reply)] = bytes(reply)
+          reply = buf[offset:offset + len(reply)]
+        auth.seal(reply, key)
+      elif e.status == 0:
+        self.counters.reject(status, f"proposal of request {e.request}")
+      start = offset
+      offset += 0 if reply is None else len(reply)
+      codec.encode(Kind.COMPLETION, session=session, generation=e.tag[0],
+                   round_id=e.tag[1], send=key, out=buf[offset:],
+                   body={"request": e.request,
+                         "depth": 0 if reply is None else d,
+                         "status": status,
+                         "reply_bytes": 0 if reply is None else len(reply),
+                         "anchor": e.anchor, "context_version": e.context,
+                         "reply_tag": b"" if reply is None else auth.tag_of(
+                             reply)})
+      offset += _COMPLETION
+      served(e.request, e.tag, (slot, epoch, start, offset), tokens)
+    self.sent(slot)
+    return list(answer.send) + [Send(buf[:offset], slot)]
+
+  def _shorten(self, reply: memoryview, e: Entry, d: int) -> memoryview:
+    """The REPLY of `e` laid out again for its first d rows, in place
+    (a REPLY of d rows is shorter, its arrays nearer its start)."""
+    assert e.rows is not None
+    head = [None if a is None else np.array(a[:d]) for a in e.rows]
+    frame, rows = codec.begin_reply(
+        reply, bounds=self.bounds, session=codec.header(reply).session,
+        generation=e.tag[0], round_id=e.tag[1], request=e.request, depth=d)
+    for into, got in zip(rows, head):
+      if into is not None and got is not None:
+        into[...] = got
+    return frame

@@ -320,30 +320,12 @@ class VerifierSession:
     slot = next(s for s in self.slots if all(s is not h for h in held))
     if self.exchanges:
       self.counters.event("overlapped")   # the worker drafts it meanwhile
-    policy = Policy.GREEDY if self.caps.greedy else Policy.SAMPLED
-    frames: list[bytes] = []
-    if self.bounds.packed_step:
-      # CONTEXT frames first (in request order), then every STEP in one
-      # frame under one tag.
-      for req in reqs:
-        frames.extend(self._context(req, session, keys))
-      frames.append(codec.encode_packed_step(
-          session=session, depth=depth, policy=policy, send=keys.send,
-          records=[(req.rid, 0, req.tokens[-1], req.generation, req.round,
-                    req.seed, req.anchor, req.context_version, req.digest)
-                   for req in reqs]))
-    else:
-      for req in reqs:
-        frames.extend(self._context(req, session, keys))
-        frames.append(codec.encode(
-            Kind.STEP, session=session, generation=req.generation,
-            round_id=req.round, send=keys.send, body={
-                "request": req.rid, "depth": depth, "policy": policy,
-                "last_token": req.tokens[-1], "seed": req.seed,
-                "anchor": req.anchor, "context_version": req.context_version,
-                "prefix_digest": req.digest}))
+    frames = _step_frames(
+        reqs, depth, Policy.GREEDY if self.caps.greedy else Policy.SAMPLED,
+        session, keys.send, self.bounds.packed_step,
+        lambda req: self._context(req, session, keys))
     self._rounds += 1
-    expected = b"".join(
+    expected = b"".join(   # the PACKED records of the usual answer
         _RECORD.pack(req.rid, depth, 0, 0, req.generation, req.round,
                      req.anchor, req.context_version) for req in reqs)
     ex = Exchange(rids, tags, depth,
@@ -584,3 +566,31 @@ class VerifierSession:
     self.counters.event("bytes_out", len(message))
     return results, Send(message)
 
+
+def _step_frames(reqs: list[Request], depth: int, policy: Policy,
+                 session: int, send: auth.Tagger, packed: bool,
+                 context: typing.Callable[[Request], list[bytes]]
+                 ) -> list[bytes]:
+  """A round's STEP message: each request's CONTEXT frames (`context`)
+  and STEP frame; on a PACKED_STEP session the CONTEXT frames first (in
+  request order), then every STEP in one frame under one tag."""
+  frames: list[bytes] = []
+  if packed:
+    for req in reqs:
+      frames.extend(context(req))
+    frames.append(codec.encode_packed_step(
+        session=session, depth=depth, policy=policy, send=send,
+        records=[(req.rid, 0, req.tokens[-1], req.generation, req.round,
+                  req.seed, req.anchor, req.context_version, req.digest)
+                 for req in reqs]))
+    return frames
+  for req in reqs:
+    frames.extend(context(req))
+    frames.append(codec.encode(
+        Kind.STEP, session=session, generation=req.generation,
+        round_id=req.round, send=send, body={
+            "request": req.rid, "depth": depth, "policy": policy,
+            "last_token": req.tokens[-1], "seed": req.seed,
+            "anchor": req.anchor, "context_version": req.context_version,
+            "prefix_digest": req.digest}))
+  return frames

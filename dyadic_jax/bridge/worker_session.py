@@ -87,7 +87,7 @@ from dyadic_jax.bridge import hello
 from dyadic_jax.bridge.counters import Counters
 from dyadic_jax.bridge.effects import Propose, Send
 from dyadic_jax.bridge.ledger import View, Views
-from dyadic_jax.bridge.replies import ReplySlots
+from dyadic_jax.bridge.replies import Entry, ReplySlots, WorkerAnswer
 from dyadic_jax.wire import auth, codec, layouts, qformats
 from dyadic_jax.wire.layouts import (ALL_REQUESTS, FIXED_BYTES, Feature, Kind,
                                      Policy, Reason)
@@ -113,30 +113,6 @@ class _Session(typing.NamedTuple):
   packed: bool = False   # agreed on PACKED replies
   context: bool = False  # agreed on CONTEXT frames
   adaptive: bool = False  # agreed on ADAPTIVE_DEPTH (short answers)
-
-
-class _Entry(typing.NamedTuple):
-  """One request's place in a fresh answer (see `finish`)."""
-  request: int
-  tag: tuple[int, int]
-  start: int                # offset of its REPLY (or lone COMPLETION)
-  reply: memoryview | None  # the REPLY frame, None for a refused STEP
-  rows: qformats.Rows | None  # its rows (views), or None
-  depth: int
-  anchor: int
-  context: int
-  status: int
-
-
-class WorkerAnswer(typing.NamedTuple):
-  """What `receive` returns: sends now; proposals to draw, then `finish`.
-  packed: the PACKED frame the entries' rows live in (a packed session;
-  an entry's `start` is then its record)."""
-  send: list[Send]
-  propose: list[Propose]
-  slot: int | None = None
-  entries: tuple[_Entry, ...] = ()
-  packed: codec.Packed | None = None
 
 
 _NOTHING = WorkerAnswer([], [])
@@ -463,7 +439,7 @@ class WorkerSession:
     slot = self.replies.take()
     buf = memoryview(self.replies.buffer(slot))
     proposals: list[Propose] = []
-    entries: list[_Entry] = []
+    entries: list[Entry] = []
     offset = 0
     for f, view in fresh:
       body, tag = f.body, f.tag
@@ -478,7 +454,7 @@ class WorkerSession:
             len(entries), body.request, body.seed, tag[0], tag[1],
             body.anchor, body.last_token, body.depth, rows,
             self._draw_context(view, body, session), session.adaptive))
-      entries.append(_Entry(body.request, tag, offset, reply, rows,
+      entries.append(Entry(body.request, tag, offset, reply, rows,
                             body.depth, body.anchor, body.context_version,
                             int(status)))
       offset += (0 if reply is None else len(reply)) + _COMPLETION
@@ -520,7 +496,7 @@ class WorkerSession:
     codec.write_packed(packed, bounds=self.bounds, session=session.id,
                        generation=tag[0], round_id=tag[1])
     proposals: list[Propose] = []
-    entries: list[_Entry] = []
+    entries: list[Entry] = []
     for j, ((f, view), status) in enumerate(zip(fresh, statuses)):
       body, tag = f.body, f.tag
       rows = None
@@ -530,7 +506,7 @@ class WorkerSession:
             j, body.request, body.seed, tag[0], tag[1], body.anchor,
             body.last_token, depth, rows,
             self._draw_context(view, body, session), session.adaptive))
-      entries.append(_Entry(body.request, tag, j, None, rows, depth,
+      entries.append(Entry(body.request, tag, j, None, rows, depth,
                             body.anchor, body.context_version, int(status)))
     self.counters.event("proposals", len(entries))
     return WorkerAnswer(sends, proposals, slot, tuple(entries), packed)
@@ -549,49 +525,6 @@ class WorkerSession:
     return WorkerAnswer(sends + [Send(self._refusal(
         Code.SESSION_EXHAUSTED, first.raw, first.header))], [])
 
-  def _length(self, e: _Entry, i: int, lengths: dict[int, int]) -> int:
-    """Rows entry `i` carries: `lengths[i]` where the driver drew fewer
-    than the STEP's depth (a session that agreed on ADAPTIVE_DEPTH: 1..
-    depth; anything else is the driver's error: 0, its proposal fails)."""
-    d = lengths.get(i, e.depth)
-    session = self.established
-    if d == e.depth or (session is not None and session.adaptive
-                        and 1 <= d <= e.depth):
-      return int(d)
-    return 0
-
-  def _finish_packed(self, answer: WorkerAnswer, failed: dict[int, int],
-                     lengths: dict[int, int]) -> list[Send]:
-    session = self.established
-    assert session is not None and answer.packed is not None
-    assert answer.slot is not None
-    frame, records, rows = answer.packed
-    epoch = self.replies.epoch[answer.slot]
-    # The drafted tokens, copied once (each view keeps its request's row
-    # of the copy, for the COMMIT), and the records written at once.
-    drafted = list(np.array(rows.tokens))
-    table = []
-    for j, e in enumerate(answer.entries):
-      status = e.status or int(failed.get(j, 0))
-      d = self._length(e, j, lengths)
-      if not (status or d):
-        status = Code.PROPOSER_FAILED    # a length the session never agreed
-      if status and e.status == 0:
-        self.counters.reject(status, f"proposal of request {e.request}")
-      d = 0 if status else d
-      table.append((e.request, d, status, 0, e.tag[0], e.tag[1], e.anchor,
-                    e.context))
-      if d < e.depth:   # rows past d: zeros, not a previous message's bytes
-        for a in rows:
-          if a is not None:
-            a[j, d:] = 0
-      self.ledger.served(e.request, e.tag, (answer.slot, epoch, 0, len(frame)),
-                         None if status else drafted[j][:d])
-    records[:] = table
-    auth.seal(frame, session.keys.send)
-    self.replies.sent(answer.slot)
-    return list(answer.send) + [Send(frame, answer.slot)]
-
   def finish(self, answer: WorkerAnswer,
              failed: dict[int, int] | None = None,
              lengths: dict[int, int] | None = None) -> list[Send]:
@@ -608,60 +541,8 @@ class WorkerSession:
     """
     if answer.slot is None:
       return list(answer.send)
-    failed = failed or {}
-    lengths = lengths or {}
-    if answer.packed is not None:
-      return self._finish_packed(answer, failed, lengths)
     session = self.established
     assert session is not None    # a fresh answer is the established's
-    keys = session.keys
-    slot = answer.slot
-    buf = memoryview(self.replies.buffer(slot))
-    epoch = self.replies.epoch[slot]
-    offset = 0
-    for i, e in enumerate(answer.entries):
-      status = e.status or int(failed.get(i, 0))
-      d = self._length(e, i, lengths)
-      if not (status or d):
-        status = Code.PROPOSER_FAILED    # a length the session never agreed
-      reply = None if status else e.reply
-      tokens = (None if reply is None or e.rows is None
-                else np.array(e.rows.tokens[:d]))
-      if reply is not None and d < e.depth:
-        reply = self._shorten(reply, e, d)
-      if reply is not None:
-        if e.start != offset:      # an earlier request failed: close the gap
-          buf[offset:offset + len(reply)] = bytes(reply)
-          reply = buf[offset:offset + len(reply)]
-        auth.seal(reply, keys.send)
-      elif e.status == 0:
-        self.counters.reject(status, f"proposal of request {e.request}")
-      start = offset
-      offset += 0 if reply is None else len(reply)
-      codec.encode(Kind.COMPLETION, session=session.id, generation=e.tag[0],
-                   round_id=e.tag[1], send=keys.send, out=buf[offset:],
-                   body={"request": e.request,
-                         "depth": 0 if reply is None else d,
-                         "status": status,
-                         "reply_bytes": 0 if reply is None else len(reply),
-                         "anchor": e.anchor, "context_version": e.context,
-                         "reply_tag": b"" if reply is None else auth.tag_of(
-                             reply)})
-      offset += _COMPLETION
-      self.ledger.served(e.request, e.tag, (slot, epoch, start, offset),
-                         tokens)
-    self.replies.sent(slot)
-    return list(answer.send) + [Send(buf[:offset], slot)]
-
-  def _shorten(self, reply: memoryview, e: _Entry, d: int) -> memoryview:
-    """The REPLY of `e` laid out again for its first d rows, in place
-    (a REPLY of d rows is shorter, its arrays nearer its start)."""
-    assert e.rows is not None
-    head = [None if a is None else np.array(a[:d]) for a in e.rows]
-    frame, rows = codec.begin_reply(
-        reply, bounds=self.bounds, session=codec.header(reply).session,
-        generation=e.tag[0], round_id=e.tag[1], request=e.request, depth=d)
-    for into, got in zip(rows, head):
-      if into is not None and got is not None:
-        into[...] = got
-    return frame
+    return self.replies.seal(answer, failed or {}, lengths or {}, session.id,
+                             session.keys.send, session.adaptive,
+                             self.ledger.served)
