@@ -70,7 +70,7 @@ def declared(propose: Proposer | DraftProposer) -> DraftProposer:
     return propose
 
   def many(calls: typing.Sequence[Call], depth: int) -> list[qformats.Rows]:
-    return [propose(c.seed, c.generation, c.round_id, c.anchor, c.last_token,
+    return [propose(c.seed, c.generation, c.round, c.anchor, c.last_token,
                     depth, request=c.request, context=c.context)
             for c in calls]
 

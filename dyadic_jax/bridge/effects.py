@@ -61,13 +61,22 @@ class Propose(typing.NamedTuple):
   context: np.ndarray | None = None
   adaptive: bool = False
 
+  @property
+  def call(self) -> "Call":
+    """Its draw coordinates, as a batched draw takes them (context: the
+    committed prefix, or None when the worker holds none)."""
+    return Call(self.seed, self.generation, self.round, self.anchor,
+                self.last_token, self.request,
+                typing.cast(np.ndarray, self.context))
+
 
 class Call(typing.NamedTuple):
-  """One request's part of a batched draw (`proposer.DraftProposer.many`;
-  the worker driver batches a STEP message's draws with it)."""
+  """One request's draw coordinates (seed, generation, round, anchor, last
+  token: its PROPOSAL keys) and its context: its part of a batched draw
+  (`drafting.DraftProposer.many`; a STEP message's `Propose.call`s)."""
   seed: int
   generation: int
-  round_id: int
+  round: int
   anchor: int
   last_token: int
   request: int

@@ -218,11 +218,11 @@ def draft_proposer(
     one call each."""
     if slabs is None or adaptive is not None:
       # The adaptive rule decides row by row on the host: one call each.
-      return [propose(c.seed, c.generation, c.round_id, c.anchor,
+      return [propose(c.seed, c.generation, c.round, c.anchor,
                       c.last_token, depth, request=c.request,
                       context=c.context) for c in calls]
     for c in calls:
-      check_step(caps, int(c.seed), int(c.generation), int(c.round_id),
+      check_step(caps, int(c.seed), int(c.generation), int(c.round),
                  int(c.anchor), int(c.last_token), int(depth))
     slab = slabs.pick([c.request for c in calls])
     feed, span, slots = slab.prepare([c.request for c in calls],
@@ -231,7 +231,7 @@ def draft_proposer(
     coords = np.zeros((4, caps.max_requests), np.int64)
     for slot, c in zip(slots, calls):
       coords[:, slot] = (np.uint64(c.seed).view(np.int64), c.generation,
-                         c.round_id, c.anchor)
+                         c.round, c.anchor)
     with jax.enable_x64(True):
       parts, slab.slab = chains(
           slab.weights, slab.slab, feed, coords[0],

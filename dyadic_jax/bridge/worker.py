@@ -157,9 +157,7 @@ class Worker:
       return False
     start = time.perf_counter()
     try:
-      drawn = many([Call(
-          p.seed, p.generation, p.round, p.anchor, p.last_token, p.request,
-          typing.cast(np.ndarray, p.context)) for p in props], props[0].depth)
+      drawn = many([p.call for p in props], props[0].depth)
     except Exception as e:  # pylint: disable=broad-except
       logging.log_every_n_seconds(logging.ERROR, "batched draw failed, "
                                   "drawing one by one: %r", 1.0, e)
