@@ -117,7 +117,7 @@ class VerifierSession:
     self.ledger = Ledger(caps.vocab)      # the requests' committed state
     self.requests = self.ledger.requests
     # The rounds in flight (at most `caps.max_slots`), oldest first, by
-    # key; and which one each request of theirs is in.
+    # key (the ledger knows which one owns each request).
     self.exchanges: dict[int, Exchange] = {}
     self.answers = Answers(self.ledger, self.exchanges, self.counters)
     # The key of the last round begun: every round is numbered, fallback
