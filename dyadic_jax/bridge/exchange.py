@@ -31,7 +31,6 @@ input (`begin`'s `timeout_s`, `expire`).
 No socket, clock or JAX here (tests/test_layers.py).
 """
 
-import enum
 import math
 import typing
 
@@ -49,7 +48,9 @@ __all__ = ["Event", "Exchange", "ExchangeError", "State", "TRANSITIONS",
            "empty_plan"]
 
 
-class State(enum.Enum):
+# States and events are plain strings, as h11's are sentinels: the table is
+# looked up twice a round, and an Enum member hashes in Python.
+class State:
   SENT = "sent"             # STEP made, nothing answered yet
   ANSWERING = "answering"   # some requests answered (or refused)
   STAGED = "staged"         # a Stage was handed out: awaits `staged`
@@ -57,7 +58,7 @@ class State(enum.Enum):
   FAILED = "failed"         # fell back whole: deadline, or all refused
 
 
-class Event(enum.Enum):
+class Event:
   ANSWER = "answer"         # one or more requests answered or refused
   STAGE = "stage"           # answered in full, rows handed out to judge
   VERDICT = "verdict"       # the judged rows made its Plan
@@ -65,7 +66,7 @@ class Event(enum.Enum):
 
 
 # state -> {event: next state}; what is not here is an ExchangeError.
-TRANSITIONS: dict[State, dict[Event, State]] = {
+TRANSITIONS: dict[str, dict[str, str]] = {
     State.SENT: {Event.ANSWER: State.ANSWERING, Event.FALL_BACK: State.FAILED},
     State.ANSWERING: {Event.ANSWER: State.ANSWERING,
                       Event.STAGE: State.STAGED,
@@ -82,9 +83,11 @@ class ExchangeError(RuntimeError):
 
 def empty_plan(caps: hello.Capabilities, rids: typing.Sequence[int],
                tags: typing.Sequence[tuple[int, int]], codes: ArrayLike,
-               depth: int, lengths: ArrayLike | None = None) -> Plan:
+               depth: int, lengths: ArrayLike | None = None,
+               key: int = 0) -> Plan:
   """A Plan of R requests with zero drafts and no q (codes say what to
-  do); each chain `depth` rows long unless `lengths` says otherwise."""
+  do); each chain `depth` rows long unless `lengths` says otherwise; key:
+  its round's number."""
   r = len(rids)
   ids = (np.zeros((r, depth, caps.width), np.int32) if caps.format.has_ids
          else None)
@@ -94,7 +97,7 @@ def empty_plan(caps: hello.Capabilities, rids: typing.Sequence[int],
               np.asarray(tags, np.int64).reshape(r, 2),
               np.asarray(codes, np.int32), rows, None, np.zeros((), np.int32),
               np.full(r, depth, np.int32) if lengths is None
-              else np.asarray(lengths, np.int32).reshape(r))
+              else np.asarray(lengths, np.int32).reshape(r), key)
 
 
 class Exchange:
@@ -131,12 +134,13 @@ class Exchange:
 
   # -- the state table -------------------------------------------------------
 
-  def fire(self, event: Event) -> State:
-    """Moves along the table; ExchangeError where it has no such edge."""
+  def fire(self, event: str) -> str:
+    """Moves along the table (`Event` -> `State`); ExchangeError where it
+    has no such edge."""
     nxt = TRANSITIONS[self.state].get(event)
     if nxt is None:
-      raise ExchangeError(f"exchange {self.key}: {event.value} while "
-                          f"{self.state.value}")
+      raise ExchangeError(f"exchange {self.key}: {event} while "
+                          f"{self.state}")
     self.state = nxt
     return nxt
 
@@ -147,7 +151,7 @@ class Exchange:
 
   @property
   def staging(self) -> bool:
-    return self.state is State.STAGED
+    return self.state == State.STAGED
 
   @property
   def complete(self) -> bool:
@@ -236,7 +240,7 @@ class Exchange:
       rows = rows._replace(values=None)
     self.take(slice(None), rows, slice(None), lengths)
 
-  def take_packed(self, f: codec.Frame) -> np.ndarray:
+  def take_packed(self, f: codec.Frame) -> typing.Iterable[typing.Any]:
     """Takes the records of PACKED answer `f` that are the expected ones,
     in bulk; returns the indices of the others (each to be judged alone)."""
     records, rows = f.records, f.rows
@@ -248,7 +252,7 @@ class Exchange:
       # Every record the expected one, byte for byte (the usual answer): the
       # field comparisons below would all hold.
       self.take_in_place(rows)
-      return np.zeros(0, np.intp)
+      return ()
     good = np.zeros(r, bool)
     if f.body.depth == self.depth:
       m = min(r, len(self.rids))
@@ -260,7 +264,7 @@ class Exchange:
       good[:m] &= self.fits(records["depth"][:m])
     if good.all() and r == len(self.rids):
       self.take_in_place(rows, records["depth"])  # reserved fields apart
-      return np.zeros(0, np.intp)
+      return ()
     if good.any():
       index = np.flatnonzero(good)
       self.take(index, rows, index, records["depth"][index])
@@ -273,8 +277,7 @@ class Exchange:
     back); moves to DONE or FAILED."""
     self.fire(Event.VERDICT if self.staging else Event.FALL_BACK)
     plan = empty_plan(caps, self.rids, [self.tags[r] for r in self.rids],
-                      self.codes, self.depth, self.lengths)._replace(
-                          key=self.key)
+                      self.codes, self.depth, self.lengths, self.key)
     ok = plan.codes == 0
     if ok.any():
       rows = plan.rows

@@ -378,8 +378,9 @@ class VerifierSession:
     tags = [(req.generation, req.round) for req in reqs]
     self._rounds += 1
     plan = empty_plan(self.caps, [q.rid for q in reqs], tags,
-                      [int(code)] * len(reqs), self.caps.max_depth)
-    return Verify(plan._replace(key=self._rounds), self._rounds)
+                      [int(code)] * len(reqs), self.caps.max_depth,
+                      key=self._rounds)
+    return Verify(plan, self._rounds)
 
   def receive(self, message: layouts.Buffer,
               now: float = 0.0) -> list[Stage | Verify]:
