@@ -22,7 +22,9 @@ Which key when (who owns which draw):
   key the ops take: `verify_chain` (`verify_batch`: one per request) derive
   their ACCEPT, CORRECTION and BONUS keys from it, and `proposal_draws`
   its PROPOSAL draws. Hold one per request and round; never build the
-  verifier's decision keys yourself.
+  verifier's decision keys yourself. `round_keys` is the same of R
+  requests at once (the engine's, the proposer's batched draw's and the
+  sampling audit's: one vmapped schedule).
 * `proposal_draws(round_key, depth, anchor)`: the worker leader's PROPOSAL
   draws, uint32[D], the draw of x_{i+1} at position anchor + i (anchor =
   the absolute position of x_1, the request's length so far). Pass them to
@@ -101,6 +103,13 @@ def round_key(seed: int | jax.typing.ArrayLike,
               round_id: int | jax.typing.ArrayLike) -> jax.Array:
   """Typed key for one round of one request: seed -> generation -> round."""
   return fold_in64(fold_in64(seed_key(seed), generation), round_id)
+
+
+def round_keys(seeds: jax.typing.ArrayLike, generations: jax.typing.ArrayLike,
+               rounds: jax.typing.ArrayLike) -> jax.Array:
+  """Typed round keys [R]: `round_key` of each (seeds, generations and
+  rounds [R]; traceable: under jit one vmapped computation)."""
+  return jax.vmap(round_key)(seeds, generations, rounds)
 
 
 def check_key(op: str, arg: str, key: typing.Any,

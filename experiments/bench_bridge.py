@@ -637,7 +637,7 @@ def _exchange_setup(caps, rounds, secret, curve=None):
     vs.add_request(rid, [1], seed=rid)
 
   def exchange():   # a new round each call, its draws looked up
-    client.send(vs.begin(rids, caps.max_depth, 0.0).message)
+    client.send(vs.begin(rids, caps.max_depth, 0.0)[0].message)
     while True:
       got = client.recv(10.0)
       if got is None:

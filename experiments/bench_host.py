@@ -108,7 +108,7 @@ def phases(requests, depth, vocab, k, rng, rounds_n):
   state = {}
 
   def v_begin():
-    state["step"] = v.begin(rids, depth, pair.now).message
+    state["step"] = v.begin(rids, depth, pair.now)[0].message
 
   def w_receive():
     state["answer"] = w.receive(state["step"], pair.now)

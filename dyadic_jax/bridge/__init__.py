@@ -35,8 +35,8 @@ if typing.TYPE_CHECKING:
   from dyadic_jax.bridge.transport import Curve, Endpoint
   from dyadic_jax.bridge.verifier import (PlanSharer, RoundHook, Validator,
                                           Verifier)
-  from dyadic_jax.bridge.verifier_session import (Request, RoundResult,
-                                                  VerifierSession)
+  from dyadic_jax.bridge.ledger import Request, RoundResult
+  from dyadic_jax.bridge.verifier_session import VerifierSession
   from dyadic_jax.bridge.worker import DrawHook, Worker, serve_forever
   from dyadic_jax.bridge.worker_session import WorkerSession
 
@@ -51,8 +51,8 @@ _WHERE = {
     **dict.fromkeys(("Curve", "Endpoint"), "transport"),
     **dict.fromkeys(("PlanSharer", "RoundHook", "Validator", "Verifier"),
                     "verifier"),
-    **dict.fromkeys(("Request", "RoundResult", "VerifierSession"),
-                    "verifier_session"),
+    **dict.fromkeys(("Request", "RoundResult"), "ledger"),
+    "VerifierSession": "verifier_session",
     **dict.fromkeys(("DrawHook", "Worker", "serve_forever"), "worker"),
     "WorkerSession": "worker_session",
 }

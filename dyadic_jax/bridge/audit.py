@@ -26,8 +26,8 @@ from dyadic_jax import rng
 @functools.partial(jax.jit, static_argnums=4)
 def _draws(seeds: jax.Array, generations: jax.Array, rounds: jax.Array,
            anchors: jax.Array, depth: int) -> jax.Array:
-  keys = jax.vmap(rng.round_key)(seeds, generations, rounds)
-  return rng.proposal_draws(keys, depth, anchors)
+  return rng.proposal_draws(rng.round_keys(seeds, generations, rounds), depth,
+                            anchors)
 
 
 def proposal_draws(seeds: ArrayLike, generations: ArrayLike,

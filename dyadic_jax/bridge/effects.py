@@ -61,13 +61,22 @@ class Propose(typing.NamedTuple):
   context: np.ndarray | None = None
   adaptive: bool = False
 
+  @property
+  def call(self) -> "Call":
+    """Its draw coordinates, as a batched draw takes them (context: the
+    committed prefix, or None when the worker holds none)."""
+    return Call(self.seed, self.generation, self.round, self.anchor,
+                self.last_token, self.request,
+                typing.cast(np.ndarray, self.context))
+
 
 class Call(typing.NamedTuple):
-  """One request's part of a batched draw (`proposer.DraftProposer.many`;
-  the worker driver batches a STEP message's draws with it)."""
+  """One request's draw coordinates (seed, generation, round, anchor, last
+  token: its PROPOSAL keys) and its context: its part of a batched draw
+  (`drafting.DraftProposer.many`; a STEP message's `Propose.call`s)."""
   seed: int
   generation: int
-  round_id: int
+  round: int
   anchor: int
   last_token: int
   request: int
@@ -89,7 +98,9 @@ class Plan(typing.NamedTuple):
   sparse q, else None; values None: q travels as `counts`). lengths[r]:
   request r's drafted rows d in [1, D] (D but on a session that agreed on
   ADAPTIVE_DEPTH): only rows[r, :d] and counts[r, :d] are its chain, the
-  correction or bonus row the target's row d.
+  correction or bonus row the target's row d. key: the session's number
+  of the round (`Exchange.key`, `Verify.key`; fallback rounds are
+  numbered too): the one name of a round from its begin to every rank.
   """
   rids: np.ndarray       # int32[R]
   tags: np.ndarray       # int64[R, 2]  (generation, round)
@@ -98,6 +109,7 @@ class Plan(typing.NamedTuple):
   counts: Counts         # int32[R, D, w] validated q, or None
   stop: np.ndarray       # int32[]: 1 tells follower ranks to return
   lengths: np.ndarray    # int32[R] rows of each request's chain (<= D)
+  key: int = 0           # the round's number in its session
 
 
 class Stage(typing.NamedTuple):
@@ -119,6 +131,7 @@ class Stage(typing.NamedTuple):
 
 class Verify(typing.NamedTuple):
   """Run `plan` on every rank, then call `VerifierSession.commit`. key:
-  the exchange it ends (`Exchange.key`; 0 for a round without one)."""
+  the round it ends (`Exchange.key`; a round without an exchange has its
+  own, `VerifierSession.fallback`)."""
   plan: Plan
   key: int = 0

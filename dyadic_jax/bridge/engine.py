@@ -112,7 +112,7 @@ def greedy_verify(target_logits: jax.typing.ArrayLike,
   return accepted, int(best[accepted])
 
 
-_round_keys = jax.jit(jax.vmap(rng.round_key))
+_round_keys = jax.jit(rng.round_keys)
 
 
 @jax.jit

@@ -44,7 +44,6 @@ moves by accepted + 1) and recorded in the proposer's
 
 import collections
 import dataclasses
-import functools
 import typing
 
 import jax
@@ -56,28 +55,13 @@ from dyadic_jax import admission as admission_lib
 from dyadic_jax import models, rng, rowops
 from dyadic_jax.models import pool
 from dyadic_jax.bridge import hello
+from dyadic_jax.bridge.drafting import DraftProposer, Proposer
 from dyadic_jax.bridge.effects import Call
 from dyadic_jax.bridge.hello import MAX_POSITION
 from dyadic_jax.errors import raise_for_status
 from dyadic_jax.wire import qformats
 
 _U32, _U64 = (1 << 32) - 1, (1 << 64) - 1
-
-
-class Proposer(typing.Protocol):
-  """What the worker draws with: `draft_proposer`'s, or any callable of
-  this signature (a model-specific draft)."""
-
-  def __call__(self, seed: int, generation: int, round_id: int, anchor: int,
-               last_token: int, depth: int,
-               out: qformats.Rows | None = None, *,
-               request: int | None = None,
-               context: np.ndarray | None = None) -> qformats.Rows:
-    """One request's proposal for one round: tokens int32[D] (x_1..x_D),
-    n int32[D] (V dense, the live entries sparse, 0 greedy), ids
-    int32[D, k] of sparse rows (ascending, padding -1) or None, values
-    float32[D, w] q rows or None (greedy)."""
-    ...
 
 
 def check_step(caps: hello.Capabilities, seed: int, generation: int,
@@ -168,73 +152,99 @@ def draft_proposer(
   Raises ValueError on inputs out of bounds (`check_step`) and DyadicError
   when a draft row is refused (e.g. NaN draft logits).
   """
-  fmt = caps.format
-  model = models.as_draft(draft, backbone=backbone_fn, depth=caps.max_depth)
-  states: collections.OrderedDict[int, models.State] = (
-      collections.OrderedDict())
-  adaptive = None
-  if admission is not None:
-    if admission.min_depth < 1 or executor is not rowops.LOCAL:
-      raise ValueError("draft_proposer: adaptive admission needs min_depth "
-                       ">= 1 (a REPLY carries 1..D rows) and one device")
-    adaptive = _Adaptive(model, caps, admission, max_states)
+  if admission is not None and (admission.min_depth < 1
+                                or executor is not rowops.LOCAL):
+    raise ValueError("draft_proposer: adaptive admission needs min_depth "
+                     ">= 1 (a REPLY carries 1..D rows) and one device")
+  drafter = _Drafter(
+      models.as_draft(draft, backbone=backbone_fn, depth=caps.max_depth),
+      caps, executor, max_states, admission)
+  return DraftProposer(drafter.propose, drafter.many, drafter.forget,
+                       drafter.slabs is not None and drafter.adaptive is None,
+                       admission, bool(getattr(draft, "wants_context", False)))
 
-  @functools.partial(jax.jit, static_argnums=(5,))
-  def chain(seed: jax.Array, generation: jax.Array, round_id: jax.Array,
-            anchor: jax.Array, last_token: jax.Array, depth: int,
-            state: models.State) -> tuple[typing.Any, models.State]:
+
+class _Drafter:
+  """`draft_proposer`'s proposer: one row step (`row`: a position's
+  PROPOSAL draw and q format row) under its three chain shapes: one
+  request's D steps in one jitted call (`_chain`), every request of a
+  round on a draft slab in one jitted call (`_chains`), and the adaptive
+  rule's host loop (`_Adaptive`)."""
+
+  def __init__(self, model: models.DraftModel, caps: hello.Capabilities,
+               executor: rowops.Executor, max_states: int,
+               admission: admission_lib.AdaptiveDepth | None) -> None:
+    self.model, self.caps, self.executor = model, caps, executor
+    self.fmt = caps.format
+    self.max_states = max_states
+    # Request handles kept between rounds, least recently used first.
+    self.states: collections.OrderedDict[int, models.State] = (
+        collections.OrderedDict())
+    self.adaptive = (None if admission is None else
+                     _Adaptive(model, caps, admission, max_states, self.row))
+    # One draft slab per group of requests in flight (`models.pool`).
+    self.slabs = (pool.SlabPool(lambda: typing.cast(typing.Any, model).batch(
+        caps.max_requests), caps.max_slots) if hasattr(model, "batch")
+                  else None)
+    self._chain = jax.jit(self._chain_impl, static_argnums=(5,))
+    self._chains = jax.jit(self._chains_impl,
+                           static_argnames=("depth", "span", "kind"),
+                           donate_argnames="slab_")
+
+  def row(self, logits: jax.Array, key: jax.Array, position: jax.Array
+          ) -> tuple[typing.Any, ...]:
+    """One drafted position: its PROPOSAL draw and its q format's row
+    (token, status, values, ids, n): the step of every chain shape."""
+    draw = rng.proposal_draw(key, position) if self.fmt.sampled else None
+    return self.fmt.propose(logits, draw, self.caps.width, self.executor)
+
+  def _chain_impl(self, seed: jax.Array, generation: jax.Array,
+                  round_id: jax.Array, anchor: jax.Array,
+                  last_token: jax.Array, depth: int, state: models.State
+                  ) -> tuple[typing.Any, models.State]:
     key = rng.round_key(seed, generation, round_id)
     prev = last_token
     out = []
     for i in range(depth):
-      logits, state = model.step(state, prev)
-      draw = rng.proposal_draw(key, anchor + i) if fmt.sampled else None
-      prev, *row = fmt.propose(logits, draw, caps.width, executor)
-      out.append((prev, *row))
+      logits, state = self.model.step(state, prev)
+      prev, *rest = self.row(logits, key, anchor + i)
+      out.append((prev, *rest))
     # (tokens, status, values, ids, n), each stacked over the depth.
     return tuple(jnp.stack(parts) if parts[0] is not None else None
                  for parts in zip(*out)), state
 
-  # One draft slab per group of requests in flight (`models.pool`).
-  slabs = (pool.SlabPool(lambda: typing.cast(typing.Any, model).batch(
-      caps.max_requests), caps.max_slots) if hasattr(model, "batch")
-           else None)
-
-  @functools.partial(jax.jit, static_argnames=("depth", "span", "kind"),
-                     donate_argnames="slab_")
-  def chains(weights: typing.Any, slab_: typing.Any, feed: typing.Any,
-             seeds: jax.Array, generations: jax.Array, rounds: jax.Array,
-             anchors: jax.Array, *, depth: int, span: int, kind: typing.Any
-             ) -> tuple[tuple[typing.Any, ...], typing.Any]:
+  def _chains_impl(self, weights: typing.Any, slab_: typing.Any,
+                   feed: typing.Any, seeds: jax.Array, generations: jax.Array,
+                   rounds: jax.Array, anchors: jax.Array, *, depth: int,
+                   span: int, kind: typing.Any
+                   ) -> tuple[tuple[typing.Any, ...], typing.Any]:
     # Every slot's chain at once (idle slots too: their rows are dropped);
     # kind: the slab's traced halves (`batched.DraftSteps`).
-    keys = jax.vmap(rng.round_key)(seeds, generations, rounds)
-    propose_row = jax.vmap(lambda logits, draw: fmt.propose(
-        logits, draw, caps.width, executor))
+    keys = rng.round_keys(seeds, generations, rounds)
     out = []
     logits, slab_ = kind.first(weights, slab_, feed, span)
     prev = None
     for i in range(depth):
       if i:
         logits, slab_ = kind.step(weights, slab_, feed, prev, i, span)
-      draw = (jax.vmap(rng.proposal_draw)(keys, anchors + i)
-              if fmt.sampled else None)
-      prev, *row = propose_row(logits, draw)
-      out.append((prev, *row))
+      prev, *rest = jax.vmap(self.row)(logits, keys, anchors + i)
+      out.append((prev, *rest))
     return tuple(jnp.stack(parts, axis=1) if parts[0] is not None else None
                  for parts in zip(*out)), slab_
 
-  def many(calls: typing.Sequence[Call], depth: int) -> list[qformats.Rows]:
+  def many(self, calls: typing.Sequence[Call],
+           depth: int) -> list[qformats.Rows]:
     """One proposal per call, the draft's D steps of every request in one
     jitted call where the draft offers a slab (`DraftModel.batch`), else
     one call each."""
-    if slabs is None or adaptive is not None:
+    caps, slabs = self.caps, self.slabs
+    if slabs is None or self.adaptive is not None:
       # The adaptive rule decides row by row on the host: one call each.
-      return [propose(c.seed, c.generation, c.round_id, c.anchor,
-                      c.last_token, depth, request=c.request,
-                      context=c.context) for c in calls]
+      return [self.propose(c.seed, c.generation, c.round, c.anchor,
+                           c.last_token, depth, request=c.request,
+                           context=c.context) for c in calls]
     for c in calls:
-      check_step(caps, int(c.seed), int(c.generation), int(c.round_id),
+      check_step(caps, int(c.seed), int(c.generation), int(c.round),
                  int(c.anchor), int(c.last_token), int(depth))
     slab = slabs.pick([c.request for c in calls])
     feed, span, slots = slab.prepare([c.request for c in calls],
@@ -243,9 +253,9 @@ def draft_proposer(
     coords = np.zeros((4, caps.max_requests), np.int64)
     for slot, c in zip(slots, calls):
       coords[:, slot] = (np.uint64(c.seed).view(np.int64), c.generation,
-                         c.round_id, c.anchor)
+                         c.round, c.anchor)
     with jax.enable_x64(True):
-      parts, slab.slab = chains(
+      parts, slab.slab = self._chains(
           slab.weights, slab.slab, feed, coords[0],
           coords[1].astype(np.uint32), coords[2].astype(np.uint32),
           coords[3], depth=int(depth), span=span, kind=slab.kind)
@@ -261,43 +271,44 @@ def draft_proposer(
                           None if values is None else values[b])
             for b in range(len(calls))]
 
-  def forget(request: int) -> None:
+  def forget(self, request: int) -> None:
     """Drops request `request`'s handle (both the per-call and the slab's)."""
-    states.pop(request, None)
-    if slabs is not None:
-      slabs.drop(request)
+    self.states.pop(request, None)
+    if self.slabs is not None:
+      self.slabs.drop(request)
 
-  def propose(seed: int, generation: int, round_id: int, anchor: int,
+  def propose(self, seed: int, generation: int, round_id: int, anchor: int,
               last_token: int, depth: int,
               out: qformats.Rows | None = None, *,
               request: int | None = None,
               context: np.ndarray | None = None) -> qformats.Rows:
-    check_step(caps, int(seed), int(generation), int(round_id), int(anchor),
-               int(last_token), int(depth))
+    check_step(self.caps, int(seed), int(generation), int(round_id),
+               int(anchor), int(last_token), int(depth))
+    states = self.states
     state = states.pop(request, None) if request is not None else None
     if state is None:
-      state = model.init_state()
-    state = model.catch_up(state, context, int(last_token), int(anchor))
+      state = self.model.init_state()
+    state = self.model.catch_up(state, context, int(last_token), int(anchor))
     with jax.enable_x64(True):
       # A REPLY frame (`out`) is laid out for the STEP's depth: the wire's
       # fixed-depth contract holds whatever the rule (docs/wire.md).
-      if adaptive is not None and out is None:
-        parts, state = adaptive.chain(int(seed), int(generation),
-                                      int(round_id), int(anchor),
-                                      int(last_token), int(depth), state,
-                                      request, context)
+      if self.adaptive is not None and out is None:
+        parts, state = self.adaptive.chain(int(seed), int(generation),
+                                           int(round_id), int(anchor),
+                                           int(last_token), int(depth),
+                                           state, request, context)
       else:
-        parts, state = chain(np.uint64(seed).view(np.int64),
-                             np.uint32(generation), np.uint32(round_id),
-                             np.int64(anchor), np.int32(last_token),
-                             int(depth), state)
+        parts, state = self._chain(np.uint64(seed).view(np.int64),
+                                   np.uint32(generation), np.uint32(round_id),
+                                   np.int64(anchor), np.int32(last_token),
+                                   int(depth), state)
     if request is not None:
       states[request] = state
-      while len(states) > max_states:
+      while len(states) > self.max_states:
         states.popitem(last=False)
     # Under a mesh a shardable format's values are this rank's block.
     tokens, status, values, ids, n = [
-        None if p is None else _host(p, block=fmt.shardable and i == 2)
+        None if p is None else _host(p, block=self.fmt.shardable and i == 2)
         for i, p in enumerate(parts)]
     raise_for_status("draft_proposer", status)
     assert tokens is not None     # every format draws tokens
@@ -306,36 +317,6 @@ def draft_proposer(
     if out is not None:
       write(out, proposal)
     return proposal
-
-  return DraftProposer(propose, many, forget,
-                       slabs is not None and adaptive is None, admission,
-                       bool(getattr(model, "wants_context", False)))
-
-
-class DraftProposer(typing.NamedTuple):
-  """`draft_proposer`'s result: a `Proposer` (call it as one), plus
-  `many(calls, depth)`, the proposals of a batch of requests (`Call`s) in
-  one draft call where the draft offers a slab, and `forget(request)`,
-  which drops a request's handle (a slab has `max_requests` slots, one
-  slab per round in flight). admission: the stopping rule a call without
-  `out` drafts under (None: fixed depth); a worker with one asks its
-  session for `Feature.ADAPTIVE_DEPTH`. wants_context: the draft drafts
-  from the committed prefix (its `wants_context`, e.g. the transformer
-  pair's): a `Worker` of it asks for CONTEXT frames."""
-  propose: Proposer
-  many: typing.Callable[[typing.Sequence[Call], int], list[qformats.Rows]]
-  forget: typing.Callable[[int], None]
-  batched: bool = False    # `many` is one draft call (else one per call)
-  admission: admission_lib.AdaptiveDepth | None = None
-  wants_context: bool = False
-
-  def __call__(self, seed: int, generation: int, round_id: int, anchor: int,
-               last_token: int, depth: int,
-               out: qformats.Rows | None = None, *,
-               request: int | None = None,
-               context: np.ndarray | None = None) -> qformats.Rows:
-    return self.propose(seed, generation, round_id, anchor, last_token,
-                        depth, out, request=request, context=context)
 
 
 class _Sent(typing.NamedTuple):
@@ -350,13 +331,14 @@ class _Adaptive:
   """`draft_proposer`'s chain under an `AdaptiveDepth` (host loop)."""
 
   def __init__(self, model: models.DraftModel, caps: hello.Capabilities,
-               rule: admission_lib.AdaptiveDepth, max_states: int) -> None:
+               rule: admission_lib.AdaptiveDepth, max_states: int,
+               row_step: typing.Callable[..., tuple[typing.Any, ...]]
+               ) -> None:
     self.rule = rule
     self.history = admission_lib.acceptance_history(caps.max_depth)
     self.sent: collections.OrderedDict[int, _Sent] = (
         collections.OrderedDict())
     self.max_states = max_states
-    fmt = caps.format
 
     @jax.jit
     def row(state: models.State, prev: jax.Array) -> typing.Any:
@@ -367,13 +349,7 @@ class _Adaptive:
           jnp.where(probs > 0, probs, 1.0)), 0.0))
       return logits, state, jnp.max(probs), entropy
 
-    @jax.jit
-    def draw(logits: jax.Array, key: jax.Array,
-             position: jax.Array) -> typing.Any:
-      bits = rng.proposal_draw(key, position) if fmt.sampled else None
-      return fmt.propose(logits, bits, caps.width, rowops.LOCAL)
-
-    self.row, self.draw = row, draw
+    self.row, self.draw = row, jax.jit(row_step)   # one device: LOCAL
     self.round_key = jax.jit(rng.round_key)
 
   def _learn(self, request: int | None, generation: int,

@@ -55,10 +55,11 @@ Two rounds are in flight (the session's `max_slots`, as over one link):
 the leader begins round B while round A's exchange is out, and finishes
 them in the order its caller does. Every collective of a round (steps 3-5)
 happens inside its finish, and the leader announces each BEGIN and FINISH
-(step 1, numbered by `seq`), so a follower rank, which cannot see the
+(step 1, by the round's number in the leader's session, the `key` its
+plan carries too), so a follower rank, which cannot see the
 leader's calls, issues the same collectives in the same order; between a
 BEGIN and its FINISH a follower's link stages the round's block in a
-buffer of its own (`shard_link`: rounds keyed by `seq`, on disjoint
+buffer of its own (`shard_link`: rounds keyed by that number, on disjoint
 requests), so a frame missing, late or forged in A is A's code alone and B
 commits as it would have. The leader's round hook `finishing` sends the
 FINISH before the exchange is awaited: the ranks wait for their links
@@ -84,7 +85,7 @@ from dyadic_jax.bridge.deadline import AdaptiveDeadline
 from dyadic_jax.bridge.effects import Plan, Propose, Send, Stage, Verify
 from dyadic_jax.bridge.shard_link import (Collected, ShardLinkSession,
                                           ShardReply, ShardSourceSession)
-from dyadic_jax.bridge.verifier_session import Exchange
+from dyadic_jax.bridge.exchange import Exchange
 from dyadic_jax.wire import qformats
 from dyadic_jax.wire import status as status_lib
 from dyadic_jax.wire.refusals import Code, ProtocolError
@@ -362,11 +363,11 @@ class ShardReceiver:
 
 class Announced(typing.NamedTuple):
   """What the leader announced (`_Agreement.announce`): its `kind` (BEGIN,
-  FINISH, STOP), which round (`seq`, numbered as the leader begins them),
+  FINISH, STOP), which round (`key`: its number in the leader's session),
   and for a BEGIN the round's requests, their tags and depth (no requests:
   a round without an exchange)."""
   kind: int
-  seq: int
+  key: int
   rids: list[int]
   tags: list[list[int]]
   depth: int
@@ -383,7 +384,7 @@ class _Agreement:
     self.assemble = assemble   # local block [R, D, w] -> global [R, D, n w]
     self.leader = jax.process_index() == 0
 
-  def announce(self, kind: int = STOP, seq: int = 0,
+  def announce(self, kind: int = STOP, key: int = 0,
                rids: typing.Sequence[int] = (),
                tags: typing.Sequence[typing.Sequence[int]] = (),
                depth: int = 0) -> Announced:
@@ -402,7 +403,7 @@ class _Agreement:
     if self.leader:
       out[:len(rids), 0] = rids
       out[:len(rids), 1:] = np.asarray(tags, np.int64).reshape(-1, 2)
-    head = np.array([kind, seq, len(rids), depth], np.int64)
+    head = np.array([kind, key, len(rids), depth], np.int64)
     head, out = ranks.broadcast((head, out), self.leader)
     n = int(head[2])
     return Announced(int(head[0]), int(head[1]), out[:n, 0].tolist(),
@@ -521,31 +522,23 @@ class RankRound(RankValidator, verifier.RoundHook):
                broadcast: ranks.PlanBroadcast) -> None:
     super().__init__(caps, executor=executor, assemble=assemble)
     self.broadcast = broadcast
-    self._seq = 0       # rounds begun
-    # The seq of each round in flight: by exchange key, and those without
-    # an exchange in the order they began.
-    self._seqs: dict[int, int] = {}
-    self._bare: collections.deque[int] = collections.deque()
 
-  def begin(self, exchange: Exchange | None) -> None:
-    """Step 1: the other ranks learn the round (or that it has no
-    exchange: they skip theirs) and begin collecting its blocks."""
-    seq, self._seq = self._seq, self._seq + 1
+  def begin_round(self, key: int, exchange: Exchange | None) -> None:
+    """Step 1: the other ranks learn the round, by its number in the
+    session (or that it has no exchange: they skip theirs), and begin
+    collecting its blocks."""
     if exchange is None:
-      self._bare.append(seq)
-      self.agreement.announce(BEGIN, seq)
+      self.agreement.announce(BEGIN, key)
       return
-    self._seqs[exchange.key] = seq
-    self.agreement.announce(BEGIN, seq, exchange.rids,
+    self.agreement.announce(BEGIN, key, exchange.rids,
                             [exchange.tags[r] for r in exchange.rids],
                             exchange.depth)
 
-  def finishing(self, exchange: Exchange | None) -> None:
+  def finish_round(self, key: int, exchange: Exchange | None) -> None:
     """The other ranks learn which round the next agreement (or plan, for
     a round without an exchange) is of."""
-    seq = (self._bare.popleft() if exchange is None
-           else self._seqs.pop(exchange.key))
-    self.agreement.announce(FINISH, seq)
+    del exchange
+    self.agreement.announce(FINISH, key)
 
   def warmup(self, rows: qformats.Rows, draws: np.ndarray | None) -> None:
     """Nothing to compile alone: the ranks compiled the collective check
@@ -599,7 +592,7 @@ def follow_rounds(follower: verifier.Verifier, receiver: ShardReceiver,
   `ShardReceiver`. Returns the number of rounds.
 
   The leader's announcements order everything: a BEGIN starts collecting
-  the round's block on this rank's link (under the round's seq, while
+  the round's block on this rank's link (under the round's key, while
   another round may be in flight), its FINISH collects it (frames of the
   other round that come meanwhile are staged for it), agrees and commits
   the leader's plan. Raises RuntimeError on a FINISH of a round never
@@ -607,7 +600,7 @@ def follow_rounds(follower: verifier.Verifier, receiver: ShardReceiver,
   """
   agreement = _Agreement(follower.caps, executor, assemble)
   assert follower.sharer is not None   # a follower gets the leader's plans
-  # Rounds begun, not finished: seq -> depth (None: no exchange).
+  # Rounds begun, not finished: key -> depth (None: no exchange).
   begun: dict[int, int | None] = {}
   rounds = 0
   while True:
@@ -615,18 +608,23 @@ def follow_rounds(follower: verifier.Verifier, receiver: ShardReceiver,
     if said.kind == STOP:
       return rounds
     if said.kind == BEGIN:
-      begun[said.seq] = None
+      begun[said.key] = None
       if said.rids:
-        receiver.begin(said.rids, said.tags, said.depth, key=said.seq)
-        begun[said.seq] = said.depth
+        receiver.begin(said.rids, said.tags, said.depth, key=said.key)
+        begun[said.key] = said.depth
       continue
-    if said.seq not in begun:
-      raise RuntimeError(f"follow_rounds: round {said.seq} finishes, never "
+    if said.key not in begun:
+      raise RuntimeError(f"follow_rounds: round {said.key} finishes, never "
                          "begun (the ranks are out of step)")
-    depth = begun.pop(said.seq)
+    depth = begun.pop(said.key)
     counts = None
     if depth is not None:
-      rows, codes = receiver.finish(said.seq)
+      rows, codes = receiver.finish(said.key)
       _, counts = agreement.agree(rows, codes, None, depth)
-    follower.apply(follower.sharer.share(None)._replace(counts=counts))
+    plan = follower.sharer.share(None)
+    if plan.key != said.key:
+      raise RuntimeError(f"follow_rounds: the plan of round {plan.key} "
+                         f"where round {said.key} finishes (the ranks are "
+                         "out of step)")
+    follower.apply(plan._replace(counts=counts))
     rounds += 1

@@ -89,7 +89,7 @@ def pad(plan: Plan, caps: hello.Capabilities,
     if plan.counts is not None:
       q[:r, :d] = np.asarray(plan.counts)
   return np.array([r, d], np.int64), big._replace(
-      counts=q, stop=np.asarray(plan.stop, np.int32))
+      counts=q, stop=np.asarray(plan.stop, np.int32), key=int(plan.key))
 
 
 def unpad(size: np.ndarray, plan: Plan) -> Plan:
@@ -103,7 +103,7 @@ def unpad(size: np.ndarray, plan: Plan) -> Plan:
   if counts is not None:
     counts = jax.device_put(counts[:r, :d], jax.local_devices()[0])
   return Plan(plan.rids[:r], plan.tags[:r], plan.codes[:r], rows, counts,
-              plan.stop, plan.lengths[:r])
+              plan.stop, plan.lengths[:r], int(plan.key))
 
 
 class PlanBroadcast:

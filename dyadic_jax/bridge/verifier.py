@@ -46,7 +46,6 @@ applied.
 """
 
 import contextlib
-import math
 import time
 import typing
 
@@ -62,8 +61,9 @@ from dyadic_jax.bridge import hello, transport
 from dyadic_jax.bridge.counters import Counters
 from dyadic_jax.bridge.deadline import AdaptiveDeadline
 from dyadic_jax.bridge.effects import Plan, Send, Stage, Verify
-from dyadic_jax.bridge.verifier_session import (Exchange, Request,
-                                                RoundResult, VerifierSession)
+from dyadic_jax.bridge.exchange import Exchange
+from dyadic_jax.bridge.ledger import Request, RoundResult
+from dyadic_jax.bridge.verifier_session import VerifierSession
 from dyadic_jax.wire import qformats
 from dyadic_jax.wire.refusals import Code, ProtocolError
 
@@ -133,6 +133,17 @@ class RoundHook:
     """A round's finish begins (`Verifier.finish`), before its answer is
     awaited (None: the round has no exchange, it falls back whole)."""
 
+  def begin_round(self, key: int, exchange: Exchange | None) -> None:
+    """`begin`, told the round's number in its session (`InFlight.key`:
+    every round has one, a round without an exchange too)."""
+    del key
+    self.begin(exchange)
+
+  def finish_round(self, key: int, exchange: Exchange | None) -> None:
+    """`finishing`, told the round's number (as `begin_round`)."""
+    del key
+    self.finishing(exchange)
+
   def around_exchange(self) -> contextlib.AbstractContextManager[None]:
     """The context each exchange runs in: STEP out to its verdict."""
     return contextlib.nullcontext()
@@ -141,11 +152,13 @@ class RoundHook:
 class InFlight(typing.NamedTuple):
   """A round `Verifier.start` began, for `Verifier.finish`: its exchange
   (None: a round without one, whose `plan` falls back whole), the
-  audit's PROPOSAL draws, when its STEP went out."""
+  audit's PROPOSAL draws, when its STEP went out, and its number in the
+  session (`key`: its exchange's, or its fallback plan's)."""
   exchange: Exchange | None
   plan: Plan | None = None
   draws: np.ndarray | None = None
   begun: float = 0.0
+  key: int = 0
 
 
 class Verifier:
@@ -382,7 +395,10 @@ class Verifier:
     finished in the order they were started. A round that finds no open
     session (and cannot open one) falls back whole, as `round` does.
     """
-    depth = depth or self.caps.max_depth
+    depth = self.caps.max_depth if depth is None else int(depth)
+    if not 1 <= depth <= self.caps.max_depth:    # refused as `generate` does
+      raise ValueError(f"start: depth {depth} outside [1, "
+                       f"{self.caps.max_depth}]")
     if len(self.session.exchanges) >= self.in_flight:
       raise RuntimeError(f"start: {self.in_flight} rounds in flight already "
                          "(finish one first)")
@@ -403,27 +419,27 @@ class Verifier:
           self._skip = min(2 ** (self._failures - 1), MAX_BACKOFF_ROUNDS) - 1
           self._lost = True           # a new socket for the next attempt
     if not self.session.is_open:
+      bare = self.session.fallback(rids, code)
       for hook in self.hooks:
-        hook.begin(None)
-      return InFlight(None, self.session.fallback(rids, code).plan)
+        hook.begin_round(bare.key, None)
+      return InFlight(None, bare.plan, key=bare.key)
     session = self.session
-    if self.deadline is not None:
-      session.timeout_s = self.deadline.seconds()
     begun = self.clock()
-    send = session.begin(rids, depth, begun)
-    exchange = next(reversed(session.exchanges.values()))   # just begun
+    send, exchange = session.begin(
+        rids, depth, begun, timeout_s=None if self.deadline is None
+        else self.deadline.seconds())
     for hook in self.hooks:
-      hook.begin(exchange)
+      hook.begin_round(exchange.key, exchange)
     # A worker busy with the other round may leave its queue full: the
     # STEP waits for room until its deadline (never past it), as its
     # answer would.
     if not self._send(send, exchange.deadline - self.clock()):
-      exchange.deadline = -math.inf     # never left: it falls back now
+      session.expire(exchange.key)     # never left: it falls back now
     draws = None
     if session.audit:     # computed while the worker drafts
       draws = audit_lib.proposal_draws(*session.draw_inputs(exchange.key),
                                        depth, pad_to=self.caps.max_requests)
-    return InFlight(exchange, None, draws, begun)
+    return InFlight(exchange, None, draws, begun, exchange.key)
 
   def finish(self, flight: InFlight) -> list[RoundResult]:
     """Waits for the answer of a round `start` began (never past its
@@ -431,7 +447,7 @@ class Verifier:
     returns its RoundResults. Answers of other rounds in flight that
     arrive meanwhile are kept for their own `finish`."""
     for hook in self.hooks:
-      hook.finishing(flight.exchange)
+      hook.finish_round(flight.key, flight.exchange)
     if flight.plan is not None:
       return self.execute(flight.plan)
     with contextlib.ExitStack() as scope:

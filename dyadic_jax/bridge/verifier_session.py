@@ -2,15 +2,16 @@
 
 `VerifierSession` never touches a socket, a thread, a clock or JAX; the
 driver (`bridge.verifier.Verifier`) passes the time in and performs the
-records it gets back (`bridge.effects`). It owns the requests' committed
-state, the session (HELLO, keys), the exchange in flight and the staging
-slots, and counts every refusal. Every failure path is a counted refusal,
+records it gets back (`bridge.effects`). It owns the session (HELLO,
+keys), frame authentication, the exchanges in flight (`bridge.exchange`;
+an authenticated answer's frames are routed to them by `bridge.answers`)
+and the staging slots, and counts every refusal; the requests' committed state is its `ledger` (`bridge.ledger`). Every failure path is a counted refusal,
 never an exception (tests/fuzz_sessions.py holds it to that).
 
 One round of a batch (generation g, round n of each request):
 
     hello(now) -> Send(HELLO)          until `is_open` (receive the answer)
-    begin(rids, depth, now) -> Send(STEP message)
+    begin(rids, depth, now[, timeout_s]) -> (Send(STEP message), Exchange)
     receive(message, now) -> [] | [Stage] | [Verify]   (until done)
     poll(now) -> [] | [Verify]         the deadline: the batch falls back
     staged(verdict) -> Verify(plan)    after validating the Stage's rows
@@ -26,33 +27,21 @@ the HELLO or the STEP in flight that this side sent. While a session
 opens, nothing but a HELLO or a RESET is decoded, and a RESET only after
 its tag checks. Frames of older rounds or generations (late, duplicated) are counted
 as STALE_GENERATION / DUPLICATE_ROUND and dropped before anything is
-copied. For this exchange, per request: its COMPLETION's status (a known
-Code or BAD_STATUS), anchor and context (STATE_MISMATCH), its REPLY
-(depth, rows of this request and tag: BAD_SEQUENCE; size: UNEXPECTED_SIZE;
-the REPLY's tag: CHECKSUM_MISMATCH); then its rows are copied into the
-staging slot. On a session that agreed on PACKED replies
-(`Feature.PACKED_REPLY`) the answer is one frame under one tag: its
-records are compared with the exchange's expected ones at once (numpy);
-when all match (the usual answer) the Stage reads the q rows in place in
-the received message, else the rows of those that match are copied into
-the slot in bulk, and any other record
-goes through the same per-request checks (a stale or duplicate tag, a
-status, anchor and context, its depth: BAD_SEQUENCE). Once every
-request is answered, `Stage` asks the driver to
-validate the rows (the q format's kernel) and audit the tokens against
-the PROPOSAL draws; only `staged` turns the verdicts into a `Plan`.
+copied. An answer of the exchange in flight is judged by that exchange
+(`bridge.exchange`: one cascade whichever frame carried it; on a PACKED
+session the expected records in bulk, the q rows staged in place). Once
+every request is answered, `Stage` asks the driver to validate the rows
+(the q format's kernel) and audit the tokens against the PROPOSAL draws;
+only `staged` turns the verdicts into a `Plan`.
 
 Sending. `begin` makes one STEP frame per request, or on a session that
 agreed on PACKED_STEP frames (`Feature.PACKED_STEP`) one frame of a
 record per request under one tag (after the round's CONTEXT frames).
 
-Short answers. On a session that agreed on ADAPTIVE_DEPTH a request may
-be answered with d in [1, the exchange's depth] rows (a REPLY and
-COMPLETION of depth d, a PACKED record of depth d); elsewhere any depth
-but the exchange's is BAD_SEQUENCE, as before. Its d rows are staged, the
-verdicts of the slot's rows past d are not read (`short_answers` counts
-such requests), and the Plan carries each request's length
-(`Plan.lengths`).
+Short answers (ADAPTIVE_DEPTH: 1..depth rows, `bridge.exchange`): the
+verdicts of a slot's rows past an answer's length are not read
+(`short_answers` counts such requests), and the Plan carries each
+request's length (`Plan.lengths`).
 
 Contexts. On a session that agreed on CONTEXT frames (`Feature.CONTEXT`),
 `begin` puts a CONTEXT frame (the request's committed tokens, prompt
@@ -69,114 +58,33 @@ round 0, so no key of the failed exchange can be drawn again.
 
 Memory is bounded by the live requests: `remove_request` forgets one (a
 removed id that comes back continues after its last generation), and the
-exchange in flight is the only per-round state.
+exchanges in flight (`bridge.exchange`: each one's state table, and the
+one check of an answer, whichever frame carried it) are the only
+per-round state. A driver reads an exchange and never writes it: its
+deadline is `begin`'s `timeout_s`, and `expire(key)` ends one whose STEP
+never left.
 """
 
-import dataclasses
-import math
 import os
 import typing
 
 import numpy as np
-from numpy.typing import ArrayLike
 
-from dyadic_jax.bridge import digest as digest_lib
 from dyadic_jax.bridge import hello, staging
+from dyadic_jax.bridge.answers import Answers
 from dyadic_jax.bridge.counters import Counters
 from dyadic_jax.bridge.effects import Counts, Plan, Send, Stage, Verify
+from dyadic_jax.bridge.exchange import Event, Exchange, empty_plan
+from dyadic_jax.bridge.ledger import Ledger, Request, RoundResult
 from dyadic_jax.wire import auth, codec, layouts, qformats
-from dyadic_jax.wire.layouts import (ALL_REQUESTS, Feature, Kind, Policy,
-                                     Reason)
+from dyadic_jax.wire.layouts import Feature, Kind, Policy, Reason
 from dyadic_jax.wire.refusals import Code, ProtocolError
 
-_U32 = (1 << 32) - 1
+__all__ = ["Exchange", "Request", "RoundResult", "VerifierSession",
+           "empty_plan"]
+
 _RECORD = layouts.RECORD_STRUCT
-_RECORDS_AT = layouts.FIXED_BYTES[Kind.PACKED]   # a PACKED frame's records
-_U64 = (1 << 64) - 1
 CLOSED, OPENING, OPEN = "closed", "opening", "open"
-
-
-@dataclasses.dataclass
-class Request:
-  """One request's committed state on the verifier (the source of truth)."""
-  rid: int
-  seed: int
-  tokens: list[int]            # committed tokens, prompt first
-  generation: int = 0
-  round: int = 0
-  context_version: int = 0
-  digest: bytes = b""
-  # (session, generation) whose first round carried a CONTEXT (or found
-  # the prefix too long for one): the worker may hold the prefix.
-  context_sent: tuple[int, int] | None = None
-
-  @property
-  def anchor(self) -> int:
-    return len(self.tokens)
-
-
-@dataclasses.dataclass(frozen=True)
-class RoundResult:
-  """What one round committed for one request."""
-  rid: int
-  generation: int
-  round: int
-  anchor: int
-  committed: tuple[int, ...]   # tokens appended to the request, in order
-  accepted: int                # drafted tokens among them
-  fallback: bool               # True: proposal discarded, target-only token
-  code: Code | None            # why it was discarded
-
-
-class Exchange:
-  """The round in flight: its tags, deadline and per-request outcome (what
-  a driver's round hook is shown when its STEP is made: read only)."""
-
-  def __init__(self, rids: typing.Sequence[int],
-               tags: dict[int, tuple[int, int]], depth: int, deadline: float,
-               slot: staging.Slot, key: int = 0) -> None:
-    self.key = key                # which of the session's exchanges
-    self.rids = list(rids)
-    self.index = {rid: i for i, rid in enumerate(rids)}
-    self.tags = tags              # rid -> (generation, round)
-    self.depth = depth
-    self.deadline = deadline
-    self.slot = slot
-    r = len(rids)
-    self.answered = np.zeros(r, bool)
-    self.codes = np.zeros(r, np.int32)
-    # Rows each answer carries: the STEP's depth, or 1..depth on a
-    # session that agreed on ADAPTIVE_DEPTH.
-    self.lengths = np.full(r, depth, np.int32)
-    self.rows = slot.rows(r, depth)
-    self.staging = False          # a Stage was handed out: await `staged`
-    # The PACKED records a worker answers with when all is well, in STEP
-    # order (set by `begin`; the reserved fields zero), as bytes (the usual
-    # answer's records are these bytes: one comparison) and as a table.
-    self.expected_bytes = bytes(r * layouts.PACKED_RECORD.itemsize)
-    self.expected = np.frombuffer(self.expected_bytes, layouts.PACKED_RECORD)
-    self.step_tag = b""           # the tag of its first STEP frame
-
-  @property
-  def complete(self) -> bool:
-    return bool(self.answered.all())
-
-
-def empty_plan(caps: hello.Capabilities, rids: typing.Sequence[int],
-               tags: typing.Sequence[tuple[int, int]], codes: ArrayLike,
-               depth: int, lengths: ArrayLike | None = None) -> Plan:
-  """A Plan of R requests with zero drafts and no q (codes say what to
-  do); each chain `depth` rows long unless `lengths` says otherwise."""
-  r = len(rids)
-  ids = (np.zeros((r, depth, caps.width), np.int32) if caps.format.has_ids
-         else None)
-  rows = qformats.Rows(np.zeros((r, depth), np.int32),
-                       np.zeros((r, depth), np.int32), ids)
-  return Plan(np.asarray(rids, np.int32),
-              np.asarray(tags, np.int64).reshape(r, 2),
-              np.asarray(codes, np.int32), rows, None, np.zeros((), np.int32),
-              np.full(r, depth, np.int32) if lengths is None
-              else np.asarray(lengths, np.int32).reshape(r))
 
 
 class VerifierSession:
@@ -194,7 +102,7 @@ class VerifierSession:
     self.bounds = caps.bounds
     self.timeout_s = float(timeout_s)
     self.audit = bool(audit) and not caps.greedy
-    self.counters = counters or Counters("verifier")
+    self._counters = counters or Counters("verifier")
     self._secret = secret
     self._entropy = entropy
     self._hello_keys = auth.hello_keys(secret, auth.VERIFIER)
@@ -206,17 +114,28 @@ class VerifierSession:
     self._nonce: bytes | None = None
     self._hello_tag = b""                 # the tag of the HELLO sent
     self.refused: Code | None = None      # the Code of a refused HELLO
-    self.requests: dict[int, Request] = {}
-    self._retired: dict[int, int] = {}    # removed rid -> next generation
+    self.ledger = Ledger(caps.vocab)      # the requests' committed state
+    self.requests = self.ledger.requests
     # The rounds in flight (at most `caps.max_slots`), oldest first, by
-    # key; and which one each request of theirs is in.
+    # key (the ledger knows which one owns each request).
     self.exchanges: dict[int, Exchange] = {}
-    self._owner: dict[int, Exchange] = {}
-    self._keys = 0
+    self.answers = Answers(self.ledger, self.exchanges, self.counters)
+    # The key of the last round begun: every round is numbered, fallback
+    # ones too, and the number travels with its plan to every rank.
+    self._rounds = 0
     # Allocated once a HELLO agrees.
     self.slots: list[staging.Slot] | None = None
     self.max_message = self.bounds.max_reply_message
     self.max_frames = 2 * caps.max_requests
+
+  @property
+  def counters(self) -> Counters:
+    return self._counters
+
+  @counters.setter
+  def counters(self, counters: Counters) -> None:
+    """A new count (tests) reaches the router of answers too."""
+    self._counters = self.answers.counters = counters
 
   @property
   def is_open(self) -> bool:
@@ -232,7 +151,7 @@ class VerifierSession:
     counted (a driver that gives up on its rounds; their requests keep
     the tags they were sent with, so a late answer is stale)."""
     self.exchanges.clear()
-    self._owner.clear()
+    self.ledger.owner.clear()
 
   def open_keys(self) -> tuple[int, auth.Keys]:
     """(session id, keys) of the open session (RuntimeError: none is)."""
@@ -245,38 +164,20 @@ class VerifierSession:
   def add_request(self, rid: int, prompt: typing.Sequence[int],
                   seed: int) -> None:
     """A new request: its prompt (committed tokens) and RNG seed."""
-    if rid in self.requests or not 0 <= rid < ALL_REQUESTS:
-      raise ValueError(f"add_request: bad or duplicate request id {rid}")
-    prompt = [int(t) for t in prompt]
-    if not prompt or min(prompt) < 0 or max(prompt) >= self.caps.vocab:
-      raise ValueError("add_request: prompt needs tokens in [0, V)")
-    if not 0 <= int(seed) <= _U64:
-      raise ValueError(f"add_request: seed {seed} is not a uint64")
-    generation = self._retired.pop(rid, 0)
-    self.requests[rid] = Request(rid, int(seed), prompt,
-                                 generation=generation,
-                                 digest=digest_lib.of(prompt))
+    self.ledger.add(rid, prompt, seed)
 
   def remove_request(self, rid: int) -> Send | None:
     """Forgets request `rid` here and (RESET REMOVE) on the worker."""
-    req = self.requests.pop(rid)
-    self._retired[rid] = req.generation + 1
+    self.ledger.remove(rid)
     self.counters.event("removes")
     return self._reset_message([rid], Reason.REMOVE)
 
   def reset(self, rid: int | None = None) -> Send | None:
     """Cancels request `rid` (all when None): a new generation, RESET."""
     targets = list(self.requests) if rid is None else [rid]
-    for r in targets:
-      req = self.requests[r]
-      self._bump(req)
+    self.ledger.bump_all(targets)
     self.counters.event("resets")
     return self._reset_message(targets, Reason.CANCEL)
-
-  def _bump(self, req: Request) -> None:
-    if req.generation >= _U32:
-      raise RuntimeError(f"request {req.rid}: generations exhausted")
-    req.generation, req.round = req.generation + 1, 0
 
   def _reset_message(self, rids: list[int], reason: Reason) -> Send | None:
     if not self.is_open or not rids:
@@ -284,10 +185,8 @@ class VerifierSession:
     session, keys = self.open_keys()
     frames = []
     for r in rids:
-      generation = (self.requests[r].generation if r in self.requests
-                    else self._retired.get(r, 0))
       frames.append(codec.encode(
-          Kind.RESET, session=session, generation=generation,
+          Kind.RESET, session=session, generation=self.ledger.generation(r),
           round_id=0, send=keys.send,
           body={"request": r, "reason": reason}))
     return Send(b"".join(frames))
@@ -310,8 +209,7 @@ class VerifierSession:
     """A new session: every request moves to a new generation (in-flight
     keys are void); send `hello()` next."""
     self.close()
-    for req in self.requests.values():
-      self._bump(req)
+    self.ledger.bump_all()
     self.counters.event("reconnects")
 
   def close(self) -> None:
@@ -320,7 +218,12 @@ class VerifierSession:
     at the next `poll` (TIMEOUT)."""
     self.state, self.keys = CLOSED, None
     for ex in self.exchanges.values():
-      ex.deadline = -math.inf
+      ex.expire()
+
+  def expire(self, key: int) -> None:
+    """Exchange `key` can get no answer (its STEP never left): it falls
+    back at the next `poll`."""
+    self.exchanges[key].expire()
 
   def _opening(self, frames: list[memoryview]) -> None:
     if len(frames) != 1:
@@ -388,9 +291,10 @@ class VerifierSession:
 
   # -- one round -------------------------------------------------------------
 
-  def begin(self, rids: typing.Sequence[int], depth: int,
-            now: float) -> Send:
-    """Starts the round of requests `rids`; returns the STEP message."""
+  def begin(self, rids: typing.Sequence[int], depth: int, now: float,
+            timeout_s: float | None = None) -> tuple[Send, Exchange]:
+    """Starts the round of requests `rids`; returns (its STEP message, its
+    exchange). timeout_s: its deadline from `now` (None: the session's)."""
     if not self.is_open:
       raise RuntimeError("begin: the session is not open (send hello())")
     if len(self.exchanges) >= self.caps.max_slots:
@@ -402,16 +306,11 @@ class VerifierSession:
       raise ValueError(f"begin: {len(rids)} distinct requests in [1, "
                        f"{self.caps.max_requests}] and depth {depth} in "
                        f"[1, {self.caps.max_depth}] needed")
-    busy = [r for r in rids if r in self._owner]
+    busy = [r for r in rids if r in self.ledger.owner]
     if busy:
       raise ValueError(f"begin: requests {busy} are in a round in flight")
-    reqs = [self.requests[r] for r in rids]
-    tags: dict[int, tuple[int, int]] = {}
-    for req in reqs:
-      if req.round >= _U32:
-        self._bump(req)
-      req.round += 1
-      tags[req.rid] = (req.generation, req.round)
+    reqs = self.ledger.advance(rids)
+    tags = {req.rid: (req.generation, req.round) for req in reqs}
     assert self.slots is not None   # allocated when the session opened
     session, keys = self.open_keys()
     # A slot no exchange in flight holds (one is free: len(slots) is
@@ -421,40 +320,23 @@ class VerifierSession:
     slot = next(s for s in self.slots if all(s is not h for h in held))
     if self.exchanges:
       self.counters.event("overlapped")   # the worker drafts it meanwhile
-    self._keys += 1
-    ex = Exchange(rids, tags, depth, now + self.timeout_s, slot, self._keys)
-    self.exchanges[ex.key] = ex
-    self._owner.update((r, ex) for r in rids)
-    ex.expected_bytes = b"".join(
+    frames = _step_frames(
+        reqs, depth, Policy.GREEDY if self.caps.greedy else Policy.SAMPLED,
+        session, keys.send, self.bounds.packed_step,
+        lambda req: self._context(req, session, keys))
+    self._rounds += 1
+    expected = b"".join(   # the PACKED records of the usual answer
         _RECORD.pack(req.rid, depth, 0, 0, req.generation, req.round,
                      req.anchor, req.context_version) for req in reqs)
-    ex.expected = np.frombuffer(ex.expected_bytes, layouts.PACKED_RECORD)
-    policy = Policy.GREEDY if self.caps.greedy else Policy.SAMPLED
-    frames: list[bytes] = []
-    if self.bounds.packed_step:
-      # CONTEXT frames first (in request order), then every STEP in one
-      # frame under one tag.
-      for req in reqs:
-        frames.extend(self._context(req, session, keys))
-      frames.append(codec.encode_packed_step(
-          session=session, depth=depth, policy=policy, send=keys.send,
-          records=[(req.rid, 0, req.tokens[-1], req.generation, req.round,
-                    req.seed, req.anchor, req.context_version, req.digest)
-                   for req in reqs]))
-    else:
-      for req in reqs:
-        frames.extend(self._context(req, session, keys))
-        frames.append(codec.encode(
-            Kind.STEP, session=session, generation=req.generation,
-            round_id=req.round, send=keys.send, body={
-                "request": req.rid, "depth": depth, "policy": policy,
-                "last_token": req.tokens[-1], "seed": req.seed,
-                "anchor": req.anchor, "context_version": req.context_version,
-                "prefix_digest": req.digest}))
-    ex.step_tag = auth.tag_of(frames[0])   # what a refusal keys
+    ex = Exchange(rids, tags, depth,
+                  now + (self.timeout_s if timeout_s is None else timeout_s),
+                  slot, self._rounds, expected, auth.tag_of(frames[0]),
+                  adaptive=self.adaptive)
+    self.exchanges[ex.key] = ex
+    self.ledger.own(ex)
     message = b"".join(frames)
     self.counters.event("bytes_out", len(message))
-    return Send(message)
+    return Send(message), ex
 
   def _context(self, req: Request, session: int,
                keys: auth.Keys) -> list[bytes]:
@@ -490,16 +372,15 @@ class VerifierSession:
     return self.exchange if key is None else self.exchanges.get(key)
 
   def fallback(self, rids: typing.Sequence[int], code: int) -> Verify:
-    """A round with no exchange (no session): every request falls back."""
-    reqs = [self.requests[int(r)] for r in rids]
-    tags: list[tuple[int, int]] = []
-    for req in reqs:
-      if req.round >= _U32:
-        self._bump(req)
-      req.round += 1
-      tags.append((req.generation, req.round))
-    return Verify(empty_plan(self.caps, [q.rid for q in reqs], tags,
-                             [int(code)] * len(reqs), self.caps.max_depth))
+    """A round with no exchange (no session): every request falls back.
+    It is numbered as every round is (its Verify's key)."""
+    reqs = self.ledger.advance([int(r) for r in rids])
+    tags = [(req.generation, req.round) for req in reqs]
+    self._rounds += 1
+    plan = empty_plan(self.caps, [q.rid for q in reqs], tags,
+                      [int(code)] * len(reqs), self.caps.max_depth,
+                      key=self._rounds)
+    return Verify(plan, self._rounds)
 
   def receive(self, message: layouts.Buffer,
               now: float = 0.0) -> list[Stage | Verify]:
@@ -543,7 +424,7 @@ class VerifierSession:
     if headers[0].kind == Kind.HELLO and len(frames) == 1:
       self.counters.event("late_hellos")   # a retried HELLO's answer
       return []
-    self._frames(frames, headers)
+    self.answers.route(frames, headers, self.bounds)
     return self._progress(now)
 
   def _refusal(self, ex: Exchange, frame: memoryview,
@@ -560,302 +441,15 @@ class VerifierSession:
       return []
     tag = (header.generation, header.round)
     if tag != ex.tags[ex.rids[0]]:
-      late = self._late(tag)
+      late = self.ledger.late(tag)
       self.counters.reject(late or Code.BAD_SEQUENCE,
                            f"late RESET ({code.name})")
       return []
     self.counters.reject(code, "worker RESET")
     if code in (Code.UNKNOWN_SESSION, Code.SESSION_EXHAUSTED):
       self.close()    # the worker restarted, or ended the session: HELLO again
-    for i in np.flatnonzero(~ex.answered):
-      ex.answered[i], ex.codes[i] = True, code
+    ex.refuse_open(code)
     return self._progress(now)
-
-  def _classify(self, rid: int, tag: tuple[int, int]) -> Code | None:
-    """None if `tag` is the tag of `rid` in its exchange in flight, else
-    the refusal."""
-    ex = self._owner.get(rid)
-    want = None if ex is None else ex.tags.get(rid)
-    if want is None:      # a request of no exchange in flight: late if older
-      req = self.requests.get(rid)
-      if req is None:
-        return (Code.STALE_GENERATION if rid in self._retired
-                else Code.BAD_SEQUENCE)
-      want = (req.generation, req.round + 1)
-      if tag >= want:
-        return Code.BAD_SEQUENCE
-    elif tag > want:
-      return Code.BAD_SEQUENCE
-    if tag[0] < want[0]:
-      return Code.STALE_GENERATION
-    return None if tag == want else Code.DUPLICATE_ROUND
-
-  def _late(self, tag: tuple[int, int]) -> Code | None:
-    """STALE_GENERATION / DUPLICATE_ROUND if `tag` is no request's current
-    tag but an older one of some request in flight; else None."""
-    if not self._owner:
-      return None
-    codes = [self._classify(rid, tag) for rid in self._owner]
-    if None in codes:
-      return None
-    older = [c for c in codes if c != Code.BAD_SEQUENCE]
-    return older[0] if older else None
-
-  def _fail(self, ex: Exchange, i: int, code: int, detail: str) -> None:
-    self.counters.reject(code, detail)
-    ex.answered[i], ex.codes[i] = True, code
-
-  def _frames(self, frames: list[memoryview],
-              headers: list[layouts.Header]) -> None:
-    """Groups an authenticated message into (REPLY?, COMPLETION) answers."""
-    decoded: list[tuple[codec.Frame | None, int | None]] = []
-    for frame, h in zip(frames, headers):
-      try:
-        decoded.append((codec.decode(frame, self.bounds), None))
-      except ProtocolError as e:
-        decoded.append((None, e.code))
-    claims = self._claims(decoded)
-    i = 0
-    while i < len(decoded):
-      got, code = decoded[i]
-      kind = headers[i].kind
-      if kind == Kind.PACKED:
-        if code is not None:
-          self._broken(code, headers[i], "PACKED", claims)
-          return
-        assert got is not None
-        self._packed(got)
-        i += 1
-        continue
-      if kind == Kind.REPLY and i + 1 < len(decoded) and (
-          headers[i + 1].kind == Kind.COMPLETION):
-        reply, reply_code = got, code
-        done, done_code = decoded[i + 1]
-        i += 2
-      elif kind == Kind.COMPLETION:
-        reply, reply_code = None, None
-        done, done_code = got, code
-        i += 1
-      else:
-        self._broken(Code.BAD_SEQUENCE, headers[i], "rows without COMPLETION"
-                     if kind == Kind.REPLY else f"{Kind(kind).name} frame",
-                     claims)
-        return
-      if done_code is not None:
-        self._broken(done_code, headers[i - 1], "COMPLETION", claims)
-        return
-      assert done is not None       # decoded (no code)
-      self._answer(reply, reply_code, done)
-
-  def _claims(self, decoded: list[tuple[codec.Frame | None, int | None]]
-              ) -> Exchange | None:
-    """The exchange a message answers, by the first of its decoded frames
-    that names a request of an exchange in flight under that request's
-    tag there (a worker answers one STEP message with one message: with
-    two rounds in flight the (generation, round) of a header alone can be
-    both exchanges')."""
-    for got, _ in decoded:
-      if got is None:
-        continue
-      if got.records is not None:
-        if not len(got.records):
-          continue
-        rec = got.records[0]
-        rid, tag = int(rec["request"]), (int(rec["generation"]),
-                                         int(rec["round"]))
-      elif got.kind in (Kind.REPLY, Kind.COMPLETION):
-        rid, tag = int(got.body.request), got.tag
-      else:
-        continue
-      ex = self._owner.get(rid)
-      if ex is not None and ex.tags[rid] == tag:
-        return ex
-    return None
-
-  def _broken(self, code: int, header: layouts.Header, detail: str,
-              claims: Exchange | None = None) -> None:
-    """An authenticated frame that cannot be attributed to one request:
-    it fails every unanswered request of the exchange it claims: the one
-    its message answers (`claims`; none when that one is answered in
-    full already: another exchange is never failed for it), else the
-    oldest open one with a request of its tag, else the oldest open one
-    (a worker answers STEP messages in the order they came)."""
-    tag = (header.generation, header.round)
-    late = self._late(tag)
-    open_ = [ex for ex in self.exchanges.values()
-             if not ex.staging and not ex.complete]
-    if claims is not None:
-      ex = claims if claims in open_ else None
-    else:
-      ex = next((e for e in open_ if any(
-          e.tags[r] == tag and not e.answered[e.index[r]] for r in e.rids)),
-                open_[0] if open_ else None)
-    if late or ex is None:
-      self.counters.reject(late or code, detail)
-      return
-    self.counters.reject(code, detail)
-    for i in np.flatnonzero(~ex.answered):
-      ex.answered[i], ex.codes[i] = True, code
-
-  def _packed(self, f: codec.Frame) -> None:
-    """A PACKED answer: records as expected are taken in bulk; the others
-    one by one, with the per-frame answer's checks."""
-    records, rows = f.records, f.rows
-    assert records is not None and rows is not None   # decoded PACKED
-    # The first record, as Python ints (decode made sure there is one).
-    rid, _, _, _, generation, round_id, _, _ = _RECORD.unpack_from(
-        f.raw, _RECORDS_AT)
-    if (f.header.generation, f.header.round) != (generation, round_id):
-      self._broken(Code.BAD_SEQUENCE, f.header, "PACKED header tag")
-      return
-    r = len(records)
-    # The exchange its first record's request is in (a worker answers one
-    # STEP message with one PACKED frame).
-    ex = self._owner.get(rid)
-    if ex is not None and r == len(ex.rids) and f.body.depth == ex.depth and (
-        f.raw[_RECORDS_AT:_RECORDS_AT + len(ex.expected_bytes)]
-        == ex.expected_bytes) and not ex.answered.any():
-      # Every record the expected one, byte for byte (the usual answer): the
-      # field comparisons below would all hold.
-      self._stage_in_place(ex, rows)
-      return
-    good = np.zeros(r, bool)
-    if ex is not None and f.body.depth == ex.depth:
-      m = min(r, len(ex.rids))
-      # Field by field: a reserved field is not the worker's to fill.
-      good[:m] = ~ex.answered[:m]
-      for name in ("request", "status", "generation", "round", "anchor",
-                   "context_version"):
-        good[:m] &= records[name][:m] == ex.expected[name][:m]
-      good[:m] &= self._fits(records["depth"][:m], ex)
-    if good.all() and ex is not None and r == len(ex.rids):
-      ex.lengths[:] = records["depth"]
-      self._stage_in_place(ex, rows)     # expected, reserved fields apart
-      return
-    if good.any():
-      assert ex is not None
-      index = np.flatnonzero(good)
-      ex.lengths[index] = records["depth"][index]
-      self._take(ex, index, rows, index)
-    for j in np.flatnonzero(~good):
-      self._record(f, int(j))
-
-  def _stage_in_place(self, ex: Exchange, rows: qformats.Rows) -> None:
-    """Every record of a PACKED answer as expected: its q rows are staged
-    where they arrived (no copy; validation reads them once, and a dense
-    row's counts, which verification reads, are written by validation into
-    their own buffer); tokens, n and ids are copied into the slot."""
-    if rows.values is not None and ex.rows.values is not None:
-      ex.rows = ex.rows._replace(values=rows.values)
-      rows = rows._replace(values=None)
-    self._take(ex, slice(None), rows, slice(None))
-
-  def _fits(self, depth: np.ndarray | int, ex: Exchange) -> np.ndarray:
-    """Whether an answer of `depth` rows fits exchange `ex`: its STEP's
-    depth, or 1..that on a session that agreed on ADAPTIVE_DEPTH (a short
-    answer elsewhere is refused as any other wrong depth is)."""
-    depth = np.asarray(depth)
-    if self.adaptive:
-      return (depth >= 1) & (depth <= ex.depth)
-    return depth == ex.depth
-
-  def _take(self, ex: Exchange, into: slice | np.ndarray,
-            rows: qformats.Rows, src: slice | np.ndarray) -> None:
-    staged = ex.rows
-    staged.tokens[into] = rows.tokens[src]
-    staged.n[into] = rows.n[src]
-    if rows.ids is not None and staged.ids is not None:
-      staged.ids[into] = rows.ids[src]
-    if rows.values is not None and staged.values is not None:
-      staged.values[into] = rows.values[src]
-    ex.answered[into] = True
-
-  def _record(self, f: codec.Frame, j: int) -> None:
-    """Record `j` of a PACKED answer that is not the expected one."""
-    records = f.records
-    assert records is not None and f.rows is not None
-    rec = records[j]
-    rid = int(rec["request"])
-    tag = (int(rec["generation"]), int(rec["round"]))
-    slot = self._open_slot(rid, tag, "record")
-    if slot is None:
-      return
-    ex, i = slot
-    req = self.requests[rid]
-    what = f"request {rid} {tag}"
-    status = int(rec["status"])
-    if status:
-      self._fail(ex, i, Code.parse(status) or Code.BAD_STATUS,
-                 f"{what}: the worker refused the STEP (status {status})")
-    elif (int(rec["anchor"]), int(rec["context_version"])) != (
-        req.anchor, req.context_version):
-      self._fail(ex, i, Code.STATE_MISMATCH, f"{what}: anchor or context")
-    elif not self._fits(int(rec["depth"]), ex) or f.body.depth != ex.depth:
-      self._fail(ex, i, Code.BAD_SEQUENCE, f"{what}: depth")
-    else:
-      ex.lengths[i] = int(rec["depth"])
-      self._take(ex, np.array([i]), f.rows, np.array([j]))
-
-  def _open_slot(self, rid: int, tag: tuple[int, int],
-                 what: str) -> tuple[Exchange, int] | None:
-    """(exchange, index) of request `rid` if an answer tagged `tag` may
-    fill it; else None, the answer refused and counted (a BAD_SEQUENCE one
-    still closes the request's slot, unanswered, with its code)."""
-    code = self._classify(rid, tag)
-    ex = self._owner.get(rid)
-    if code is not None:
-      self.counters.reject(code, f"{what} of request {rid} {tag}")
-      if code == Code.BAD_SEQUENCE and ex is not None and not ex.staging:
-        i = ex.index[rid]
-        if not ex.answered[i]:
-          ex.answered[i], ex.codes[i] = True, code
-      return None
-    assert ex is not None         # the tag is its exchange's (_classify)
-    i = ex.index[rid]
-    if ex.answered[i]:          # the same exchange answered twice (a retry)
-      self.counters.reject(Code.DUPLICATE_ROUND, f"second {what} of {rid}")
-      return None
-    return ex, i
-
-  def _answer(self, reply: codec.Frame | None, reply_code: int | None,
-              done: codec.Frame) -> None:
-    body = done.body
-    rid, tag = body.request, done.tag
-    slot = self._open_slot(rid, tag, "reply")
-    if slot is None:
-      return
-    ex, i = slot
-    req = self.requests[rid]
-    what = f"request {rid} {tag}"
-    if body.status:
-      self._fail(ex, i, Code.parse(body.status) or Code.BAD_STATUS,
-                 f"{what}: the worker refused the STEP (status "
-                 f"{body.status})")
-    elif (body.anchor, body.context_version) != (req.anchor,
-                                                  req.context_version):
-      self._fail(ex, i, Code.STATE_MISMATCH, f"{what}: anchor or context")
-    elif reply_code is not None:
-      self._fail(ex, i, reply_code, f"{what}: REPLY")
-    elif reply is None or not self._fits(body.depth, ex) or (
-        reply.body.request, reply.tag, reply.body.depth) != (rid, tag,
-                                                              body.depth):
-      self._fail(ex, i, Code.BAD_SEQUENCE, f"{what}: rows")
-    elif body.reply_bytes != len(reply.raw):
-      self._fail(ex, i, Code.UNEXPECTED_SIZE, f"{what}: reply bytes")
-    elif body.reply_tag != reply.header.tag:
-      self._fail(ex, i, Code.CHECKSUM_MISMATCH, f"{what}: REPLY vs COMPLETION")
-    else:
-      rows = ex.rows
-      got = reply.rows
-      assert got is not None        # a decoded REPLY has its rows
-      d = ex.lengths[i] = body.depth
-      rows.tokens[i, :d] = got.tokens
-      rows.n[i, :d] = got.n
-      if got.ids is not None and rows.ids is not None:
-        rows.ids[i, :d] = got.ids
-      if got.values is not None and rows.values is not None:
-        rows.values[i, :d] = got.values
-      ex.answered[i] = True
 
   def _progress(self, now: float) -> list[Stage | Verify]:
     """The effects of every exchange that ended: answered in full (a
@@ -863,14 +457,14 @@ class VerifierSession:
     deadline (`poll`), oldest first."""
     effects: list[Stage | Verify] = []
     for ex in list(self.exchanges.values()):
-      if ex.staging:
+      if not ex.open:
         continue
       if not ex.complete:
         effects += self.poll(now, ex.key)
       elif not (ex.codes == 0).any():
         effects.append(self._verify(ex))
       else:
-        ex.staging = True
+        ex.fire(Event.STAGE)
         effects.append(Stage(ex.rows, ex.codes == 0, ex.codes.copy(),
                              key=ex.key))
     return effects
@@ -885,7 +479,7 @@ class VerifierSession:
     """
     effects: list[Stage | Verify] = []
     for ex in list(self.exchanges.values()):
-      if ex.staging or now < ex.deadline or key not in (None, ex.key):
+      if not ex.open or now < ex.deadline or key not in (None, ex.key):
         continue
       for i, rid in enumerate(ex.rids):
         if ex.codes[i] == 0:
@@ -918,31 +512,14 @@ class VerifierSession:
     # One pass finds the refused requests (rare); each is then counted.
     for i in np.flatnonzero(codes.any(-1) & (ex.codes == 0)):
       bad = np.flatnonzero(codes[i])
-      self._fail(ex, int(i), int(codes[i, bad[0]]), f"request {ex.rids[i]} "
-                 f"row {bad[0]}")
+      ex.codes[i] = code = int(codes[i, bad[0]])
+      self.counters.reject(code, f"request {ex.rids[i]} row {bad[0]}")
     return self._verify(ex, verdict.counts)
 
   def _verify(self, ex: Exchange, counts: Counts = None) -> Verify:
     del self.exchanges[ex.key]
-    for rid in ex.rids:
-      del self._owner[rid]
-    reqs = [self.requests[r] for r in ex.rids]
-    plan = empty_plan(self.caps, ex.rids, [ex.tags[q.rid] for q in reqs],
-                      ex.codes, ex.depth, ex.lengths)
-    ok = plan.codes == 0
-    if ok.any():
-      rows = plan.rows
-      # Whole copies when every request verifies (the usual round): a
-      # masked copy costs several times more on a small batch.
-      take: typing.Any = slice(None) if ok.all() else ok
-      rows.tokens[take] = ex.rows.tokens[take]
-      rows.n[take] = ex.rows.n[take]
-      if rows.ids is not None and ex.rows.ids is not None:
-        rows.ids[take] = ex.rows.ids[take]
-      # Counts stay as validated (a JAX array, perhaps split over a mesh):
-      # only the rows of requests whose code is 0 are ever read.
-      plan = plan._replace(counts=counts)
-    return Verify(plan, ex.key)
+    self.ledger.release(ex)
+    return Verify(ex.plan(self.caps, counts), ex.key)
 
   def commit(self, plan: Plan, outcomes: typing.Sequence[typing.Sequence[int]]
              ) -> tuple[list[RoundResult], Send | None]:
@@ -961,34 +538,27 @@ class VerifierSession:
                          plan.codes.tolist())
     drafted = plan.rows.tokens.tolist()
     for i, outcome in enumerate(outcomes):
-      accepted, token = outcome[0], outcome[1]
       refused = int(outcome[2]) if len(outcome) > 2 else 0
-      req = self.requests[rids[i]]
-      tag = (tags[i][0], tags[i][1])
-      req.generation, req.round = tag          # a follower mirrors them
       code = codes[i]
       if refused and not code:       # verification itself refused the row
-        self.counters.reject(refused, f"verification of request {req.rid}")
+        self.counters.reject(refused, f"verification of request {rids[i]}")
         code = refused
-      accepted = 0 if code else int(accepted)
-      committed = tuple(drafted[i][:accepted]) + (int(token),)
-      anchor = req.anchor
-      req.tokens.extend(committed)
-      req.digest = digest_lib.extend(req.digest, committed)
+      result = self.ledger.commit(rids[i], (tags[i][0], tags[i][1]), code,
+                                  outcome[0], drafted[i], outcome[1])
       self.counters.event("rounds")
-      self.counters.event("tokens", len(committed))
+      self.counters.event("tokens", len(result.committed))
       if code:
-        self._bump(req)
         self.counters.event("fallbacks")
-      result = RoundResult(req.rid, tag[0], tag[1], anchor, committed,
-                           accepted, bool(code), Code(code) if code else None)
+      tag, anchor, committed = ((result.generation, result.round),
+                                result.anchor, result.committed)
+      accepted = result.accepted
       results.append(result)
       if self.is_open:
         session, keys = self.open_keys()
         frames.append(codec.encode(
             Kind.COMMIT, session=session, generation=tag[0],
             round_id=tag[1], send=keys.send, body={
-                "request": req.rid, "accepted": accepted, "status": code,
+                "request": result.rid, "accepted": accepted, "status": code,
                 "fallback": int(bool(code)), "next_token": committed[-1],
                 "new_position": anchor + len(committed)}))
     if not frames:
@@ -997,3 +567,31 @@ class VerifierSession:
     self.counters.event("bytes_out", len(message))
     return results, Send(message)
 
+
+def _step_frames(reqs: list[Request], depth: int, policy: Policy,
+                 session: int, send: auth.Tagger, packed: bool,
+                 context: typing.Callable[[Request], list[bytes]]
+                 ) -> list[bytes]:
+  """A round's STEP message: each request's CONTEXT frames (`context`)
+  and STEP frame; on a PACKED_STEP session the CONTEXT frames first (in
+  request order), then every STEP in one frame under one tag."""
+  frames: list[bytes] = []
+  if packed:
+    for req in reqs:
+      frames.extend(context(req))
+    frames.append(codec.encode_packed_step(
+        session=session, depth=depth, policy=policy, send=send,
+        records=[(req.rid, 0, req.tokens[-1], req.generation, req.round,
+                  req.seed, req.anchor, req.context_version, req.digest)
+                 for req in reqs]))
+    return frames
+  for req in reqs:
+    frames.extend(context(req))
+    frames.append(codec.encode(
+        Kind.STEP, session=session, generation=req.generation,
+        round_id=req.round, send=send, body={
+            "request": req.rid, "depth": depth, "policy": policy,
+            "last_token": req.tokens[-1], "seed": req.seed,
+            "anchor": req.anchor, "context_version": req.context_version,
+            "prefix_digest": req.digest}))
+  return frames

@@ -26,16 +26,13 @@ from absl import logging
 import numpy as np
 import zmq
 
-from dyadic_jax.bridge import hello
+from dyadic_jax.bridge import drafting, hello
 from dyadic_jax.bridge.counters import Counters
 from dyadic_jax.bridge.effects import Call, Propose, Send
 from dyadic_jax.bridge.transport import Curve, Endpoint
 from dyadic_jax.bridge.worker_session import WorkerSession
 from dyadic_jax.wire import layouts, qformats
 from dyadic_jax.wire.refusals import Code
-
-if typing.TYPE_CHECKING:     # the proposer is JAX's; this driver is not
-  from dyadic_jax.bridge import proposer
 
 
 class DrawHook:
@@ -57,7 +54,7 @@ class Worker:
   """Serves proposals for a verifier. Not thread safe: one loop owns it."""
 
   def __init__(self, caps: hello.Capabilities,
-               propose_fn: "proposer.Proposer", *,
+               propose_fn: drafting.Proposer, *,
                secret: bytes | None, counters: Counters | None = None,
                max_views: int = 4096,
                draw_hook: DrawHook | None = None,
@@ -70,7 +67,10 @@ class Worker:
     wants_context`: True for the transformer pair's). False for a draft
     that drafts from the prefix is a ValueError: it would draft without
     it (exact tokens, but fewer accepted)."""
-    wanted = bool(getattr(propose_fn, "wants_context", False))
+    # Its optional capabilities (batched draws, a stopping rule, the
+    # context) declared.
+    self.propose = drafting.declared(propose_fn)
+    wanted = self.propose.wants_context
     if wants_context is None:
       wants_context = wanted
     elif wanted and not wants_context:
@@ -78,12 +78,11 @@ class Worker:
                        "committed prefix; wants_context=False would leave "
                        "it without (leave wants_context out, or True)")
     self.caps = caps
-    self.propose = propose_fn
     self.draw_hook = draw_hook or DrawHook()
     self.session = WorkerSession(
         caps, secret=secret, counters=counters, max_views=max_views,
         wants_context=wants_context,
-        wants_adaptive=getattr(propose_fn, "admission", None) is not None)
+        wants_adaptive=self.propose.admission is not None)
     self._trackers: dict[int, list[zmq.MessageTracker]] = {}
 
   @property
@@ -122,7 +121,7 @@ class Worker:
         many([Call(2 ** 64 - 1, 0, 0, n + 1, 0, rid, context)
               for rid in rids], self.caps.max_depth)
         for rid in rids:
-          typing.cast(typing.Any, self.propose).forget(rid)
+          self.propose.forget(rid)
       n *= 2
 
   def handle(self, message: layouts.Buffer) -> list[Send]:
@@ -149,14 +148,13 @@ class Worker:
     return self.session.finish(answer, failed, lengths)
 
   def _batch_draw(self) -> typing.Callable[..., typing.Any] | None:
-    """The proposer's batched draw (`many` of a `proposer.DraftProposer`
+    """The proposer's batched draw (`many` of a `drafting.DraftProposer`
     whose draft has a slab: `batched`), or None where the worker draws
     one by one (any other proposer, or a draw hook whose ranks draw with
     each proposal)."""
-    if not (getattr(self.propose, "batched", False)
-            and self.draw_hook.batched):
+    if not (self.propose.batched and self.draw_hook.batched):
       return None
-    return typing.cast(typing.Any, self.propose).many
+    return self.propose.many
 
   def _draw_many(self, props: typing.Sequence[Propose]) -> bool:
     """Draws every proposal of a STEP message in one batched draft call
@@ -171,9 +169,7 @@ class Worker:
       return False
     start = time.perf_counter()
     try:
-      drawn = many([Call(
-          p.seed, p.generation, p.round, p.anchor, p.last_token, p.request,
-          typing.cast(np.ndarray, p.context)) for p in props], props[0].depth)
+      drawn = many([p.call for p in props], props[0].depth)
     except Exception as e:  # pylint: disable=broad-except
       logging.log_every_n_seconds(logging.ERROR, "batched draw failed, "
                                   "drawing one by one: %r", 1.0, e)
@@ -243,7 +239,7 @@ def _put(into: qformats.Rows, rows: qformats.Rows) -> None:
 
 
 def serve_forever(caps: hello.Capabilities,
-                  propose_fn: "proposer.Proposer", address: str,
+                  propose_fn: drafting.Proposer, address: str,
                   *, secret: bytes | None, curve: Curve | None = None,
                   ready: typing.Callable[[str], None] | None = None,
                   on_exit: typing.Callable[["Worker"], None] | None = None,

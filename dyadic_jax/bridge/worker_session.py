@@ -71,13 +71,10 @@ contexts of all views hold at most `context_budget` tokens (the least
 recently used are dropped first, `contexts_evicted`).
 
 Memory is bounded: at most `max_views` request views (least recently used
-first out; RESET(REMOVE) drops one), as many tag floors of dropped views
-(a view made again starts at its floor, so a replayed STEP of a removed
-or evicted request is stale, never drawn twice), and `max_slots` slot
-buffers. A slot
-whose last message the transport still holds when it comes round again is
-replaced, not waited for (`slots_reclaimed`): a peer that never reads
-costs at most what the transport queues for it.
+first out; RESET(REMOVE) drops one) and as many tag floors of dropped
+views (`bridge.ledger.Views`, which applies COMMITs and RESETs), and
+`max_slots` reply buffers (`bridge.replies.ReplySlots`: a slot the
+transport still holds is replaced, never waited for).
 """
 
 import collections
@@ -86,10 +83,11 @@ import typing
 
 import numpy as np
 
-from dyadic_jax.bridge import digest as digest_lib
 from dyadic_jax.bridge import hello
 from dyadic_jax.bridge.counters import Counters
 from dyadic_jax.bridge.effects import Propose, Send
+from dyadic_jax.bridge.ledger import View, Views
+from dyadic_jax.bridge.replies import Entry, ReplySlots, WorkerAnswer
 from dyadic_jax.wire import auth, codec, layouts, qformats
 from dyadic_jax.wire.layouts import (ALL_REQUESTS, FIXED_BYTES, Feature, Kind,
                                      Policy, Reason)
@@ -117,77 +115,6 @@ class _Session(typing.NamedTuple):
   adaptive: bool = False  # agreed on ADAPTIVE_DEPTH (short answers)
 
 
-class _Context:
-  """A request's committed prefix: int32 tokens in a buffer that grows by
-  doubling (a COMMIT appends without copying the prefix)."""
-  __slots__ = ("buf", "n")
-
-  def __init__(self, tokens: np.ndarray) -> None:
-    self.buf = np.array(tokens, np.int32)
-    self.n = len(self.buf)
-
-  def extend(self, tokens: list[int]) -> None:
-    end = self.n + len(tokens)
-    if end > len(self.buf):
-      grown = np.empty(max(end, 2 * len(self.buf)), np.int32)
-      grown[:self.n] = self.buf[:self.n]
-      self.buf = grown
-    self.buf[self.n:end] = tokens
-    self.n = end
-
-  def tokens(self) -> np.ndarray:
-    """A read-only view: later appends never change what it shows."""
-    view = self.buf[:self.n]
-    view.flags.writeable = False
-    return view
-
-
-class _View:
-  """What the worker knows of one request."""
-  __slots__ = ("generation", "round", "step", "cached", "anchor",
-               "last_token", "digest", "proposal", "committed", "context")
-
-  def __init__(self) -> None:
-    self.generation = 0       # newest generation seen (older are stale)
-    self.round = -1           # newest round served in that generation
-    # The STEP served, as a STEP body (retries: the same one again).
-    self.step: layouts.Body | None = None
-    # (slot, epoch, start, end) of its answer.
-    self.cached: tuple[int, int, int, int] | None = None
-    self.anchor: int | None = None    # committed view: next position
-    self.last_token: int | None = None
-    self.digest: bytes | None = None
-    # Tokens of the served round (for COMMIT).
-    self.proposal: np.ndarray | None = None
-    self.committed = (-1, -1)  # (generation, round) of the last COMMIT
-    # The committed prefix (CONTEXT frames and COMMITs), or None.
-    self.context: _Context | None = None
-
-
-class _Entry(typing.NamedTuple):
-  """One request's place in a fresh answer (see `finish`)."""
-  request: int
-  tag: tuple[int, int]
-  start: int                # offset of its REPLY (or lone COMPLETION)
-  reply: memoryview | None  # the REPLY frame, None for a refused STEP
-  rows: qformats.Rows | None  # its rows (views), or None
-  depth: int
-  anchor: int
-  context: int
-  status: int
-
-
-class WorkerAnswer(typing.NamedTuple):
-  """What `receive` returns: sends now; proposals to draw, then `finish`.
-  packed: the PACKED frame the entries' rows live in (a packed session;
-  an entry's `start` is then its record)."""
-  send: list[Send]
-  propose: list[Propose]
-  slot: int | None = None
-  entries: tuple[_Entry, ...] = ()
-  packed: codec.Packed | None = None
-
-
 _NOTHING = WorkerAnswer([], [])
 
 
@@ -211,36 +138,20 @@ class WorkerSession:
     self.caps = caps
     self.bounds = caps.bounds
     self._greedy = caps.greedy    # read per STEP (a property of caps)
-    self.counters = counters or Counters("worker")
+    self._counters = counters or Counters("worker")
     self._secret = secret
     self._entropy = entropy
     self._hello_keys = auth.hello_keys(secret, auth.WORKER)
-    self.max_views = int(max_views)
     self.wants_context = bool(wants_context)
     self.wants_adaptive = bool(wants_adaptive)
-    self.context_budget = int(context_budget)
-    self.context_tokens = 0     # held by the views' contexts
+    # What this side knows of each request (COMMITs and RESETs land here).
+    self.ledger = Views(self.counters, caps.vocab, max_views, context_budget)
     self.established: _Session | None = None
     self.pending: _Session | None = None   # the newest
     # Older pending sessions, oldest first (at most MAX_PENDING - 1).
     self._older: collections.OrderedDict[int, _Session] = (
         collections.OrderedDict())
-    self.views: collections.OrderedDict[int, _View] = (
-        collections.OrderedDict())
-    # (generation, round, committed) of dropped views: _drop
-    self._floors: collections.OrderedDict[
-        int, tuple[int, int, tuple[int, int]]] = (
-        collections.OrderedDict())
-    self.slots: list[bytearray] | None = None   # after a HELLO
-    self._epoch = [0] * caps.max_slots
-    # Per slot, the views of its last PACKED answer's layout: (requests,
-    # depth), the frame's views and each request's rows. A batch of the
-    # same shape (every round, usually) reuses them (`_packed_layout`).
-    self._layouts: list[tuple[tuple[int, int], codec.Packed,
-                              tuple[qformats.Rows, ...]] | None] = (
-        [None] * caps.max_slots)
-    self._busy = [False] * caps.max_slots
-    self._next = 0
+    self.replies = ReplySlots(self.counters, self.bounds, caps.max_slots)
     # A session that agreed on CONTEXT frames decodes with these.
     self._context_bounds = self.bounds._replace(max_context=caps.max_context)
     # Local bounds of what a verifier may send (one HELLO, or one frame
@@ -253,6 +164,37 @@ class WorkerSession:
   @property
   def session(self) -> int | None:
     return None if self.established is None else self.established.id
+
+  @property
+  def counters(self) -> Counters:
+    return self._counters
+
+  @counters.setter
+  def counters(self, counters: Counters) -> None:
+    """A new count reaches the views and the reply slots too."""
+    self._counters = self.ledger.counters = counters
+    self.replies.counters = counters
+
+  @property
+  def slots(self) -> list[bytearray] | None:
+    """The reply slots' buffers (None before a HELLO)."""
+    return self.replies.buffers
+
+  @property
+  def views(self) -> "collections.OrderedDict[int, View]":
+    return self.ledger.views
+
+  @property
+  def max_views(self) -> int:
+    return self.ledger.max_views
+
+  @property
+  def context_budget(self) -> int:
+    return self.ledger.context_budget
+
+  @property
+  def context_tokens(self) -> int:
+    return self.ledger.context_tokens
 
   # -- messages --------------------------------------------------------------
 
@@ -298,9 +240,7 @@ class WorkerSession:
     if session is not self.established:   # first authenticated frame
       self.established, self.pending = session, None
       self._older.clear()
-      self.views = collections.OrderedDict()
-      self._floors = collections.OrderedDict()
-      self.context_tokens = 0
+      self.ledger.clear()
       self.counters.event("sessions")
     kinds = {f.header.kind for f in decoded}
     sessions = {f.header.session for f in decoded}
@@ -318,17 +258,17 @@ class WorkerSession:
       return self._steps(*paired, session, decoded[0])
     if kind == Kind.COMMIT:
       for f in decoded:
-        self._commit(f)
+        self.ledger.commit(f)
     elif kind == Kind.RESET:
       for f in decoded:
-        self._reset(f)
+        self.ledger.reset(f)
     else:
       self.counters.reject(Code.BAD_SEQUENCE, f"{Kind(kind).name} to worker")
     return _NOTHING
 
   def released(self, slot: int) -> None:
     """The transport let go of every message sent from `slot`."""
-    self._busy[slot] = False
+    self.replies.released(slot)
 
   # -- HELLO -----------------------------------------------------------------
 
@@ -387,9 +327,7 @@ class WorkerSession:
                             bool(agreed & Feature.PACKED_REPLY),
                             bool(agreed & Feature.CONTEXT),
                             bool(agreed & Feature.ADAPTIVE_DEPTH))
-    if self.slots is None:   # sized from the agreed (local) bounds, once
-      self.slots = [bytearray(self.bounds.max_reply_message)
-                    for _ in range(self.caps.max_slots)]
+    self.replies.allocate()
     self.counters.event("hellos")
     return WorkerAnswer([Send(answer)], [])
 
@@ -435,61 +373,6 @@ class WorkerSession:
     self.counters.event("contexts", len(contexts))
     return steps, contexts
 
-  def _set_context(self, view: _View, context: _Context | None) -> None:
-    """Replaces a view's context, keeping the tokens held in budget."""
-    old = view.context
-    self.context_tokens += (0 if context is None else context.n) - (
-        0 if old is None else old.n)
-    view.context = context
-
-  def _fit_contexts(self) -> None:
-    """Drops the least recently used views' contexts until the budget
-    holds (the newest one too, if it alone is over)."""
-    for view in self.views.values():
-      if self.context_tokens <= self.context_budget:
-        return
-      if view.context is not None:
-        self._set_context(view, None)
-        self.counters.event("contexts_evicted")
-
-  def _draw_context(self, view: _View, body: layouts.Body,
-                    session: _Session) -> np.ndarray | None:
-    """The context a proposal is handed: the view's, if it is the STEP's
-    committed prefix; else None (counted on a context session)."""
-    if not session.context:
-      return None
-    ctx = view.context
-    if ctx is not None and ctx.n == body.anchor and (
-        int(ctx.buf[ctx.n - 1]) == body.last_token):
-      return ctx.tokens()
-    self._set_context(view, None)     # stale: wait for the next CONTEXT
-    self.counters.event("contexts_lost")
-    return None
-
-  def _drop(self, rid: int, view: _View) -> None:
-    """Keeps a dropped view's tags (bounded, oldest out): its old STEPs
-    stay stale if the id comes back."""
-    self._floors[rid] = (view.generation, view.round, view.committed)
-    self._floors.move_to_end(rid)
-    if len(self._floors) > self.max_views:
-      self._floors.popitem(last=False)
-
-  def _view(self, rid: int) -> _View:
-    view = self.views.get(rid)
-    if view is None:
-      view = self.views[rid] = _View()
-      floor = self._floors.pop(rid, None)
-      if floor is not None:
-        view.generation, view.round, view.committed = floor
-      if len(self.views) > self.max_views:
-        old_rid, old = self.views.popitem(last=False)
-        self._set_context(old, None)
-        self._drop(old_rid, old)
-        self.counters.event("views_evicted")
-    else:
-      self.views.move_to_end(rid)
-    return view
-
   def _check_step(self, body: layouts.Body) -> int:
     """0, or the Code refusing a STEP whose fields are out of bounds."""
     if body.policy not in _POLICIES:
@@ -505,49 +388,12 @@ class WorkerSession:
       return Code.ABSURD_LENGTH
     return 0
 
-  def _buffers(self) -> list[bytearray]:
-    """The slot buffers (a session exists: its HELLO sized them)."""
-    assert self.slots is not None
-    return self.slots
-
-  def _take_slot(self) -> int:
-    slot = self._next
-    self._next = (slot + 1) % self.caps.max_slots
-    if self._busy[slot]:
-      # The transport still holds its last message (a peer that does not
-      # read): leave that buffer to it, take a new one. No waiting.
-      self._buffers()[slot] = bytearray(self.bounds.max_reply_message)
-      self._layouts[slot] = None    # views of the old buffer
-      self._busy[slot] = False
-      self.counters.event("slots_reclaimed")
-    self._epoch[slot] += 1      # every reply cached in it is gone
-    return slot
-
-  def _cached(self, view: _View) -> tuple[int, int, int] | None:
+  def _cached(self, view: View) -> tuple[int, int, int] | None:
     """(slot, start, end) of the view's cached answer, or None."""
-    if view.cached is None:
-      return None
-    slot, epoch, start, end = view.cached
-    if self._epoch[slot] != epoch:
+    cached = self.replies.cached(view.cached)
+    if cached is None:
       view.cached = None
-      return None
-    return slot, start, end
-
-  def _retries(self, regions: list[tuple[int, int, int]]) -> list[Send]:
-    """Sends of cached answers; adjacent regions of one slot go as one
-    message (a retried batch is its original message, byte for byte)."""
-    merged: list[list[int]] = []
-    for slot, start, end in regions:
-      if merged and merged[-1] == [slot, start, end]:
-        continue      # a PACKED answer: every request's region is the frame
-      if merged and merged[-1][0] == slot and merged[-1][2] == start:
-        merged[-1][2] = end
-      else:
-        merged.append([slot, start, end])
-    for slot, _, _ in merged:
-      self._busy[slot] = True
-    return [Send(memoryview(self._buffers()[slot])[start:end], slot)
-            for slot, start, end in merged]
+    return cached
 
   def _steps(self, steps: list[codec.Step],
              contexts: dict[int, np.ndarray], session: _Session,
@@ -556,7 +402,7 @@ class WorkerSession:
     frame's records, alike), `first` the message's first frame (what a
     refusal of the whole message is keyed by and tagged like)."""
     retries: list[tuple[int, int, int]] = []
-    fresh: list[tuple[codec.Step, _View]] = []
+    fresh: list[tuple[codec.Step, View]] = []
     seen: set[int] = set()
     for j, f in enumerate(steps):
       body, tag = f.body, f.tag
@@ -565,7 +411,7 @@ class WorkerSession:
         self.counters.reject(Code.BAD_SEQUENCE, f"STEP of request {rid}")
         continue
       seen.add(rid)
-      view = self._view(rid)
+      view = self.ledger.view(rid)
       if tag[0] < view.generation:
         self.counters.reject(Code.STALE_GENERATION, f"request {rid} {tag}")
         continue
@@ -583,18 +429,17 @@ class WorkerSession:
         self.counters.reject(Code.DUPLICATE_ROUND, f"request {rid} {tag}")
         continue
       if j in contexts:
-        self._set_context(view, _Context(contexts[j]))
-        self._fit_contexts()
+        self.ledger.take_context(view, contexts[j])
       fresh.append((f, view))
-    sends = self._retries(retries)
+    sends = self.replies.retries(retries)
     if not fresh:
       return WorkerAnswer(sends, [])
     if session.packed:
       return self._packed_steps(fresh, session, sends, first)
-    slot = self._take_slot()
-    buf = memoryview(self._buffers()[slot])
+    slot = self.replies.take()
+    buf = memoryview(self.replies.buffer(slot))
     proposals: list[Propose] = []
-    entries: list[_Entry] = []
+    entries: list[Entry] = []
     offset = 0
     for f, view in fresh:
       body, tag = f.body, f.tag
@@ -609,32 +454,28 @@ class WorkerSession:
             len(entries), body.request, body.seed, tag[0], tag[1],
             body.anchor, body.last_token, body.depth, rows,
             self._draw_context(view, body, session), session.adaptive))
-      entries.append(_Entry(body.request, tag, offset, reply, rows,
+      entries.append(Entry(body.request, tag, offset, reply, rows,
                             body.depth, body.anchor, body.context_version,
                             int(status)))
       offset += (0 if reply is None else len(reply)) + _COMPLETION
     self.counters.event("proposals", len(entries))
     return WorkerAnswer(sends, proposals, slot, tuple(entries))
 
-  def _fresh_view(self, f: codec.Step, view: _View) -> int:
+  def _fresh_view(self, f: codec.Step, view: View) -> int:
     """A fresh STEP's view moves to its tag; returns its refusal or 0."""
-    body, tag = f.body, f.tag
-    if tag[0] > view.generation:
-      view.cached = view.proposal = None   # a new generation: drop it all
-    view.generation, view.round = tag
-    view.step = body
-    view.proposal = None
-    seen_view = (body.anchor, body.last_token, body.prefix_digest)
-    if (view.anchor, view.last_token, view.digest) != seen_view:
-      if view.anchor is not None:
-        self.counters.event("resyncs")
-      view.anchor, view.last_token, view.digest = seen_view
+    body = f.body
+    self.ledger.move(view, body, f.tag)
     status = self._check_step(body)
     if status:
       self.counters.reject(status, f"STEP of request {body.request}")
     return status
 
-  def _packed_steps(self, fresh: list[tuple[codec.Step, _View]],
+  def _draw_context(self, view: View, body: layouts.Body,
+                    session: _Session) -> np.ndarray | None:
+    """The context a proposal is handed (None off a context session)."""
+    return self.ledger.draw_context(view, body) if session.context else None
+
+  def _packed_steps(self, fresh: list[tuple[codec.Step, View]],
                     session: _Session, sends: list[Send],
                     first: codec.Frame) -> WorkerAnswer:
     """A PACKED answer of the fresh STEPs: one record each, in order."""
@@ -649,13 +490,13 @@ class WorkerSession:
         self.counters.reject(Code.BAD_SEQUENCE, f"STEP of request "
                              f"{f.body.request}: depth {f.body.depth} in a "
                              f"batch of depth {depth}")
-    slot = self._take_slot()
+    slot = self.replies.take()
     tag = fresh[0][0].tag
-    packed, each = self._packed_layout(slot, len(fresh), depth)
+    packed, each = self.replies.packed_layout(slot, len(fresh), depth)
     codec.write_packed(packed, bounds=self.bounds, session=session.id,
                        generation=tag[0], round_id=tag[1])
     proposals: list[Propose] = []
-    entries: list[_Entry] = []
+    entries: list[Entry] = []
     for j, ((f, view), status) in enumerate(zip(fresh, statuses)):
       body, tag = f.body, f.tag
       rows = None
@@ -665,26 +506,10 @@ class WorkerSession:
             j, body.request, body.seed, tag[0], tag[1], body.anchor,
             body.last_token, depth, rows,
             self._draw_context(view, body, session), session.adaptive))
-      entries.append(_Entry(body.request, tag, j, None, rows, depth,
+      entries.append(Entry(body.request, tag, j, None, rows, depth,
                             body.anchor, body.context_version, int(status)))
     self.counters.event("proposals", len(entries))
     return WorkerAnswer(sends, proposals, slot, tuple(entries), packed)
-
-  def _packed_layout(self, slot: int, requests: int, depth: int
-                     ) -> tuple[codec.Packed, tuple[qformats.Rows, ...]]:
-    """The views of a PACKED answer of `requests` x `depth` in `slot`'s
-    buffer and each request's rows: the slot's last ones when the shape is
-    the same (no numpy call), else laid out anew (`codec.packed_layout`).
-    One shape is kept per slot: memory stays bounded by the slots."""
-    held, buf = self._layouts[slot], self._buffers()[slot]
-    if held is not None and held[0] == (requests, depth) and (
-        held[1].frame.obj is buf):
-      return held[1], held[2]
-    packed = codec.packed_layout(buf, bounds=self.bounds,
-                                 requests=requests, depth=depth)
-    each = tuple(codec.select(packed.rows, j) for j in range(requests))
-    self._layouts[slot] = ((requests, depth), packed, each)
-    return packed, each
 
   def _end_spent(self, first: codec.Frame, session: _Session,
                  sends: list[Send]) -> WorkerAnswer:
@@ -699,51 +524,6 @@ class WorkerSession:
     self.established = None
     return WorkerAnswer(sends + [Send(self._refusal(
         Code.SESSION_EXHAUSTED, first.raw, first.header))], [])
-
-  def _length(self, e: _Entry, i: int, lengths: dict[int, int]) -> int:
-    """Rows entry `i` carries: `lengths[i]` where the driver drew fewer
-    than the STEP's depth (a session that agreed on ADAPTIVE_DEPTH: 1..
-    depth; anything else is the driver's error: 0, its proposal fails)."""
-    d = lengths.get(i, e.depth)
-    session = self.established
-    if d == e.depth or (session is not None and session.adaptive
-                        and 1 <= d <= e.depth):
-      return int(d)
-    return 0
-
-  def _finish_packed(self, answer: WorkerAnswer, failed: dict[int, int],
-                     lengths: dict[int, int]) -> list[Send]:
-    session = self.established
-    assert session is not None and answer.packed is not None
-    assert answer.slot is not None
-    frame, records, rows = answer.packed
-    epoch = self._epoch[answer.slot]
-    # The drafted tokens, copied once (each view keeps its request's row
-    # of the copy, for the COMMIT), and the records written at once.
-    drafted = list(np.array(rows.tokens))
-    table = []
-    for j, e in enumerate(answer.entries):
-      status = e.status or int(failed.get(j, 0))
-      d = self._length(e, j, lengths)
-      if not (status or d):
-        status = Code.PROPOSER_FAILED    # a length the session never agreed
-      if status and e.status == 0:
-        self.counters.reject(status, f"proposal of request {e.request}")
-      d = 0 if status else d
-      table.append((e.request, d, status, 0, e.tag[0], e.tag[1], e.anchor,
-                    e.context))
-      if d < e.depth:   # rows past d: zeros, not a previous message's bytes
-        for a in rows:
-          if a is not None:
-            a[j, d:] = 0
-      view = self.views.get(e.request)
-      if view is not None and (view.generation, view.round) == e.tag:
-        view.cached = (answer.slot, epoch, 0, len(frame))
-        view.proposal = None if status else drafted[j][:d]
-    records[:] = table
-    auth.seal(frame, session.keys.send)
-    self._busy[answer.slot] = True
-    return list(answer.send) + [Send(frame, answer.slot)]
 
   def finish(self, answer: WorkerAnswer,
              failed: dict[int, int] | None = None,
@@ -761,153 +541,8 @@ class WorkerSession:
     """
     if answer.slot is None:
       return list(answer.send)
-    failed = failed or {}
-    lengths = lengths or {}
-    if answer.packed is not None:
-      return self._finish_packed(answer, failed, lengths)
     session = self.established
     assert session is not None    # a fresh answer is the established's
-    keys = session.keys
-    slot = answer.slot
-    buf = memoryview(self._buffers()[slot])
-    epoch = self._epoch[slot]
-    offset = 0
-    for i, e in enumerate(answer.entries):
-      status = e.status or int(failed.get(i, 0))
-      d = self._length(e, i, lengths)
-      if not (status or d):
-        status = Code.PROPOSER_FAILED    # a length the session never agreed
-      view = self.views.get(e.request)
-      reply = None if status else e.reply
-      tokens = (None if reply is None or e.rows is None
-                else np.array(e.rows.tokens[:d]))
-      if reply is not None and d < e.depth:
-        reply = self._shorten(reply, e, d)
-      if reply is not None:
-        if e.start != offset:      # an earlier request failed: close the gap
-          buf[offset:offset + len(reply)] = bytes(reply)
-          reply = buf[offset:offset + len(reply)]
-        auth.seal(reply, keys.send)
-      elif e.status == 0:
-        self.counters.reject(status, f"proposal of request {e.request}")
-      start = offset
-      offset += 0 if reply is None else len(reply)
-      codec.encode(Kind.COMPLETION, session=session.id, generation=e.tag[0],
-                   round_id=e.tag[1], send=keys.send, out=buf[offset:],
-                   body={"request": e.request,
-                         "depth": 0 if reply is None else d,
-                         "status": status,
-                         "reply_bytes": 0 if reply is None else len(reply),
-                         "anchor": e.anchor, "context_version": e.context,
-                         "reply_tag": b"" if reply is None else auth.tag_of(
-                             reply)})
-      offset += _COMPLETION
-      if view is not None and (view.generation, view.round) == e.tag:
-        view.cached = (slot, epoch, start, offset)
-        view.proposal = tokens
-    self._busy[slot] = True
-    return list(answer.send) + [Send(buf[:offset], slot)]
-
-  def _shorten(self, reply: memoryview, e: _Entry, d: int) -> memoryview:
-    """The REPLY of `e` laid out again for its first d rows, in place
-    (a REPLY of d rows is shorter, its arrays nearer its start)."""
-    assert e.rows is not None
-    head = [None if a is None else np.array(a[:d]) for a in e.rows]
-    frame, rows = codec.begin_reply(
-        reply, bounds=self.bounds, session=codec.header(reply).session,
-        generation=e.tag[0], round_id=e.tag[1], request=e.request, depth=d)
-    for into, got in zip(rows, head):
-      if into is not None and got is not None:
-        into[...] = got
-    return frame
-
-  # -- COMMIT and RESET ------------------------------------------------------
-
-  def _commit(self, f: codec.Frame) -> None:
-    body, tag = f.body, f.tag
-    rid = body.request
-    if rid == ALL_REQUESTS:
-      self.counters.reject(Code.BAD_SEQUENCE, "COMMIT of every request")
-      return
-    if (body.status and Code.parse(body.status) is None) or (
-        body.fallback not in (0, 1)):
-      self.counters.reject(Code.BAD_STATUS, f"COMMIT of request {rid}")
-      return
-    if not 0 <= body.next_token < self.caps.vocab:
-      self.counters.reject(Code.TOKEN_OUT_OF_RANGE, f"COMMIT of {rid}")
-      return
-    view = self._view(rid)
-    if tag <= view.committed:
-      code = (Code.STALE_GENERATION if tag[0] < view.committed[0]
-              else Code.DUPLICATE_ROUND)
-      self.counters.reject(code, f"COMMIT of request {rid} {tag}")
-      return
-    fallback = bool(body.fallback)
-    if tag != (view.generation, view.round):
-      # A round this worker never served (its STEP was lost): the verifier
-      # fell back, so the committed token is the target-only one.
-      self.counters.event("commits_unserved")
-      view.generation, view.round, view.proposal = tag[0], tag[1], None
-    proposal = None if fallback else view.proposal
-    if proposal is not None and body.accepted > len(proposal):
-      self.counters.reject(Code.BAD_SEQUENCE, f"COMMIT of {rid}: accepted "
-                           f"{body.accepted} of {len(proposal)}")
-      return
-    committed = [] if proposal is None else (
-        proposal[:body.accepted].tolist())   # Python ints, one call
-    committed.append(int(body.next_token))
-    view.digest = (None if view.digest is None or (
-        view.proposal is None and not fallback) else
-                   digest_lib.extend(view.digest, committed))
-    self._commit_context(view, committed, bool(
-        fallback or proposal is not None or body.accepted == 0),
-                         int(body.new_position))
-    view.anchor = int(body.new_position)
-    view.last_token = committed[-1]
-    view.cached = view.proposal = view.step = None
-    view.committed = tag
-    self.counters.event("commits")
-
-  def _commit_context(self, view: _View, committed: list[int], known: bool,
-                      new_position: int) -> None:
-    """Appends a COMMIT's tokens to the view's context; drops the context
-    when they are unknown (accepted drafts of a proposal this side does not
-    hold) or the result is not `new_position` tokens long."""
-    ctx = view.context
-    if ctx is None:
-      return
-    if not known or ctx.n + len(committed) != new_position:
-      self._set_context(view, None)
-      return
-    ctx.extend(committed)
-    self.context_tokens += len(committed)
-    self._fit_contexts()
-
-  def _reset(self, f: codec.Frame) -> None:
-    body = f.body
-    try:
-      reason = Reason(body.reason)
-    except ValueError:
-      self.counters.reject(Code.BAD_STATUS, f"RESET reason {body.reason}")
-      return
-    if reason == Reason.REFUSED:
-      self.counters.reject(Code.BAD_SEQUENCE, "a refusal sent to the worker")
-      return
-    rid = body.request
-    targets = list(self.views) if rid == ALL_REQUESTS else [rid]
-    if reason == Reason.REMOVE:
-      for key in targets:
-        view = self.views.pop(key, None)
-        if view is not None:
-          self._set_context(view, None)
-          self._drop(key, view)
-      self.counters.event("removes")
-      return
-    generation = f.header.generation
-    for key in targets:
-      view = self._view(key)
-      view.cached = view.proposal = view.step = None
-      if generation > view.generation:   # a new generation: no round yet
-        view.generation, view.round = generation, -1
-    self.counters.event("resets")
-
+    return self.replies.seal(answer, failed or {}, lengths or {}, session.id,
+                             session.keys.send, session.adaptive,
+                             self.ledger.served)

@@ -269,7 +269,7 @@ class SessionPair:
 
   def begin(self, rids: typing.Sequence[int], depth: int) -> typing.Any:
     """The verifier begins a round of `rids`; returns its STEP message."""
-    return self._sent(self.verifier.begin(rids, depth, self.now).message)
+    return self._sent(self.verifier.begin(rids, depth, self.now)[0].message)
 
   def validate(self, stage: Stage, draws: typing.Any = None,
                device: bool = False) -> Verify:

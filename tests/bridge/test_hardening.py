@@ -113,7 +113,8 @@ def _reseal_field(message, kind, field, value, tagger):
 
 def _clean_round(client):
   s = client.session
-  client.send(s.begin(sorted(s.requests), h.DEPTH, time.monotonic()).message)
+  send, _ = s.begin(sorted(s.requests), h.DEPTH, time.monotonic())
+  client.send(send.message)
   return _finish_round(client)
 
 
@@ -147,7 +148,7 @@ def test_worker_survives_every_field_extreme(served, kind):
     for field, value in _edits(kind):
       before = served.counters.total_errors()
       if kind == Kind.STEP:
-        message = s.begin([0], h.DEPTH, time.monotonic()).message
+        message = s.begin([0], h.DEPTH, time.monotonic())[0].message
         s.abandon()       # the client does not wait for this round
         tagger = s.keys.send
       elif kind == Kind.COMMIT:
@@ -198,7 +199,7 @@ def test_anchor_2_63_is_refused_not_fatal(served):
     client.session.add_request(0, [1], seed=3)
     for anchor in (2 ** 63, 2 ** 64 - 1, bridge.hello.MAX_POSITION):
       s = client.session
-      message = s.begin([0], h.DEPTH, time.monotonic()).message
+      message = s.begin([0], h.DEPTH, time.monotonic())[0].message
       s.abandon()
       client.send(_reseal_field(message, Kind.STEP, "anchor", anchor,
                                 s.keys.send))
@@ -441,8 +442,8 @@ def test_a_peer_that_never_reads_cannot_hang_the_worker():
       sink.session.add_request(rid, [1], seed=rid)
     sink.endpoint.socket.setsockopt(zmq.SNDTIMEO, 10_000)
     for _ in range(40):           # 40 x 1.6 MB answers nobody reads
-      sink.endpoint.socket.send(sink.session.begin([0, 1], h.DEPTH,
-                                                   0.0).message)
+      send, _ = sink.session.begin([0, 1], h.DEPTH, 0.0)
+      sink.endpoint.socket.send(send.message)
       sink.session.abandon()
     deadline = time.monotonic() + h.GENEROUS_S
     while worker.counters.events("proposals") < 80:
@@ -585,7 +586,7 @@ def test_views_are_bounded_without_removal():
     client.receive(bytes(send.message))
   for rid in range(100):
     client.add_request(rid, [1], seed=rid)
-    answer = session.receive(client.begin([rid], 1, 0.0).message)
+    answer = session.receive(client.begin([rid], 1, 0.0)[0].message)
     client.abandon()
     for p in answer.propose:
       p.rows.n[:] = 0
@@ -748,7 +749,7 @@ def test_replays_across_sessions_fail_authentication(in_flight):
   recorded = []
   for rid, group in enumerate(groups):
     old.add_request(rid, [1], seed=1 + rid)
-    recorded.append(bytes(old.begin(group, 2, 0.0).message))
+    recorded.append(bytes(old.begin(group, 2, 0.0)[0].message))
     answer = worker.receive(recorded[-1])
     assert answer.propose
     worker.finish(answer)
@@ -758,7 +759,7 @@ def test_replays_across_sessions_fail_authentication(in_flight):
     new.receive(bytes(send.message))
   for rid, group in enumerate(groups):
     new.add_request(rid, [1], seed=1 + rid)
-    worker.finish(worker.receive(new.begin(group, 2, 0.0).message))
+    worker.finish(worker.receive(new.begin(group, 2, 0.0)[0].message))
   new.abandon()
   # The old session's STEPs, replayed into the new session: its session
   # id is no longer known (UNKNOWN_SESSION); forged into the new session's
@@ -771,7 +772,7 @@ def test_replays_across_sessions_fail_authentication(in_flight):
   assert worker.counters.errors(Code.AUTH_FAILED) == in_flight
   assert worker.counters.errors(Code.UNKNOWN_SESSION) == in_flight
   for group in groups:
-    assert new.receive(bytes(new.begin(group, 1, 0.0).message)) == []
+    assert new.receive(bytes(new.begin(group, 1, 0.0)[0].message)) == []
   assert len(new.exchanges) == in_flight
   assert new.counters.errors(Code.AUTH_FAILED) == in_flight
 
@@ -792,7 +793,7 @@ def test_a_replayed_hello_cannot_evict_the_session_being_opened():
   for message in recorded[:-1] * 50:    # a storm of MAX_PENDING - 1 replays
     worker.finish(worker.receive(message))
   verifier.add_request(0, [1], seed=1)
-  answer = worker.receive(verifier.begin([0], 2, 0.0).message)
+  answer = worker.receive(verifier.begin([0], 2, 0.0)[0].message)
   assert answer.propose and worker.established.id == verifier.session
   assert worker.counters.errors(Code.UNKNOWN_SESSION) == 0
   # The bound: MAX_PENDING distinct replays do evict a pending session.
@@ -802,7 +803,7 @@ def test_a_replayed_hello_cannot_evict_the_session_being_opened():
   for message in recorded:
     worker.finish(worker.receive(message))
   other.add_request(0, [1], seed=1)
-  assert not worker.receive(other.begin([0], 2, 0.0).message).propose
+  assert not worker.receive(other.begin([0], 2, 0.0)[0].message).propose
   assert worker.counters.errors(Code.UNKNOWN_SESSION) == 1
 
 
@@ -847,7 +848,7 @@ def _context_step(client, rid):
   round, forced), not waited for: (context, step) frames."""
   s = client.session
   s.requests[rid].context_sent = None
-  message = s.begin([rid], h.DEPTH, time.monotonic()).message
+  message = s.begin([rid], h.DEPTH, time.monotonic())[0].message
   s.abandon()
   frames = h.frames(message)
   assert [codec.peek(f)[0] for f in frames] == [Kind.CONTEXT, Kind.STEP]
@@ -874,7 +875,7 @@ def test_every_context_refusal_is_counted_and_changes_nothing(
     assert not _clean_round(client)[0].fallback    # a view with a context
     _wait_context(worker, 0, s.requests[0].tokens)
     s.add_request(1, [4, 5], seed=4)
-    message = s.begin([1], h.DEPTH, time.monotonic()).message
+    message = s.begin([1], h.DEPTH, time.monotonic())[0].message
     context, step = h.frames(message)
     t = s.keys.send
     flipped = bytearray(context)

@@ -508,7 +508,7 @@ def test_a_slot_reuses_its_layout_for_its_shape_only():
       ([0, 1, 2], 2, True), ([0, 1], 2, True), ([0, 1, 2], 2, True),
       ([0, 1, 2], 3, True), ([0, 1, 2], 3, False), ([0, 1, 2], 3, False),
       ([2], 1, True), ([0, 1, 2], 3, True), ([1, 2], 3, True)]:
-    fresh.worker._layouts = [None] * caps.max_slots   # pylint: disable=protected-access
+    fresh.worker.replies.layouts = [None] * caps.max_slots
     got = []
     for pair in pairs:
       answer = pair.worker.receive(pair.begin(rids, depth), pair.now)

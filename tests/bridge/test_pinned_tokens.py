@@ -1,11 +1,14 @@
 """The committed tokens of every way of generating, held to a recorded run.
 
 One small fixed-seed generation per mode on the toy pipeline pair (V 64):
-one process with sparse, dense and greedy rows (`generate.Local`), the
-target-only baseline, and the bridge over a loopback link (`Bridged`)
-whose plan sharer turns some verified rows into target-only fallbacks and
-records every plan, which a follower rank's `Verifier` then replays (it
-must commit what the leader committed). A refactor of the round keeps
+one process with sparse, dense and greedy rows (`generate.Local`), with
+adaptive depth too, the target-only baseline, and the bridge over a
+loopback link (`Bridged`) whose plan sharer turns some verified rows into
+target-only fallbacks and records every plan, which a follower rank's
+`Verifier` then replays (it must commit what the leader committed); and
+the bridge with two rounds in flight, fixed and adaptive depth. (The rank
+links' tokens are held equal to one process's by
+tests/experiments/test_pp1_pipeline.py.) A refactor of the round keeps
 these tokens; a change of behaviour regenerates the fixture on purpose:
 
     python -m tests.bridge.test_pinned_tokens
@@ -19,10 +22,11 @@ import pathlib
 
 import numpy as np
 
+import dyadic_jax as dj
 from dyadic_jax import bridge
-from dyadic_jax.bridge import generate, verifier_session
+from dyadic_jax.bridge import generate, hello, verifier_session
 from dyadic_jax.models import toy_pair
-from dyadic_jax.wire.layouts import Mode, Representation
+from dyadic_jax.wire.layouts import Feature, Mode, Representation
 from dyadic_jax.wire.refusals import Code
 from tests import bridge_harness as h
 
@@ -30,6 +34,8 @@ FIXTURE = pathlib.Path(__file__).with_name("pinned_tokens.json")
 V = 64
 PROMPTS = [[1, 2, 3], [4], [5, 6]]
 RUN = dict(max_new_tokens=8, seed=3)
+RULE = dj.AdaptiveDepth(max_depth=3, step_cost=0.3, min_depth=1)
+ADAPTIVE = hello.DEFAULT_FEATURES | Feature.ADAPTIVE_DEPTH
 
 
 @functools.lru_cache(maxsize=None)
@@ -37,16 +43,41 @@ def _pair():
   return toy_pair.make_models(toy_pair.ModelConfig(vocab=V, max_depth=3))
 
 
-def _caps(representation, mode=Mode.SAMPLED):
+def _caps(representation, mode=Mode.SAMPLED,
+          features=hello.DEFAULT_FEATURES):
   return bridge.Capabilities(mode=mode, vocab=V, max_depth=3,
                              max_requests=2, representation=representation,
-                             max_support=8)
+                             max_support=8, features=features)
 
 
-def _local(representation, mode=Mode.SAMPLED):
+def _local(representation, mode=Mode.SAMPLED, admission=None):
   target, draft = _pair()
-  link = generate.Local(draft, target, _caps(representation, mode))
+  link = generate.Local(draft, target, _caps(representation, mode),
+                        admission=admission)
   return generate.generate(link, PROMPTS, **RUN)
+
+
+def _bridged_two_in_flight(representation, features=hello.DEFAULT_FEATURES,
+                           admission=None):
+  """Tokens of a bridged run with two groups in flight (3 prompts, 2 a
+  group)."""
+  target, draft = _pair()
+  caps = _caps(representation, features=features)
+  served = h.serve(bridge.Worker(
+      caps, bridge.draft_proposer(draft, caps, admission=admission),
+      secret=h.SECRET))
+  verifier = bridge.Verifier(caps, served.address, target=target,
+                             secret=h.SECRET, timeout_s=h.GENEROUS_S)
+  try:
+    verifier.open()
+    out = generate.generate(generate.Bridged(verifier), PROMPTS,
+                            in_flight=2, **RUN)
+  finally:
+    served.close()
+    verifier.close()
+  assert verifier.counters.events("overlapped") > 0
+  assert verifier.counters.events("fallbacks") == 0
+  return out
 
 
 class _Recording:
@@ -127,6 +158,12 @@ def run_modes():
       "local_dense": _local(Representation.DENSE),
       "local_greedy": _local(Representation.SPARSE, Mode.GREEDY),
       "target_only": generate.target_only(target, PROMPTS, **RUN),
+      "local_sparse_adaptive": _local(Representation.SPARSE,
+                                      admission=RULE),
+      "bridged_sparse_two_in_flight": _bridged_two_in_flight(
+          Representation.SPARSE),
+      "bridged_dense_adaptive_two_in_flight": _bridged_two_in_flight(
+          Representation.DENSE, ADAPTIVE, RULE),
   }
   bridged, followed = _bridged_with_fallbacks_and_follower()
   out["bridged_sparse_fallbacks"] = bridged

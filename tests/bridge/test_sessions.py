@@ -350,7 +350,7 @@ def test_retry_serves_the_identical_cached_reply(form):
     vs.receive(send.message)
   assert vs.is_open
   vs.add_request(0, [3], seed=9)
-  step = vs.begin([0], 2, now=0.0).message
+  step = vs.begin([0], 2, now=0.0)[0].message
   first = [bytes(s.message) for s in worker.handle(step)]
   again = [bytes(s.message) for s in worker.handle(step)]
   assert first == again and worker.counters.events("retries_served") == 1
@@ -421,7 +421,7 @@ def test_sampled_step_on_greedy_worker_refused(form):
   for send in worker.handle(vs.hello().message):
     vs.receive(send.message)
   vs.add_request(0, [3], seed=9)
-  step = bytearray(vs.begin([0], 2, now=0.0).message)
+  step = bytearray(vs.begin([0], 2, now=0.0)[0].message)
   kind = Kind.PACKED_STEP if STEP_FORMS[form] else Kind.STEP
   assert codec.peek(step)[0] == kind
   step = h.set_field(step, kind, "policy", 1,

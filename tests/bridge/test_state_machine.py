@@ -407,7 +407,7 @@ class ProtocolMachine(RuleBasedStateMachine):
       other.receive(answer)
     self.others += 1      # each request its own seed, as in production
     other.add_request(9, [1], seed=10 ** 6 + self.others)
-    self.pair.to_worker(other.begin([9], 2, 0.0).message)
+    self.pair.to_worker(other.begin([9], 2, 0.0)[0].message)
 
   @rule()
   def restart_worker(self):
