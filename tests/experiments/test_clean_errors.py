@@ -8,6 +8,7 @@ no JAX (`-X importtime`). No test here reads a clock.
 """
 
 import importlib.util
+import json
 import os
 import subprocess
 import sys
@@ -162,3 +163,17 @@ def test_the_main_jobs_default_model_is_not_shadowed(tmp_path):
   (tmp_path / "stdlib" / "config.json").write_text("{}")
   run = _run(["-m", "experiments.pp1_pipeline"], tmp_path)
   _one_line(run, 2, "pp1_pipeline", "--model=./stdlib")
+
+
+def test_a_drill_the_run_never_reached_says_so(tmp_path):
+  """--kill_worker_at below --tokens that the run still never reaches
+  (its rounds commit several tokens each): it used to end without a
+  word that no worker was killed."""
+  run = _run(["-m", "experiments.pp1_pipeline", "--model=toy", "--vocab=64",
+              "--tokens=8", "--kill_worker_at=7", "--json_out=r.json",
+              "--plot_out="], tmp_path)
+  assert run.returncode == 0, run.stderr[-3000:]
+  rounds = json.loads((tmp_path / "r.json").read_text())["rounds"]
+  assert rounds <= 7, rounds          # this seed's run: 5 rounds
+  assert (f"pp1_pipeline: --kill_worker_at=7: the run ended after {rounds} "
+          "rounds, before the drill: no worker was killed") in run.stderr
