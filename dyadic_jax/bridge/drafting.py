@@ -62,7 +62,7 @@ class DraftProposer(typing.NamedTuple):
                request: int | None = None,
                context: np.ndarray | None = None) -> qformats.Rows:
     return self.propose(seed, generation, round_id, anchor, last_token,
-                        depth, out, request=request, context=context)
+                        depth, out=out, request=request, context=context)
 
 
 def declared(propose: Proposer | DraftProposer) -> DraftProposer:
