@@ -572,7 +572,9 @@ def target_only(target: models.TargetModel,
   tokens per call, the draw fused into the call (`TargetBatch.decode`;
   `sample_fn` is traced there); a request that ends (eos, max_new_tokens)
   leaves its batch at the end of the chunk and the next prompt takes its
-  place. Tokens drawn past a request's end are discarded: every kept
+  place. A request runs its own steps in a chunk, at most the tokens it
+  still needs (so never past the target's context, whatever the others
+  in its chunk need); tokens drawn past its eos are discarded: every kept
   token is the one its position's key draws from its row. Any other
   target makes one `logits` call per token and request (batch and chunk
   unused).
@@ -662,21 +664,24 @@ def _decode_batched(batch: models.TargetBatch, encoded: list[list[int]],
   while waiting or live:
     while waiting and len(live) < capacity:
       live.append(waiting.popleft())
-    steps = min(chunk, max(max_new_tokens - len(new[i]) for i in live))
+    # Each request runs its own steps, never past its end: one far along
+    # stops at its own edge of the context while a newcomer runs on
+    # (within max_len by _check_context).
+    own = [min(chunk, max_new_tokens - len(new[i])) for i in live]
+    steps = max(own)
     prefixes = [np.asarray(encoded[i] + new[i], np.int32) for i in live]
     aux = (engine_lib.seed_view([request_seed(seed, i) for i in live]),
            np.asarray([len(new[i]) + 1 for i in live], np.uint32),
            np.asarray([len(p) for p in prefixes], np.int64))
     with clock("target"), jax.enable_x64(True):
-      drawn, codes = batch.decode(live, prefixes, steps, draw, aux)
+      drawn, codes = batch.decode(live, prefixes, own, draw, aux)
       tokens, status = np.asarray(drawn), np.asarray(codes)
     calls += steps
     for b, i in enumerate(live):
-      room = max_new_tokens - len(new[i])
       if eos is not None and eos in new[i]:
         continue
-      raise_for_status("sample_fn", status[b, :room])
-      new[i].extend(int(t) for t in tokens[b, :room])
+      raise_for_status("sample_fn", status[b, :own[b]])
+      new[i].extend(int(t) for t in tokens[b, :own[b]])
     for i in [i for i in live if _finished(new[i], max_new_tokens, eos)]:
       live.remove(i)
       batch.drop(i)

@@ -70,6 +70,12 @@ from dyadic_jax.wire.refusals import Code, ProtocolError
 # Rounds between reopening attempts grow to at most this while no worker
 # answers: a worker that is back is heard again within this many rounds.
 MAX_BACKOFF_ROUNDS = 8
+# The most messages one `finish` reads: its answer, the other round in
+# flight's, late answers of rounds that fell back, a retried HELLO's, a
+# refusal (one message each). A peer that streams junk or replays stale
+# answers costs a round this many reads at most; then it ends as at its
+# deadline (counted: "read_bound").
+MAX_READS = 64
 
 __all__ = ["InFlight", "PlanSharer", "Request", "RoundHook", "RoundResult",
            "Validator", "Verifier"]
@@ -462,6 +468,7 @@ class Verifier:
     session, exchange = self.session, flight.exchange
     assert exchange is not None
     key = exchange.key
+    reads = 0
     while key not in self._ended:
       if key not in session.exchanges:
         raise RuntimeError(f"finish: round {key} is not in flight")
@@ -471,12 +478,27 @@ class Verifier:
              else None)
       self.waited_s += time.perf_counter() - waiting
       if got is not None:
+        reads += 1
         effects = session.receive(got[1], self.clock())
       else:     # a lost connection ends the exchange now, as its deadline
         lost = self.endpoint is None or self.endpoint.broken()
         effects = session.poll(exchange.deadline if lost else self.clock(),
                                None if lost else key)
       for effect in effects:
+        self._ended[effect.key] = effect
+      if got is None or key in self._ended:
+        continue
+      # A receive that never comes back empty (a peer streaming junk or
+      # replaying stale answers) must not hold the round: its deadline is
+      # checked after every message, and past MAX_READS messages it ends
+      # as at its deadline. (The first message is read even past the
+      # deadline: an answer that waited while this side verified another
+      # round is used.)
+      now = self.clock()
+      if now < exchange.deadline and reads >= MAX_READS:
+        self.counters.event("read_bound")
+        now = exchange.deadline
+      for effect in session.poll(now, key):
         self._ended[effect.key] = effect
     effect = self._ended.pop(key)
     self.seconds.append(self.clock() - flight.begun)

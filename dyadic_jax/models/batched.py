@@ -51,14 +51,22 @@ from dyadic_jax.models.protocols import Sampler
                    static_argnames=("span", "steps", "sample", "arch"),
                    donate_argnames="slab")
 def _decode(weights: transformer.Unstacked, slab: transformer.Slab,
-            last: jax.Array, starts: jax.Array, aux: typing.Any, *,
-            span: int, steps: int, sample: Sampler, arch: transformer.Arch
+            last: jax.Array, starts: jax.Array, stops: jax.Array,
+            aux: typing.Any, *, span: int, steps: int, sample: Sampler,
+            arch: transformer.Arch
             ) -> tuple[jax.Array, jax.Array, transformer.Slab]:
+  idle = slab.k[0].shape[2]          # max_len: a row there writes nothing
   def body(carry, s):
     slab, token, pos = carry
+    # A row past its own steps (stops[b]) idles: nothing fed past its
+    # edge, token -1 and status 0 for the steps it does not run.
+    runs = s < stops
     logits, slab = transformer.extend_slots_traced(
-        weights, slab, token[:, None], pos, span, arch)
+        weights, slab, token[:, None], jnp.where(runs, pos, idle), span,
+        arch)
     new, status = sample(logits[:, 0], s, aux)
+    new = jnp.where(runs, new, -1)
+    status = jnp.where(runs, status, 0)
     # A refused row draws -1 (the caller raises on its status): feed a
     # valid id meanwhile, never an out-of-range gather.
     fed = jnp.maximum(new, 0).astype(jnp.int32)
@@ -189,22 +197,24 @@ class SlabTarget(_Slots):
     return self.config.vocab
 
   def _catch_up(self, rids: typing.Sequence[int],
-                prefixes: typing.Sequence[np.ndarray], extra: int
-                ) -> list[int]:
+                prefixes: typing.Sequence[np.ndarray],
+                extra: int | np.ndarray) -> list[int]:
     """Brings each request's slot to cover its prefix[:-1] (the lagging
     ones together); returns their slots.
 
-    extra: tokens the caller feeds after prefix[-1] (the context check).
+    extra: tokens the caller feeds after prefix[-1] (the context check),
+      an int for every request or int[B] per request.
     """
     checked = []
-    for rid, prefix in zip(rids, prefixes):
+    extras = np.broadcast_to(np.asarray(extra, np.int64), (len(rids),))
+    for rid, prefix, more in zip(rids, prefixes, extras):
       prefix = np.asarray(prefix, np.int32)
       if prefix.ndim != 1 or prefix.size == 0:
         raise ValueError(f"request {rid}: the prefix must be a non-empty "
                          "1-D array of token ids")
-      if prefix.size + extra > self.config.max_len:
+      if prefix.size + more > self.config.max_len:
         raise ValueError(f"request {rid}: prefix ({prefix.size}) + "
-                         f"{extra} tokens exceed the target's max_len "
+                         f"{more} tokens exceed the target's max_len "
                          f"{self.config.max_len}")
       if prefix.min() < 0 or prefix.max() >= self.vocab:
         raise ValueError(f"request {rid}: the prefix holds ids outside "
@@ -247,36 +257,44 @@ class SlabTarget(_Slots):
     return logits[np.asarray(slots)]
 
   def decode(self, rids: typing.Sequence[int],
-             prefixes: typing.Sequence[np.ndarray], steps: int,
-             sample: Sampler, aux: typing.Any) -> tuple[jax.Array, jax.Array]:
-    """(token int32[B, steps], status int32[B, steps]) (see
-    `TargetBatch.decode`). `sample` is a static argument (hashable: one
-    compile per sampler, batch bucket, steps and span); aux's leaves have
-    the batch axis first (B rows; the idle rows of the call get row 0's).
-    Where a status is nonzero the handles past it are garbage: the caller
-    must not continue from that row's tokens."""
-    if steps < 1:
+             prefixes: typing.Sequence[np.ndarray],
+             steps: int | typing.Sequence[int], sample: Sampler,
+             aux: typing.Any) -> tuple[jax.Array, jax.Array]:
+    """(token int32[B, S], status int32[B, S]) (see `TargetBatch.decode`;
+    S = steps, or max(steps) where steps gives each request its own
+    count: a request stops there, its later columns token -1 and status
+    0, so one near the context edge shares a call with longer ones).
+    `sample` is a static argument (hashable: one compile per sampler,
+    batch bucket, S and span); aux's leaves have the batch axis first (B
+    rows; the idle rows of the call get row 0's). Where a status is
+    nonzero the handles past it are garbage: the caller must not continue
+    from that row's tokens."""
+    own = np.broadcast_to(np.asarray(steps, np.int64), (len(rids),))
+    if not own.size or own.min() < 1:
       raise ValueError(f"SlabTarget.decode: steps must be >= 1, got {steps}")
-    slots = self._catch_up(rids, prefixes, steps - 1)
+    steps = int(own.max())
+    slots = self._catch_up(rids, prefixes, own - 1)
     nb = self.capacity                # a row per slot, as in `rows`
     last = np.zeros(nb, np.int32)
     starts = np.full(nb, self.config.max_len, np.int32)
+    stops = np.zeros(nb, np.int32)              # idle rows run no step
     source = np.zeros(nb, np.int64)             # aux row of each call row
     for b, (slot, p) in enumerate(zip(slots, prefixes)):
       last[slot], starts[slot], source[slot] = p[-1], len(p) - 1, b
+      stops[slot] = own[b]
     aux = jax.tree.map(lambda x: np.asarray(x)[source], aux)
-    active = starts[starts < self.config.max_len]
+    active = starts < self.config.max_len
     tokens, status, self.slab = _decode(
-        self.weights, self.slab, last, starts, aux,
-        span=transformer.span_bucket(int(active.max()) + steps,
+        self.weights, self.slab, last, starts, stops, aux,
+        span=transformer.span_bucket(int((starts + stops)[active].max()),
                                      self.config.max_len),
         steps=steps, sample=sample, arch=self.arch)
     index = np.asarray(slots)
     tokens, status = tokens[index], status[index]
     host = np.asarray(tokens)
-    for slot, p, t in zip(slots, prefixes, host):
+    for slot, p, t, n in zip(slots, prefixes, host, own):
       self.covered[slot] = np.concatenate([np.asarray(p, np.int32),
-                                           t[:steps - 1]])
+                                           t[:n - 1]])
     return tokens, status
 
 

@@ -73,13 +73,17 @@ class TargetBatch(typing.Protocol):
     ...
 
   def decode(self, rids: typing.Sequence[int],
-             prefixes: typing.Sequence[np.ndarray], steps: int,
-             sample: Sampler, aux: typing.Any) -> tuple[jax.Array, jax.Array]:
-    """(token int32[B, steps], status int32[B, steps]): `steps` target-only
-    steps of every request in one call. Step s feeds each request's last
-    token (prefixes[b][-1], then its step s - 1 token) and draws the next
-    with `sample(rows f32[B, V], s, aux)`; the handles end covering each
-    prefix + its first steps - 1 tokens (the last is not fed)."""
+             prefixes: typing.Sequence[np.ndarray],
+             steps: int | typing.Sequence[int], sample: Sampler,
+             aux: typing.Any) -> tuple[jax.Array, jax.Array]:
+    """(token int32[B, S], status int32[B, S]): `steps` target-only steps
+    of every request in one call (an int, or one count per request: S is
+    the largest, and a request's columns past its own count are token -1,
+    status 0; only its own steps must fit its context). Step s feeds each
+    request's last token (prefixes[b][-1], then its step s - 1 token) and
+    draws the next with `sample(rows f32[B, V], s, aux)`; the handles end
+    covering each prefix + its first steps - 1 tokens (the last is not
+    fed)."""
     ...
 
   def drop(self, rid: int) -> None:

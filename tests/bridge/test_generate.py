@@ -554,3 +554,27 @@ def test_a_transformer_drafts_worker_asks_for_the_context_by_default():
   np.testing.assert_array_equal(np.sort(local.accepted),
                                 np.sort(bridged.accepted))
   del toy_target
+
+
+def test_fused_decode_stops_each_request_at_its_own_edge():
+  """Issue 50.6: a request near the context edge sharing a chunk with one
+  that just joined ran the newcomer's 16 steps and raised "prefix (61) +
+  15 tokens exceed the target's max_len 64" (512 on the stdlib pair),
+  although the up-front check passed. Each request now runs its own
+  steps: the fused decode commits what one `logits` call per token
+  commits."""
+  target, _ = _tiny_transformer_pair(max_len=64)
+  prompts = [list(range(1, 9)), [t % V for t in range(7, 7 + 64 - 19)],
+             list(range(20, 28))]
+  kw = dict(max_new_tokens=20, seed=3)
+  plain = generate.target_only(_OneByOne(target), prompts, **kw)
+  # An eos that ends request 0 within the first chunk and never request 1:
+  # request 2 then joins request 1, 16 tokens along, 4 from its end.
+  eos = next(int(t) for t in plain.tokens[0][:15]
+             if t not in plain.tokens[1])
+  kw["eos"] = eos
+  one = generate.target_only(_OneByOne(target), prompts, **kw)
+  assert len(one.tokens[0]) <= 15 and len(one.tokens[1]) == 20
+  fused = generate.target_only(target, prompts, batch=2, chunk=16, **kw)
+  for a, b in zip(one.tokens, fused.tokens):
+    np.testing.assert_array_equal(a, b)

@@ -34,6 +34,7 @@ import zmq
 
 from dyadic_jax import bridge
 from dyadic_jax.bridge import transport, worker_session
+from dyadic_jax.bridge import verifier as verifier_lib
 from dyadic_jax.wire import auth, codec, layouts
 from dyadic_jax.wire.layouts import (FIXED_BYTES, Feature, Kind, Reason,
                                      Representation)
@@ -489,6 +490,82 @@ def test_a_worker_that_never_reads_costs_the_verifier_deadlines_only():
   finally:
     verifier.close()
     router.close(linger=0)
+
+
+class _Flood:
+  """The verifier's receive, flooded: while `message` is set, every
+  receive returns it at once (a socket that never comes back empty) and
+  the verifier's WarpClock moves `tick_s` per message; `reads` counts
+  them. Otherwise the real receive, whose last message is kept in `last`
+  (bytes: what an on-path peer records, to replay)."""
+
+  GIVE_UP = 10_000           # a round that reads this many never ends
+
+  def __init__(self, verifier, tick_s):
+    self.clock = verifier.clock
+    self.clock.step_s = tick_s
+    self.tick_s = tick_s
+    self.message = None
+    self.last = None
+    self.reads = 0
+    self.install(verifier)
+
+  def install(self, verifier):
+    """Floods the verifier's endpoint (again, after a new one)."""
+    self.real = verifier.endpoint.recv
+    verifier.endpoint.recv = self
+
+  def __call__(self, timeout_s):
+    if self.message is None:
+      got = self.real(timeout_s)
+      if got is not None:
+        self.last = bytes(got[1])
+      return got
+    self.reads += 1
+    assert self.reads < self.GIVE_UP, (
+        f"a round read {self.reads} flooded messages and goes on")
+    if self.tick_s:
+      self.clock.warp()
+    return None, memoryview(self.message)
+
+
+@pytest.mark.parametrize("stream", ["junk", "old_session", "stale"])
+@pytest.mark.parametrize("tick", ["deadline", "read_bound"])
+def test_a_stream_of_messages_cannot_hold_a_round_past_its_deadline(
+    stream, tick):
+  """Issue 50.2: the verifier checked a round's deadline only when a
+  receive came back empty, so a peer that kept messages coming (junk, or
+  stale answers replayed: of an earlier session, or of this one) held a
+  round 2.6-3 s past a 0.5 s deadline. Now the deadline is checked after
+  every message (the clock moves a tenth of the deadline per message:
+  the round ends after 10), and a round reads at most MAX_READS messages
+  (a clock that does not move: it ends after MAX_READS). Either way it
+  falls back (TIMEOUT), each message is counted, and the next round is
+  verified. (This session's own stale answers reach the session's
+  deadline check already; junk and an old session's answers did not.)"""
+  with h.running(SPARSE, requests=1) as (_, verifier):
+    flood = _Flood(verifier, h.GENEROUS_S / 10 if tick == "deadline" else 0)
+    assert not verifier.round([0])[0].fallback
+    recorded = flood.last                 # round 1's answer
+    assert recorded is not None
+    if stream == "old_session":
+      verifier.reconnect()                # a new session, a new socket
+      flood.install(verifier)
+      assert not verifier.round([0])[0].fallback
+    flood.message = (np.random.default_rng(5).bytes(200) if stream == "junk"
+                     else recorded)
+    errors = verifier.counters.total_errors()
+    results = verifier.round([0])
+    assert results[0].fallback and results[0].code == Code.TIMEOUT
+    bound = 10 if tick == "deadline" else verifier_lib.MAX_READS
+    assert flood.reads <= bound, flood.reads
+    assert flood.reads >= (bound if tick == "read_bound" else 1)
+    assert verifier.counters.events("read_bound") == (tick == "read_bound")
+    # Every flooded message refused and counted, and the TIMEOUT.
+    assert verifier.counters.total_errors() - errors == flood.reads + 1, (
+        verifier.counters.snapshot())
+    flood.message = None
+    assert not verifier.round([0])[0].fallback
 
 
 def test_socket_bounds_follow_the_negotiated_caps():

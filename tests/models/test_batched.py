@@ -104,6 +104,41 @@ def test_decode_draws_what_its_sampler_draws(params, reference):
     prefixes = [np.concatenate([p, t]) for p, t in zip(prefixes, tokens)]
 
 
+def test_decode_runs_each_request_its_own_steps(params, reference):
+  """Issue 50.6: one call, each request its own step count; a request
+  3 steps from the context edge (6 would not fit) beside one of 6
+  steps, then 1 step from it. Each row's own steps are greedy on recomputed
+  rows, its later columns -1 (status 0), and the next call continues
+  from what each was fed."""
+  batch = pair.TransformerTarget(params, CONFIG).batch(4)
+  rng = np.random.default_rng(2)
+  edge = CONFIG.max_len
+  prefixes = [rng.integers(0, V, n).astype(np.int32)
+              for n in (5, edge - 3, 33)]
+
+  def argmax(logits, step, aux):
+    del step
+    return (jnp.argmax(logits, -1).astype(jnp.int32) + aux * 0,
+            jnp.zeros(logits.shape[0], jnp.int32))
+
+  with pytest.raises(ValueError, match=f"exceed the target's max_len {edge}"):
+    batch.decode([7, 8, 9], prefixes, 6, argmax, np.zeros(3, np.int32))
+  for own in ([6, 3, 1], [2, 1, 4]):
+    tokens, status = batch.decode([7, 8, 9], prefixes, own, argmax,
+                                  np.zeros(3, np.int32))
+    tokens = np.asarray(tokens)
+    assert tokens.shape == (3, max(own)) and not np.asarray(status).any()
+    for j, (p, n) in enumerate(zip(prefixes, own)):
+      assert (tokens[j, n:] == -1).all()
+      full = np.concatenate([p, tokens[j, :n]])
+      # The rows need every token but the last (at most max_len of them).
+      rows = reference(full[:-1], len(p) - 1, len(full) - 1)
+      assert np.array_equal(np.argmax(rows, -1), tokens[j, :n])
+    prefixes = [np.concatenate([p, t[:n]])
+                for p, t, n in zip(prefixes, tokens, own)]
+  assert len(prefixes[1]) == edge + 1   # its last token drawn at the edge
+
+
 def test_a_full_slab_evicts_the_least_recently_used(params, reference):
   """Past capacity the least recently used request outside the call gives
   its slot up; when it returns it is brought up from nothing, its rows
