@@ -219,11 +219,12 @@ def train(output_dir: pathlib.Path) -> None:
     kept = np.asarray(meta["kept"], np.int32)
     params = checkpoint.load_params(ckpt / checkpoint.DRAFT_FILE, config)
     done = int(meta["step"])
+    last_loss = float(meta["train_loss"])
     print(f"train: resumed at step {done}", flush=True)
   else:
     kept = _kept_ids(tokens, masks, _KEEP.value, model.eos)
     config, params = _init_draft(model, kept)
-    done = 0
+    done, last_loss = 0, float("nan")
   vmap = vocab_map.make(kept, model.config.vocab)
   small = np.asarray(vocab_map.host_small(vmap, tokens), np.int32)
   arch = transformer.arch_of(config)
@@ -264,8 +265,9 @@ def train(output_dir: pathlib.Path) -> None:
     if (i + 1) % _SAVE_EVERY.value == 0 or i + 1 == _STEPS.value:
       _save(ckpt, config, params, kept, i + 1, float(np.mean(losses[-20:])))
   if _SHIP.value:
-    _save(pathlib.Path(_SHIP.value), config, params, kept, _STEPS.value,
-          float(np.mean(losses[-20:])) if losses else float("nan"))
+    _save(pathlib.Path(_SHIP.value), config, params, kept, max(done,
+                                                               _STEPS.value),
+          float(np.mean(losses[-20:])) if losses else last_loss)
     print(f"train: wrote {_SHIP.value}")
 
 
@@ -343,6 +345,9 @@ def evaluate(output_dir: pathlib.Path, draft_dir: pathlib.Path) -> dict:
   print(f"eval: held-out sum min(p, q) per position: dense "
         f"{out['dense']:.3f}, k=32 {out['k32']:.3f} over "
         f"{out['positions']} answer positions")
+  if _SHIP.value:         # recorded beside the shipped draft
+    checkpoint.write_config(draft_dir / checkpoint.CONFIG_FILE,
+                            {**meta, "held_out": out})
   return out
 
 

@@ -371,7 +371,9 @@ def print_summary(record):
           f"one process) = {sp['speedup']:.2f}x")
     print(f"  why                          {verdict(sp)}")
   for sample in record.get("samples", []):
-    print(f"\nRequest {sample['request']}: prompt (held-out), then "
+    source = ("held-out chat prompt" if flags.pair().meta.get("chat")
+              else "held-out source")
+    print(f"\nRequest {sample['request']}: prompt ({source}), then "
           "the generated text after '>>>'")
     print(sample["prompt"][-400:] + ">>>" + sample["generated"])
   if check:
