@@ -588,10 +588,12 @@ def print_tables(record: dict) -> None:
         f"{base['tokens_per_second']:.1f} | "
         f"{base['tokens_per_cpu_second']:.1f} | 1.00 | | "
         f"{split(base['seconds'])} |")
-  print(f"| dyadic-jax target-only, batch 1 | {b1['tokens_per_second']:.1f} "
-        f"| {b1['tokens_per_cpu_second']:.1f} | "
-        f"{b1['tokens_per_second'] / base['tokens_per_second']:.2f} | | "
-        f"{split(b1['seconds'])} |")
+  if record["requests"] != 1:         # else the row above is batch 1
+    print(f"| dyadic-jax target-only, batch 1 | "
+          f"{b1['tokens_per_second']:.1f} | "
+          f"{b1['tokens_per_cpu_second']:.1f} | "
+          f"{b1['tokens_per_second'] / base['tokens_per_second']:.2f} | | "
+          f"{split(b1['seconds'])} |")
   for name, e in record["formats"].items():
     print(f"| dyadic-jax one process, q {name} | "
           f"{e['tokens_per_second']:.1f} | {e['tokens_per_cpu_second']:.1f} "
