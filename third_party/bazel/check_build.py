@@ -151,8 +151,9 @@ EXTRA_DEPS = {"test_docs": ["dyadic_jax", "sharding", "dyadic_jax_bridge",
                                "experiments_bench_core"],
               # The benchmark runs bench_core as a subprocess.
               "system_test_qualify": ["experiments_bench_core"],
-              # conftest.py loads the report plugin through pytest_plugins.
-              "tests_conftest": ["tests_qualify_report"],
+              # conftest.py loads its plugins through pytest_plugins.
+              "tests_conftest": ["tests_no_leftovers",
+                                 "tests_qualify_report"],
               "system_test_fuzz_wire": ["tests_fuzz_wire"]}
 _CORPUS = "tests/fuzz_corpus/wire"
 _CHECKPOINT = "dyadic_jax/models/checkpoints/stdlib"
