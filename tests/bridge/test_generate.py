@@ -412,6 +412,21 @@ def test_local_with_adaptive_depth_commits_short_chains():
   assert all(0 <= a <= d <= 4 for d, a in rows)
 
 
+def _over_the_bridge(caps, worker, target, prompts, kw):
+  """(generate's result, the verifier) of prompts served by `worker` on
+  loopback, verified against `target`; both sides closed after."""
+  served = h.serve(worker)
+  verifier = bridge.Verifier(caps, served.address, target=target,
+                             secret=h.SECRET, timeout_s=h.GENEROUS_S)
+  try:
+    verifier.open()
+    return generate.generate(generate.Bridged(verifier), prompts,
+                             **kw), verifier
+  finally:
+    served.close()
+    verifier.close()
+
+
 def test_the_bridge_on_slabs_commits_what_one_process_commits():
   """The shipped pair over the bridge: the worker draws each STEP
   message's proposals in one batched draft call (its proposer's `many`),
@@ -427,15 +442,8 @@ def test_the_bridge_on_slabs_commits_what_one_process_commits():
                             prompts, **kw)
   worker = bridge.Worker(caps, bridge.draft_proposer(p.draft, caps),
                          secret=h.SECRET, wants_context=True)
-  served = h.serve(worker)
-  verifier = bridge.Verifier(caps, served.address, target=p.target,
-                             secret=h.SECRET, timeout_s=h.GENEROUS_S)
-  try:
-    verifier.open()
-    bridged = generate.generate(generate.Bridged(verifier), prompts, **kw)
-  finally:
-    served.close()
-    verifier.close()
+  bridged, verifier = _over_the_bridge(caps, worker, p.target, prompts,
+                                       kw)
   assert verifier.counters.events("fallbacks") == 0
   assert verifier.counters.events("overlapped") > 0
   assert worker.counters.events("batched_draws") > 0
@@ -539,15 +547,7 @@ def test_a_transformer_drafts_worker_asks_for_the_context_by_default():
                             **kw)
   worker = bridge.Worker(caps, proposer, secret=h.SECRET)   # no flag
   assert worker.session.wants_context
-  served = h.serve(worker)
-  verifier = bridge.Verifier(caps, served.address, target=target,
-                             secret=h.SECRET, timeout_s=h.GENEROUS_S)
-  try:
-    verifier.open()
-    bridged = generate.generate(generate.Bridged(verifier), prompts, **kw)
-  finally:
-    served.close()
-    verifier.close()
+  bridged, verifier = _over_the_bridge(caps, worker, target, prompts, kw)
   assert verifier.counters.events("fallbacks") == 0
   for a, b in zip(local.tokens, bridged.tokens):
     np.testing.assert_array_equal(a, b)

@@ -16,6 +16,7 @@ import sys
 import pytest
 
 from tests import paths
+from tests.experiments.test_cli import _split
 
 
 def _run(args, cwd, **env):
@@ -26,19 +27,8 @@ def _run(args, cwd, **env):
                         capture_output=True, text=True, timeout=300)
 
 
-def _lines(stderr):
-  """(modules imported, the other stderr lines) of an -X importtime run."""
-  modules, lines = set(), []
-  for line in stderr.splitlines():
-    if line.startswith("import time:"):
-      modules.add(line.rsplit("|", 1)[-1].strip())
-    elif line.strip():
-      lines.append(line)
-  return modules, lines
-
-
 def _one_line(run, status, program, *words, jax=False):
-  modules, lines = _lines(run.stderr)
+  modules, lines = _split(run.stderr)
   assert run.returncode == status, run.stdout + run.stderr
   assert "Traceback" not in run.stderr, run.stderr
   assert len(lines) == 1, lines
@@ -152,8 +142,8 @@ def test_the_main_job_on_the_lean_install_is_one_line(tmp_path, args, line):
           " alter_sys=True)\n")
   run = _run(["-c", code], tmp_path)
   assert run.returncode == 2, run.stdout + run.stderr
-  assert _lines(run.stderr)[1] == [line]
-  assert "jax" not in _lines(run.stderr)[0]
+  assert _split(run.stderr)[1] == [line]
+  assert "jax" not in _split(run.stderr)[0]
 
 
 def test_the_main_jobs_default_model_is_not_shadowed(tmp_path):
